@@ -1,0 +1,89 @@
+"""Single-flight, cross-request batching in front of the model.
+
+Concurrent misses for one key share one computation; misses from concurrent callers are gathered into one
+model batch. A worker thread takes whatever is pending the moment the model is free (waiting at most
+``max_wait_s`` for a batch to fill), so batches grow under load and cost no added latency when idle.
+"""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import Future
+from typing import Callable, Sequence
+
+import torch
+
+from ragcache.errors import RagCacheError
+
+__all__ = ["ComputeBatcher"]
+
+
+class ComputeBatcher:
+    def __init__(
+        self,
+        encode: Callable[[Sequence[str]], torch.Tensor],
+        *,
+        max_batch: int = 64,
+        max_wait_s: float = 0.002,
+    ):
+        self._encode = encode
+        self.max_batch = max_batch
+        self.max_wait_s = max_wait_s
+        self._pending: list[tuple[str, str, Future]] = []
+        self._in_flight: dict[str, Future] = {}
+        self._cond = threading.Condition()
+        self._closed = False
+        self._worker = threading.Thread(target=self._run, name="ragcache-compute", daemon=True)
+        self._worker.start()
+
+    def compute(self, keys: Sequence[str], texts: Sequence[str]) -> torch.Tensor:
+        """Vectors for ``texts`` (one per key, in order); blocks until all are computed."""
+        futures: list[Future] = []
+        with self._cond:
+            if self._closed:
+                raise RagCacheError("the compute batcher is closed")
+            for key, text in zip(keys, texts):
+                future = self._in_flight.get(key)
+                if future is None:
+                    future = Future()
+                    self._in_flight[key] = future
+                    self._pending.append((key, text, future))
+                futures.append(future)
+            self._cond.notify()
+        return torch.stack([future.result() for future in futures]) if futures else torch.empty(0)
+
+    def _take_batch(self) -> list[tuple[str, str, Future]] | None:
+        with self._cond:
+            while not self._pending and not self._closed:
+                self._cond.wait()
+            if not self._pending:
+                return None
+            if len(self._pending) < self.max_batch and self.max_wait_s > 0:
+                self._cond.wait_for(lambda: len(self._pending) >= self.max_batch, timeout=self.max_wait_s)
+            batch, self._pending = self._pending[: self.max_batch], self._pending[self.max_batch :]
+            return batch
+
+    def _run(self) -> None:
+        while (batch := self._take_batch()) is not None:
+            try:
+                vectors = self._encode([text for _, text, _ in batch])
+            except BaseException as exc:  # noqa: BLE001 - handed to every waiting caller, then re-raised there
+                outcome: list = [exc] * len(batch)
+                failed = True
+            else:
+                outcome, failed = list(vectors), False
+            with self._cond:
+                for key, _, _ in batch:
+                    self._in_flight.pop(key, None)
+            for (_, _, future), result in zip(batch, outcome):
+                if failed:
+                    future.set_exception(result)
+                else:
+                    future.set_result(result)
+
+    def close(self) -> None:
+        """Finish what is pending, then stop the worker."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        self._worker.join(timeout=60)

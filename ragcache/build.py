@@ -1,0 +1,72 @@
+"""Assemble caches from settings: the one place that knows which concrete level goes where."""
+
+from __future__ import annotations
+
+from ragcache.cache import EmbeddingCache
+from ragcache.settings import Settings
+from ragcache.stores import Stores
+from ragcache.tiers.compute import TORCH_DTYPES, ModelEncoder
+from ragcache.tiers.memory import MemoryTier
+from ragcache.tiers.milvus import MilvusTier
+from ragcache.tiers.redis import RedisTier
+
+__all__ = ["build_cache", "open_cache", "load_encoder"]
+
+
+def load_encoder(settings: Settings, model: str | None = None) -> ModelEncoder:
+    return ModelEncoder(
+        model or settings.model,
+        revision=settings.model_revision if model in (None, settings.model) else None,
+        device=settings.device,
+        dtype=settings.dtype,
+        normalize=settings.normalize,
+        max_seq_length=settings.max_seq_length,
+        prompt=settings.prompt,
+        text_normalization=settings.text_normalization,
+        batch_size=settings.compute_batch_size,
+    )
+
+
+def build_cache(settings: Settings, stores: Stores, encoder: ModelEncoder) -> EmbeddingCache:
+    """L1 (device slab) -> L2 (Redis, unless off) -> L3 (Milvus, unless off) -> the encoder's model."""
+    space = encoder.space
+    dtype = TORCH_DTYPES[space.dtype]
+    tiers: list = [MemoryTier(settings.l1_bytes, space.dim, dtype, device=encoder.device)]
+    if stores.redis is not None:
+        tiers.append(
+            RedisTier(
+                stores.redis,
+                dim=space.dim,
+                dtype=dtype,
+                ttl_s=settings.redis_ttl_s,
+                refresh_ttl_on_hit=settings.redis_refresh_ttl_on_hit,
+            )
+        )
+    if stores.milvus is not None:
+        tiers.append(MilvusTier(stores.milvus, space_id=space.space_id, dim=space.dim, dtype=dtype))
+    return EmbeddingCache(
+        encoder,
+        tiers,
+        write_behind=settings.write_behind,
+        compute_max_batch=settings.compute_batch_size,
+        compute_max_wait_s=settings.compute_max_wait_ms / 1000,
+        window_s=settings.stats_window_s,
+        device=encoder.device,
+    )
+
+
+def open_cache(settings: Settings | None = None) -> EmbeddingCache:
+    """A ready cache for the default model, owning its stores (closed with the cache).
+
+    >>> with open_cache(Settings(redis_url="off", milvus_uri="off")) as cache:
+    ...     vectors = cache.embed(["hello"])
+    """
+    settings = settings or Settings.load()
+    stores = Stores.open(settings)
+    try:
+        cache = build_cache(settings, stores, load_encoder(settings))
+    except BaseException:
+        stores.close()
+        raise
+    cache._on_close = stores.close
+    return cache

