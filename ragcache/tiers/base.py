@@ -18,7 +18,8 @@ __all__ = ["Tier", "TierHits", "TierHealth"]
 
 @dataclass(frozen=True)
 class TierHits:
-    """The keys a level found: ``vectors[i]`` is the vector of ``keys[index[i]]``. Misses are absent."""
+    """The keys a level found: ``vectors[i]`` is the vector of ``keys[index[i]]``, ``index`` ascending.
+    Misses are absent."""
 
     index: list[int]
     vectors: torch.Tensor

@@ -78,6 +78,8 @@ class MilvusTier:
         if not rows:
             return TierHits.none(self.dim, self.dtype)
         hash_to_position = {text_hash: position for position, text_hash in enumerate(hashes)}
+        # Milvus answers in its own order; the contract is ascending positions.
+        rows = sorted(rows, key=lambda row: hash_to_position[row["key"]])
         index = [hash_to_position[row["key"]] for row in rows]
         vectors = torch.from_numpy(np.asarray([row["vector"] for row in rows], dtype=np.float32))
         return TierHits(index=index, vectors=vectors.to(self.dtype))

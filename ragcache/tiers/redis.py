@@ -78,7 +78,7 @@ def decode_values(values: Sequence[bytes | None], dtype: torch.dtype, dim: int) 
         return valid, torch.empty((0, dim), dtype=dtype), corrupt
     # One join and one strided copy decode the whole batch: no per-vector numpy objects.
     table = np.frombuffer(b"".join(payloads), dtype=np.uint8).reshape(len(payloads), expected_len)
-    raw = np.ascontiguousarray(table[:, HEADER.size :]).view(NUMPY_STORAGE[dtype])
+    raw = table[:, HEADER.size :].copy().view(NUMPY_STORAGE[dtype])  # copy: contiguous and writable
     vectors = torch.from_numpy(raw)
     if dtype == torch.bfloat16:
         vectors = vectors.view(torch.bfloat16)

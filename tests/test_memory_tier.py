@@ -1,0 +1,90 @@
+import threading
+
+import pytest
+import torch
+
+from ragcache.errors import ConfigError
+from ragcache.tiers import MemoryTier
+
+DIM = 4
+ROW_BYTES = DIM * 4  # float32
+
+
+def tier_of(rows: int) -> MemoryTier:
+    return MemoryTier(rows * ROW_BYTES, DIM, torch.float32)
+
+
+def vec(*values: float) -> torch.Tensor:
+    return torch.tensor([[v] * DIM for v in values], dtype=torch.float32)
+
+
+def test_byte_budget_is_never_exceeded():
+    tier = MemoryTier(10 * ROW_BYTES + ROW_BYTES - 1, DIM, torch.float32)  # room for 10 rows, not 11
+    assert tier.num_rows == 10 and tier.slab_bytes <= tier.capacity_bytes
+    tier.put_many([f"k{i}" for i in range(25)], torch.randn(25, DIM))
+    assert len(tier) == 10 and tier.used_bytes == 10 * ROW_BYTES <= tier.capacity_bytes
+    with pytest.raises(ConfigError):
+        MemoryTier(ROW_BYTES - 1, DIM, torch.float32)
+
+
+def test_half_precision_holds_twice_the_rows():
+    assert MemoryTier(1024, DIM, torch.float16).num_rows == 2 * MemoryTier(1024, DIM, torch.float32).num_rows
+
+
+def test_exact_lru_eviction_order():
+    tier = tier_of(3)
+    tier.put_many(["a", "b", "c"], vec(1, 2, 3))
+    assert tier.keys_lru_first() == ["a", "b", "c"]
+    tier.get_many(["a"])  # a becomes most recent: b is next out
+    assert tier.keys_lru_first() == ["b", "c", "a"]
+    tier.put_many(["d"], vec(4))
+    assert tier.keys_lru_first() == ["c", "a", "d"] and tier.num_evicted == 1
+    tier.put_many(["c"], vec(30))  # re-put refreshes and overwrites in place
+    tier.put_many(["e", "f"], vec(5, 6))
+    assert tier.keys_lru_first() == ["c", "e", "f"] and tier.num_evicted == 3
+    hits = tier.get_many(["a", "c", "d", "e", "f"])
+    assert hits.index == [1, 3, 4]
+    assert torch.equal(hits.vectors, vec(30, 5, 6))
+
+
+def test_a_miss_does_not_change_recency():
+    tier = tier_of(2)
+    tier.put_many(["a", "b"], vec(1, 2))
+    tier.get_many(["zzz"])
+    assert tier.keys_lru_first() == ["a", "b"]
+
+
+def test_batch_larger_than_capacity_keeps_its_last_keys():
+    tier = tier_of(3)
+    tier.put_many([f"k{i}" for i in range(7)], vec(*range(7)))
+    assert tier.keys_lru_first() == ["k4", "k5", "k6"]
+    assert torch.equal(tier.get_many(["k6"]).vectors, vec(6))
+
+
+def test_duplicate_keys_in_one_put_keep_the_last_vector():
+    tier = tier_of(4)
+    tier.put_many(["a", "b", "a"], vec(1, 2, 3))
+    assert len(tier) == 2 and torch.equal(tier.get_many(["a"]).vectors, vec(3))
+
+
+def test_concurrent_threads_never_see_a_wrong_vector():
+    tier = tier_of(64)
+    errors: list[str] = []
+
+    def worker(seed: int) -> None:
+        for round_ in range(200):
+            keys = [f"k{(seed * 7 + round_ + i) % 150}" for i in range(8)]
+            values = [float(k[1:]) for k in keys]
+            tier.put_many(keys, vec(*values))
+            hits = tier.get_many(keys)
+            for position, row in zip(hits.index, hits.vectors):
+                if row[0].item() != values[position]:
+                    errors.append(f"{keys[position]} -> {row[0].item()}")
+
+    threads = [threading.Thread(target=worker, args=(s,)) for s in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    assert len(tier) == 64
