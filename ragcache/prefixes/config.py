@@ -32,6 +32,8 @@ class PrefixRegistryConfig:
     # How often the loop wakes up, and how often it scrapes each target's /metrics.
     tick_interval_s: float = 0.25
     metrics_interval_s: float = 5.0
+    # How often the loop re-reads the shared store (to pick up other replicas' registrations).
+    store_refresh_interval_s: float = 2.0
     request_timeout_s: float = 30.0
     # Used to judge residency until a target's /metrics has told us its real block size.
     default_block_size: int = 16

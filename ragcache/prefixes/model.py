@@ -155,6 +155,8 @@ class PrefixStats:
     last_warm_at: float | None
     rewarm_interval_s: float
     num_uses: int
+    # Tokens an LMCache controller reported pinned for this version; None without a controller.
+    lmcache_pinned_tokens: int | None = None
 
 
 @dataclass(frozen=True)

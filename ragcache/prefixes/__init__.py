@@ -1,0 +1,58 @@
+"""KV-prefix registry: named prompt prefixes kept resident in vLLM's prefix cache.
+
+Errors (all under :class:`ragcache.errors.RagCacheError`):
+
+    InvalidInputError       a bad name, target, template or slots
+    NotFoundError           an unknown prefix name
+    TierUnavailableError    the store (Redis or the local file) failed
+    TargetUnavailableError  vLLM or an LMCache controller failed; the registry itself never lets it
+                            escape from register/warm/tick (the target is reported down instead)
+"""
+
+from .config import PrefixRegistryConfig
+from .metrics import PrefixMetricsCollector, register_prefix_metrics
+from .model import (
+    Prefix,
+    PrefixSpec,
+    PrefixStats,
+    PromptForm,
+    RegisterResult,
+    RegistryStats,
+    Target,
+    TargetStats,
+    VolatileSpan,
+    WarmOutcome,
+    WarmResult,
+)
+from .registry import PrefixRegistry
+from .store import FilePrefixStore, PrefixStore, RedisPrefixStore, make_store
+from .text import find_volatile, render_messages, render_text, template_head
+from .vllm_client import TargetUnavailableError, VLLMClient
+
+__all__ = [
+    "FilePrefixStore",
+    "Prefix",
+    "PrefixMetricsCollector",
+    "PrefixRegistry",
+    "PrefixRegistryConfig",
+    "PrefixSpec",
+    "PrefixStats",
+    "PrefixStore",
+    "PromptForm",
+    "RedisPrefixStore",
+    "RegisterResult",
+    "RegistryStats",
+    "Target",
+    "TargetStats",
+    "TargetUnavailableError",
+    "VLLMClient",
+    "VolatileSpan",
+    "WarmOutcome",
+    "WarmResult",
+    "find_volatile",
+    "make_store",
+    "register_prefix_metrics",
+    "render_messages",
+    "render_text",
+    "template_head",
+]

@@ -1,0 +1,73 @@
+"""Prometheus view of the registry: a custom collector that reads a stats snapshot at scrape time."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector, CollectorRegistry
+
+if TYPE_CHECKING:
+    from .registry import PrefixRegistry
+
+__all__ = ["PrefixMetricsCollector", "register_prefix_metrics"]
+
+
+class PrefixMetricsCollector(Collector):
+    """Exposes per-prefix warm counters and per-target vLLM prefix-cache counters.
+
+    Collecting never calls vLLM: target counters are the ones the keep-warm loop last scraped.
+    """
+
+    def __init__(self, registry: PrefixRegistry) -> None:
+        self._registry = registry
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self._registry.stats()
+        tokens = GaugeMetricFamily("ragcache_prefix_tokens", "Tokens in the prefix", labels=["prefix"])
+        warms = CounterMetricFamily("ragcache_prefix_warms", "Warm requests by outcome",
+                                    labels=["prefix", "outcome"])
+        residency = GaugeMetricFamily("ragcache_prefix_residency_ratio",
+                                      "Re-warms that found the prefix resident / judged re-warms", labels=["prefix"])
+        interval = GaugeMetricFamily("ragcache_prefix_rewarm_interval_seconds", "Current re-warm interval",
+                                     labels=["prefix"])
+        uses = CounterMetricFamily("ragcache_prefix_uses", "Requests that used the prefix", labels=["prefix"])
+        for p in stats.prefixes:
+            if p.num_tokens is not None:
+                tokens.add_metric([p.name], p.num_tokens)
+            for outcome, value in (("resident", p.num_resident), ("evicted", p.num_evicted),
+                                   ("error", p.num_errors), ("skipped", p.num_skipped),
+                                   ("prime", p.num_warms - p.num_resident - p.num_evicted - p.num_errors)):
+                warms.add_metric([p.name, outcome], value)
+            if p.residency_rate is not None:
+                residency.add_metric([p.name], p.residency_rate)
+            interval.add_metric([p.name], p.rewarm_interval_s)
+            uses.add_metric([p.name], p.num_uses)
+        up = GaugeMetricFamily("ragcache_vllm_target_up", "1 when the vLLM target answered last time",
+                               labels=["target"])
+        queries = GaugeMetricFamily("ragcache_vllm_prefix_cache_queries",
+                                    "vllm:prefix_cache_queries_total as last scraped (tokens)", labels=["target"])
+        hits = GaugeMetricFamily("ragcache_vllm_prefix_cache_hits",
+                                 "vllm:prefix_cache_hits_total as last scraped (tokens)", labels=["target"])
+        hit_rate = GaugeMetricFamily("ragcache_vllm_prefix_cache_hit_ratio", "hits / queries of vLLM's prefix cache",
+                                     labels=["target"])
+        for t in stats.targets:
+            up.add_metric([t.base_url], 1.0 if t.up else 0.0)
+            if t.prefix_cache_queries is not None and t.prefix_cache_hits is not None:
+                queries.add_metric([t.base_url], t.prefix_cache_queries)
+                hits.add_metric([t.base_url], t.prefix_cache_hits)
+            if t.prefix_cache_hit_rate is not None:
+                hit_rate.add_metric([t.base_url], t.prefix_cache_hit_rate)
+        sent = CounterMetricFamily("ragcache_prefix_warm_requests", "Warm requests sent to vLLM")
+        sent.add_metric([], stats.num_warms_sent)
+        deferred = CounterMetricFamily("ragcache_prefix_warms_deferred", "Warms deferred by the per-minute budget")
+        deferred.add_metric([], stats.num_warms_deferred)
+        yield from (tokens, warms, residency, interval, uses, up, queries, hits, hit_rate, sent, deferred)
+
+
+def register_prefix_metrics(registry: PrefixRegistry, collector_registry: CollectorRegistry) -> PrefixMetricsCollector:
+    """Register the registry's collector in ``collector_registry`` and return it (for unregistering)."""
+    collector = PrefixMetricsCollector(registry)
+    collector_registry.register(collector)
+    return collector

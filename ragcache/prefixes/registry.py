@@ -1,0 +1,433 @@
+"""The KV-prefix registry: register, render, warm and measure named prefixes on vLLM targets.
+
+vLLM cannot pin a prefix, so "pinned" here means keep-warm: the registry sends the prefix as a
+one-token completion when it is registered and again before it would be evicted, reads
+``usage.prompt_tokens_details.cached_tokens`` to learn whether it was still resident, and adapts the
+interval (see :mod:`.policy`). A target that fails is reported down and backed off; registration never
+depends on vLLM being up, and warming resumes by itself when it comes back.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import redis
+
+from ragcache.errors import InvalidInputError, NotFoundError, TierUnavailableError
+
+from .config import PrefixRegistryConfig
+from .model import (
+    Prefix,
+    PrefixSpec,
+    PrefixStats,
+    RegisterResult,
+    RegistryStats,
+    Target,
+    TargetStats,
+    WarmOutcome,
+    WarmResult,
+    content_hash,
+)
+from .policy import Backoff, WarmBudget, judge_residency, next_interval
+from .state import WarmState
+from .store import PrefixStore, make_store
+from .text import find_volatile, render_messages, render_text, template_head
+from .tokens import LocalTokenCounter
+from .vllm_client import PrefixCacheCounters, TargetUnavailableError, VLLMClient
+
+__all__ = ["PrefixRegistry"]
+
+log = logging.getLogger(__name__)
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+TokenCounter = Callable[[Target, str], "int | None"]
+
+
+class PrefixRegistry:
+    """Registered prefixes (in a shared store) plus this process's keep-warm loop and counters.
+
+    Thread-safe: the HTTP app calls it from request threads while :meth:`start` runs the loop in a
+    background thread. HTTP calls to vLLM are made outside the lock so stats never wait on vLLM.
+    """
+
+    def __init__(
+        self,
+        store: PrefixStore,
+        vllm: VLLMClient,
+        config: PrefixRegistryConfig | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+        token_counter: TokenCounter | None = None,
+    ) -> None:
+        self.config = config or PrefixRegistryConfig()
+        self._store = store
+        self._vllm = vllm
+        self._clock = clock
+        self._wall_clock = wall_clock
+        self._token_counter = token_counter
+        self._lock = threading.RLock()
+        self._budget = WarmBudget(self.config.warm_budget_per_minute, clock)
+        self._states: dict[str, WarmState] = {}
+        self._health: dict[str, Backoff] = {}
+        self._counters: dict[str, PrefixCacheCounters] = {}
+        self._scraped_at: dict[str, float] = {}
+        # Last list read from the store: the loop keeps warming from it while the store is down.
+        self._known: dict[str, Prefix] = {}
+        self._store_read_at = float("-inf")
+        self._num_warms_sent = 0
+        self._num_warms_deferred = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @classmethod
+    def create(
+        cls,
+        config: PrefixRegistryConfig | None = None,
+        *,
+        redis_client: redis.Redis | None = None,
+        http: httpx.Client | None = None,
+    ) -> PrefixRegistry:
+        """The production wiring: Redis (or the local file) store, an httpx client, local tokenizers."""
+        config = config or PrefixRegistryConfig()
+        store = make_store(redis_client, config.file_path, config.redis_key)
+        http = http or httpx.Client(timeout=config.request_timeout_s)
+        return cls(store, VLLMClient(http), config, token_counter=LocalTokenCounter())
+
+    # ----- registration -------------------------------------------------------------------------
+
+    def register(self, spec: PrefixSpec) -> RegisterResult:
+        """Store ``spec`` (a new version when its content changed) and warm it once if pinned.
+
+        Succeeds even when vLLM is down: the warm then reports an error and the loop retries it.
+        """
+        head = _validate(spec)
+        warnings = [span.message() for span in find_volatile(head)]
+        digest = content_hash(spec.text, spec.target, spec.is_template, spec.form)
+        existing = self._store.get(spec.name)
+        now = self._wall_clock()
+        new_version = existing is None or existing.content_hash != digest
+        num_tokens = self._count_tokens(spec.target, head) if new_version else existing.num_tokens
+        prefix = Prefix(
+            name=spec.name,
+            text=spec.text,
+            target=spec.target,
+            is_template=spec.is_template,
+            form=spec.form,
+            lmcache_controller_url=spec.lmcache_controller_url,
+            pinned=spec.pinned,
+            version=1 if existing is None else existing.version + int(new_version),
+            num_tokens=num_tokens,
+            content_hash=digest,
+            created_at=now if existing is None else existing.created_at,
+            updated_at=now if new_version or _flags_changed(existing, spec) else existing.updated_at,
+        )
+        self._store.put(prefix)
+        with self._lock:
+            self._known[prefix.name] = prefix
+            state = self._state_for(prefix)
+        block_size = self._block_size(prefix.target)
+        if num_tokens is not None and num_tokens <= block_size:
+            warnings.append(f"prefix has {num_tokens} tokens, not more than one KV block ({block_size}); "
+                            "vLLM caches whole blocks only, so nothing of it is reused")
+        warm = None
+        if prefix.pinned and (new_version or not state.primed):
+            warm = self.warm(prefix.name)
+        return RegisterResult(prefix, existing is None, new_version, tuple(warnings), warm)
+
+    def _count_tokens(self, target: Target, head: str) -> int | None:
+        """Tokens of ``head``: the local tokenizer when there is one, else vLLM's /tokenize."""
+        if self._token_counter is not None:
+            counted = self._token_counter(target, head)
+            if counted is not None:
+                return counted
+        try:
+            return self._vllm.count_tokens(target, head)
+        except TargetUnavailableError as exc:
+            log.info("cannot count tokens now (%s); filled in by the first warm", exc)
+            return None
+
+    def get(self, name: str) -> Prefix:
+        """The current version of prefix ``name``; :class:`NotFoundError` when there is none."""
+        try:
+            prefix = self._store.get(name)
+        except TierUnavailableError:
+            prefix = self._known.get(name)  # serve the last copy while the store is down
+        if prefix is None:
+            raise NotFoundError(f"no prefix named {name!r}")
+        return prefix
+
+    def list(self) -> list[Prefix]:
+        """Every registered prefix, by name."""
+        return self._store.list()
+
+    def delete(self, name: str) -> None:
+        """Forget prefix ``name`` (it is no longer warmed); :class:`NotFoundError` when unknown."""
+        if not self._store.delete(name):
+            raise NotFoundError(f"no prefix named {name!r}")
+        with self._lock:
+            self._known.pop(name, None)
+            self._states.pop(name, None)
+
+    # ----- prompt building ----------------------------------------------------------------------
+
+    def render(self, name: str, **slots: Any) -> str:
+        """The prompt for prefix ``name``: its head byte for byte, then the slots filled in."""
+        prefix = self.get(name)
+        text = render_text(prefix, slots)
+        self.record_use(name)
+        return text
+
+    def messages(self, name: str, user: str, **slots: Any) -> list[dict[str, str]]:
+        """Chat form of :meth:`render`: the prefix as the first (system) message, then ``user``."""
+        prefix = self.get(name)
+        out = render_messages(prefix, user, slots)
+        self.record_use(name)
+        return out
+
+    def record_use(self, name: str, count: int = 1) -> None:
+        """Count requests that used prefix ``name`` (clients report the prompts they rendered)."""
+        if count < 0:
+            raise InvalidInputError("count must not be negative", field="count")
+        prefix = self.get(name)
+        with self._lock:
+            self._state_for(prefix).num_uses += count
+
+    # ----- warming ------------------------------------------------------------------------------
+
+    def warm(self, name: str) -> WarmResult:
+        """Warm prefix ``name`` now (within the budget and the target's back-off) and record the result."""
+        prefix = self.get(name)
+        url = prefix.target.base_url
+        with self._lock:
+            state = self._state_for(prefix)
+            now = self._clock()
+            if not self._health_of(url).may_try(now):
+                return self._finish(prefix, state, WarmResult(prefix.name, prefix.version, WarmOutcome.SKIPPED,
+                                                              error="target is backing off"))
+            if not self._budget.try_acquire():
+                self._num_warms_deferred += 1
+                return self._finish(prefix, state, WarmResult(prefix.name, prefix.version, WarmOutcome.SKIPPED,
+                                                              error="warm budget for this minute is spent"))
+            self._num_warms_sent += 1
+            primed = state.primed
+        head = template_head(prefix.text, prefix.is_template)
+        try:
+            usage = self._vllm.complete_one(prefix.target, head, prefix.form)
+        except TargetUnavailableError as exc:
+            with self._lock:
+                delay = self._health_of(url).failed(self._clock())
+                log.warning("warming %s failed (%s); target backs off %.1fs", prefix.name, exc, delay)
+                return self._finish(prefix, state, WarmResult(prefix.name, prefix.version, WarmOutcome.ERROR,
+                                                              error=str(exc)))
+        self._target_succeeded(url)
+        if primed:
+            resident = judge_residency(usage.num_prompt_tokens, usage.num_cached_tokens, self._block_size(prefix.target))
+            outcome = WarmOutcome.RESIDENT if resident else WarmOutcome.EVICTED
+        else:
+            outcome = WarmOutcome.PRIME
+        result = WarmResult(prefix.name, prefix.version, outcome, usage.num_prompt_tokens,
+                            usage.num_cached_tokens, usage.latency_s)
+        if outcome is WarmOutcome.PRIME and prefix.lmcache_controller_url:
+            self._lmcache_pin(prefix, head, state)
+        with self._lock:
+            state.primed = True
+            return self._finish(prefix, state, result)
+
+    def _finish(self, prefix: Prefix, state: WarmState, result: WarmResult) -> WarmResult:
+        """Count ``result`` and schedule the next warm (caller holds the lock)."""
+        state.count(result.outcome, self._wall_clock())
+        state.rewarm_interval_s = next_interval(state.rewarm_interval_s, result.outcome, self.config)
+        if result.outcome is WarmOutcome.SKIPPED:
+            # Stay due: the warm goes out as soon as the budget or the back-off allows.
+            state.next_due_at = min(state.next_due_at, self._clock())
+        elif result.outcome is WarmOutcome.ERROR:
+            state.next_due_at = self._health_of(prefix.target.base_url).retry_at
+        else:
+            state.next_due_at = self._clock() + state.rewarm_interval_s
+        return result
+
+    def _lmcache_pin(self, prefix: Prefix, head: str, state: WarmState) -> None:
+        """Back the keep-warm with LMCache's pin API; best effort, a failure is logged only."""
+        assert prefix.lmcache_controller_url is not None
+        try:
+            tokens = self._vllm.tokenize(prefix.target, head)
+            pinned = self._vllm.lmcache_pin(prefix.lmcache_controller_url, tokens,
+                                            self.config.lmcache_instance_id, self.config.lmcache_location)
+        except TargetUnavailableError as exc:
+            log.warning("LMCache pin of %s failed: %s", prefix.name, exc)
+            return
+        with self._lock:
+            state.lmcache_pinned_tokens = pinned
+
+    # ----- targets ------------------------------------------------------------------------------
+
+    def _health_of(self, url: str) -> Backoff:
+        return self._health.setdefault(url, Backoff(self.config))
+
+    def _block_size(self, target: Target) -> int:
+        counters = self._counters.get(target.base_url)
+        return (counters.block_size if counters else None) or self.config.default_block_size
+
+    def _target_succeeded(self, url: str) -> None:
+        """Mark ``url`` up; when it was down, its prefixes lost their KV cache and are re-primed now."""
+        with self._lock:
+            if self._health_of(url).succeeded():
+                log.info("target %s is back; re-warming its prefixes", url)
+                self._reprime(url)
+
+    def _reprime(self, url: str) -> None:
+        now = self._clock()
+        for name, state in self._states.items():
+            prefix = self._known.get(name)
+            if prefix is not None and prefix.target.base_url == url:
+                state.primed = False
+                state.next_due_at = now
+
+    def scrape(self, url: str) -> PrefixCacheCounters | None:
+        """Read a target's prefix-cache counters; also a health probe (and restart detector)."""
+        with self._lock:
+            if not self._health_of(url).may_try(self._clock()):
+                return None
+        try:
+            counters = self._vllm.prefix_cache_counters(url)
+        except TargetUnavailableError as exc:
+            with self._lock:
+                self._health_of(url).failed(self._clock())
+            log.warning("scraping %s failed: %s", url, exc)
+            return None
+        with self._lock:
+            previous = self._counters.get(url)
+            self._counters[url] = counters
+            self._scraped_at[url] = self._clock()
+            if previous is not None and counters.queries < previous.queries:
+                # Counters went backwards: vLLM restarted between two looks, its cache is empty.
+                log.info("target %s restarted; re-warming its prefixes", url)
+                self._reprime(url)
+        self._target_succeeded(url)
+        return counters
+
+    # ----- the keep-warm loop -------------------------------------------------------------------
+
+    def _state_for(self, prefix: Prefix) -> WarmState:
+        """The warm state of ``prefix``'s current version; a new version starts afresh (caller locks)."""
+        state = self._states.get(prefix.name)
+        if state is None or state.version != prefix.version:
+            num_uses = state.num_uses if state is not None else 0
+            state = WarmState(version=prefix.version, rewarm_interval_s=self.config.initial_rewarm_interval_s,
+                              next_due_at=self._clock(), num_uses=num_uses)
+            self._states[prefix.name] = state
+        return state
+
+    def _refresh(self) -> list[Prefix]:
+        """The prefixes to consider this tick: from the store, or the last copy while it is down."""
+        now = self._clock()
+        if now - self._store_read_at >= self.config.store_refresh_interval_s:
+            try:
+                listed = self._store.list()
+            except TierUnavailableError as exc:
+                log.warning("prefix store unavailable, warming the last known list: %s", exc)
+            else:
+                with self._lock:
+                    self._known = {p.name: p for p in listed}
+                    self._states = {n: s for n, s in self._states.items() if n in self._known}
+                self._store_read_at = now
+        with self._lock:
+            return list(self._known.values())
+
+    def tick(self) -> list[WarmResult]:
+        """One pass of the loop: scrape targets that are due, warm pinned prefixes that are due."""
+        prefixes = self._refresh()
+        now = self._clock()
+        for url in sorted({p.target.base_url for p in prefixes}):
+            if now - self._scraped_at.get(url, float("-inf")) >= self.config.metrics_interval_s:
+                self.scrape(url)
+        results = []
+        for prefix in prefixes:
+            if not prefix.pinned:
+                continue
+            with self._lock:
+                state = self._state_for(prefix)
+                due = self._clock() >= state.next_due_at
+                may_try = self._health_of(prefix.target.base_url).may_try(self._clock())
+            if due and may_try:
+                results.append(self.warm(prefix.name))
+        return results
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.config.tick_interval_s):
+            try:
+                self.tick()
+            except Exception:  # the loop must survive anything; the next tick retries
+                log.exception("prefix keep-warm tick failed")
+
+    def start(self) -> None:
+        """Start the keep-warm loop in a daemon thread (idempotent)."""
+        if self._thread is not None and self._thread.is_alive():
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="ragcache-prefix-warmer", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        """Stop the loop and wait for it (a warm in flight finishes first)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=self.config.request_timeout_s + 5)
+            self._thread = None
+
+    # ----- stats --------------------------------------------------------------------------------
+
+    def prefix_stats(self, name: str) -> PrefixStats:
+        """Counters of prefix ``name`` in this process."""
+        prefix = self.get(name)
+        with self._lock:
+            return self._state_for(prefix).snapshot(prefix.name, prefix.num_tokens, prefix.pinned)
+
+    def stats(self) -> RegistryStats:
+        """Counters of every known prefix and target (targets from their last scrape)."""
+        with self._lock:
+            prefixes = sorted(self._known.values(), key=lambda p: p.name)
+            per_prefix = tuple(self._state_for(p).snapshot(p.name, p.num_tokens, p.pinned) for p in prefixes)
+            urls = sorted({p.target.base_url for p in prefixes} | set(self._health))
+            per_target = tuple(self._target_stats(url) for url in urls)
+            return RegistryStats(per_prefix, per_target, self._num_warms_sent, self._num_warms_deferred)
+
+    def _target_stats(self, url: str) -> TargetStats:
+        health = self._health_of(url)
+        counters = self._counters.get(url)
+        return TargetStats(
+            base_url=url,
+            up=health.up,
+            num_failures=health.num_failures,
+            prefix_cache_queries=counters.queries if counters else None,
+            prefix_cache_hits=counters.hits if counters else None,
+            block_size=counters.block_size if counters else None,
+        )
+
+
+def _validate(spec: PrefixSpec) -> str:
+    """Check a spec and return its constant head (the part that is warmed)."""
+    if not _NAME.match(spec.name):
+        raise InvalidInputError("name must be 1-128 of [A-Za-z0-9._-], starting with a letter or digit",
+                                field="name")
+    if not spec.target.base_url.startswith(("http://", "https://")):
+        raise InvalidInputError("target base_url must be an http(s) URL", field="target.base_url")
+    if not spec.target.model:
+        raise InvalidInputError("target model must not be empty", field="target.model")
+    head = template_head(spec.text, spec.is_template)
+    if not head:
+        raise InvalidInputError("the prefix (the text before the first slot) is empty", field="text")
+    return head
+
+
+def _flags_changed(existing: Prefix | None, spec: PrefixSpec) -> bool:
+    """Whether a re-registration with the same content changes anything else that is stored."""
+    return existing is None or (existing.pinned, existing.lmcache_controller_url) != (
+        spec.pinned, spec.lmcache_controller_url)
