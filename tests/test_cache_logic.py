@@ -1,0 +1,181 @@
+"""Cache logic with a fake model passed in through the constructor; the levels are real (L1 slabs)."""
+
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+from ragcache.cache import EmbeddingCache
+from ragcache.errors import InvalidInputError, TierUnavailableError
+from ragcache.tiers import MemoryTier
+from tests.fakes import HashEncoder
+
+DIM = 8
+
+
+class Recording:
+    """Wraps a real level and records the keys it was asked for."""
+
+    def __init__(self, tier, name):
+        self.tier, self.name, self.asked, self.stored = tier, name, [], []
+
+    def get_many(self, keys):
+        self.asked.append(list(keys))
+        return self.tier.get_many(keys)
+
+    def put_many(self, keys, vectors):
+        self.stored.append(list(keys))
+        self.tier.put_many(keys, vectors)
+
+    def close(self):
+        self.tier.close()
+
+
+class Broken:
+    name = "L2"
+
+    def __init__(self):
+        self.calls = 0
+
+    def get_many(self, keys):
+        self.calls += 1
+        raise TierUnavailableError("L2", "connection refused")
+
+    put_many = get_many
+
+    def close(self):
+        pass
+
+
+def levels(n_rows=(100, 100)):
+    return [Recording(MemoryTier(rows * DIM * 4, DIM, torch.float32), f"L{i + 1}") for i, rows in enumerate(n_rows)]
+
+
+def test_each_level_is_asked_only_for_what_is_still_missing_and_hits_are_promoted():
+    encoder = HashEncoder(DIM)
+    l1, l2 = levels()
+    cache = EmbeddingCache(encoder, [l1, l2], write_behind=False)
+    k = cache.space.keys(["a", "b", "c"])
+    l2.tier.put_many([k[1]], encoder.encode(["b"]))
+    l1.tier.put_many([k[0]], encoder.encode(["a"]))
+    encoder.calls.clear()
+
+    result = cache.embed_detailed(["a", "b", "c"])
+    assert result.served == {"L1": 1, "L2": 1, "compute": 1}
+    assert l1.asked == [k] and l2.asked == [[k[1], k[2]]]
+    assert encoder.calls == [["c"]]
+    assert l1.stored == [[k[1]], [k[2]]]  # the L2 hit promoted, then the computed one
+    assert l2.stored == [[k[2]]]
+    np.testing.assert_array_equal(result.vectors, encoder.encode(["a", "b", "c"]).numpy())
+    assert cache.embed_detailed(["a", "b", "c"]).served == {"L1": 3, "L2": 0, "compute": 0}
+
+
+def test_duplicates_are_computed_once_and_returned_in_input_order():
+    encoder = HashEncoder(DIM)
+    cache = EmbeddingCache(encoder, levels((10,)), write_behind=False)
+    texts = ["x", "y", "x", "x", "z", "y"]
+    result = cache.embed_detailed(texts)
+    assert sorted(encoder.calls[0]) == ["x", "y", "z"] and encoder.num_texts == 3
+    np.testing.assert_array_equal(result.vectors, encoder.encode(texts).numpy())
+    assert result.served["compute"] == 6 and list(result.levels) == [1] * 6
+
+
+def test_empty_input_returns_an_empty_matrix_and_bad_input_is_rejected():
+    cache = EmbeddingCache(HashEncoder(DIM), levels((10,)))
+    assert cache.embed([]).shape == (0, DIM)
+    with pytest.raises(InvalidInputError):
+        cache.embed("not a list")
+    with pytest.raises(InvalidInputError):
+        cache.embed(["ok", None])
+
+
+def test_a_failing_level_is_a_miss_counted_and_backed_off():
+    encoder = HashEncoder(DIM)
+    broken = Broken()
+    l1 = levels((10,))[0]
+    cache = EmbeddingCache(encoder, [l1, broken], write_behind=False)
+    vectors = cache.embed(["a", "b"])
+    np.testing.assert_array_equal(vectors, encoder.encode(["a", "b"]).numpy())
+    assert cache.level_states()["L2"]["up"] is False
+    calls = broken.calls
+    cache.embed(["c"])  # inside the back-off: not asked at all
+    assert broken.calls == calls
+    stats = cache.stats()
+    l2 = stats.levels[1]
+    assert l2.errors == 3 and l2.misses == 3 and l2.hits == 0
+    assert stats.texts == 3 and stats.texts_computed == 3
+
+
+def test_stats_count_levels_and_compute_exactly():
+    encoder = HashEncoder(DIM)
+    cache = EmbeddingCache(encoder, levels((10,)), write_behind=False)
+    cache.embed(["a", "b"])
+    cache.embed(["a", "b", "c"])
+    stats = cache.stats()
+    assert (stats.requests, stats.texts, stats.hits, stats.texts_computed) == (2, 5, 2, 3)
+    assert stats.hit_rate == pytest.approx(2 / 5)
+    (l1,) = stats.levels
+    assert (l1.lookups, l1.hits, l1.misses) == (5, 2, 3)
+    assert stats.compute_s_saved == pytest.approx(2 * 0.001)
+    assert cache.stats(recent=True).texts == 5
+
+
+def test_concurrent_misses_for_one_key_compute_it_once():
+    encoder = HashEncoder(DIM, delay_s=0.05)
+    cache = EmbeddingCache(encoder, levels((10,)), write_behind=False)
+    barrier = threading.Barrier(64)
+    results = []
+
+    def request():
+        barrier.wait()
+        results.append(cache.embed(["the same uncached text"]))
+
+    threads = [threading.Thread(target=request) for _ in range(64)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert encoder.num_texts == 1
+    assert len(results) == 64 and all(np.array_equal(r, results[0]) for r in results)
+
+
+def test_misses_from_concurrent_callers_share_model_batches():
+    encoder = HashEncoder(DIM, delay_s=0.03)
+    cache = EmbeddingCache(encoder, levels((1000,)), write_behind=False, compute_max_batch=64)
+    threads = [threading.Thread(target=cache.embed, args=([f"text {i}"],)) for i in range(32)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert encoder.num_texts == 32
+    assert len(encoder.calls) < 32 and max(len(call) for call in encoder.calls) > 1
+
+
+def test_write_behind_flush_and_close_store_everything():
+    encoder = HashEncoder(DIM)
+    l1, l2 = levels()
+    cache = EmbeddingCache(encoder, [l1, l2], write_behind=True)
+    cache.embed([f"t{i}" for i in range(50)])
+    cache.flush()
+    assert len(l2.tier) == 50
+    cache.embed([f"u{i}" for i in range(50)])
+    cache.close()  # closing flushes what is still queued before the levels are released
+    assert sum(len(keys) for keys in l2.stored) == 100
+
+
+def test_model_failure_reaches_the_caller_and_the_cache_keeps_working():
+    class Flaky(HashEncoder):
+        fail = True
+
+        def encode(self, texts):
+            if self.fail:
+                raise RuntimeError("out of memory")
+            return super().encode(texts)
+
+    encoder = Flaky(DIM)
+    cache = EmbeddingCache(encoder, levels((10,)), write_behind=False)
+    with pytest.raises(RuntimeError, match="out of memory"):
+        cache.embed(["a"])
+    encoder.fail = False
+    assert cache.embed(["a"]).shape == (1, DIM)
