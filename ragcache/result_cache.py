@@ -1,0 +1,137 @@
+"""Search results cached in Redis, keyed by collection version + query key + search parameters.
+
+Every ingest or delete bumps the collection's version (``INCR``), so a cached result list is only ever
+found by searches of the collection exactly as it was when the list was computed; old versions are
+never read again and expire by TTL. Redis being down skips the cache, never fails a search.
+
+Two details keep stale results out:
+- a version key that does not exist yet starts at a random 63-bit number (``SET NX``), so a version key
+  lost to a Redis eviction or restart never restarts at a number whose old results may still be stored;
+- a bump that fails (Redis down) leaves the collection *pending*: this process reads and writes no cached
+  results for it until a later bump succeeds.
+Collections are named by their uid (random per creation), so a dropped and re-created collection of the
+same name shares nothing with its predecessor.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+from typing import Any
+
+import orjson
+import redis
+import xxhash
+
+from ragcache.tiers.base import TierHealth
+
+__all__ = ["ResultCache"]
+
+log = logging.getLogger(__name__)
+
+KEY_PREFIX = "rc:kb"
+
+
+class ResultCache:
+    """Cached search results (plain JSON-able values) of knowledge-base collections."""
+
+    def __init__(self, client: redis.Redis, *, ttl_s: int = 300):
+        self.client = client
+        self.ttl_s = ttl_s
+        self._health = TierHealth()
+        self._pending: set[str] = set()  # collection uids whose last bump failed
+        self._lock = threading.Lock()
+
+    def get(self, collection_uid: str, query_key: str, params: str) -> tuple[Any | None, int | None]:
+        """(cached value or None, the version it was looked up at or None when the cache is unusable).
+
+        Pass the version on to ``put``: a result computed after this lookup belongs to that version, even
+        if an ingest bumps the collection meanwhile (it is then stored where no one will look again).
+        """
+        if not self._usable(collection_uid):
+            return None, None
+        try:
+            version = self._version(collection_uid)
+            raw = self.client.get(self._result_key(collection_uid, version, query_key, params))
+        except (redis.RedisError, ValueError) as exc:
+            self._failed(exc)
+            return None, None
+        self._succeeded()
+        if raw is None:
+            return None, version
+        try:
+            return orjson.loads(raw), version
+        except orjson.JSONDecodeError:
+            return None, version
+
+    def put(self, collection_uid: str, version: int, query_key: str, params: str, value: Any) -> None:
+        """Store ``value`` (JSON-able) under the version ``get`` returned."""
+        if not self._usable(collection_uid):
+            return
+        try:
+            key = self._result_key(collection_uid, version, query_key, params)
+            self.client.set(key, orjson.dumps(value), ex=self.ttl_s)
+        except redis.RedisError as exc:
+            self._failed(exc)
+        else:
+            self._succeeded()
+
+    def bump(self, collection_uid: str) -> None:
+        """Invalidate every cached result of the collection (call after its contents changed)."""
+        try:
+            self._version(collection_uid)  # make sure a missing key starts at a random number, not at 0
+            self.client.incr(self._version_key(collection_uid))
+        except (redis.RedisError, ValueError) as exc:
+            with self._lock:
+                self._pending.add(collection_uid)
+            self._failed(exc)
+            return
+        with self._lock:
+            self._pending.discard(collection_uid)
+        self._succeeded()
+
+    def discard(self, collection_uid: str) -> None:
+        """Forget a dropped collection's version (its uid is never used again; results expire by TTL)."""
+        try:
+            self.client.delete(self._version_key(collection_uid))
+        except redis.RedisError as exc:
+            self._failed(exc)
+        with self._lock:
+            self._pending.discard(collection_uid)
+
+    # ---- internals ---------------------------------------------------------------------------------------
+
+    def _usable(self, collection_uid: str) -> bool:
+        if not self._health.should_try():
+            return False
+        if collection_uid in self._pending:
+            # A bump this process owes failed: it must succeed before any cached result is trusted again.
+            self.bump(collection_uid)
+            return collection_uid not in self._pending
+        return True
+
+    def _version(self, collection_uid: str) -> int:
+        key = self._version_key(collection_uid)
+        version = self.client.get(key)
+        if version is None:
+            self.client.set(key, secrets.randbits(63) - (1 << 62), nx=True)
+            version = self.client.get(key)
+        return int(version)
+
+    @staticmethod
+    def _version_key(collection_uid: str) -> str:
+        return f"{KEY_PREFIX}:version:{collection_uid}"
+
+    @staticmethod
+    def _result_key(collection_uid: str, version: int, query_key: str, params: str) -> str:
+        digest = xxhash.xxh3_128_hexdigest(f"{query_key}\x00{params}".encode())
+        return f"{KEY_PREFIX}:result:{collection_uid}:{version}:{digest}"
+
+    def _failed(self, exc: Exception) -> None:
+        if self._health.record_failure(exc):
+            log.warning("search result cache: Redis is down, searching without it: %s", exc)
+
+    def _succeeded(self) -> None:
+        if self._health.record_success():
+            log.warning("search result cache: Redis is back")
