@@ -162,14 +162,14 @@ class ModelEncoder:
         encoded = self.tokenizer(list(texts), add_special_tokens=True, truncation=False)["input_ids"]
         return [len(ids) for ids in encoded]
 
-    def check_lengths(self, texts: Sequence[str]) -> None:
+    def check_lengths(self, texts: Sequence[str], field: str = "inputs") -> None:
         """Raise ``InvalidInputError`` naming the first text longer than ``max_seq_length`` tokens."""
         for index, count in enumerate(self.count_tokens(texts)):
             if count > self.space.max_seq_length:
                 raise InvalidInputError(
                     f"item {index} has {count} tokens, over the model's limit of {self.space.max_seq_length}; "
                     "shorten it or send truncate=true",
-                    field=f"inputs[{index}]",
+                    field=f"{field}[{index}]",
                 )
 
     def stats(self) -> EncoderStats:

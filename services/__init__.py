@@ -1,0 +1,1 @@
+"""The HTTP service: adapts the ragcache library to HTTP and nothing more."""

@@ -1,0 +1,97 @@
+"""/embed (text-embeddings-inference) and /v1/embeddings (OpenAI): both served through the cache."""
+
+from __future__ import annotations
+
+import base64
+from functools import partial
+
+import numpy as np
+from anyio import to_thread
+from fastapi import APIRouter, Request
+
+from ragcache.cache import EmbedResult, EmbeddingCache
+from ragcache.errors import InvalidInputError
+from services.errors import HTTPError
+from services.responses import JSONResponse
+from services.schemas import EmbedRequest, OpenAIEmbeddingsRequest
+from services.state import ServiceState
+
+router = APIRouter(tags=["embeddings"])
+
+
+def state_of(request: Request) -> ServiceState:
+    return request.app.state.ragcache
+
+
+def as_batch(inputs: str | list[str], field: str, max_batch: int) -> list[str]:
+    """One text or a list, checked against the batch limits. Empty strings are valid texts."""
+    texts = [inputs] if isinstance(inputs, str) else inputs
+    if not texts:
+        raise InvalidInputError(f"{field} is an empty list: send at least one text", field=field)
+    if len(texts) > max_batch:
+        raise HTTPError(413, f"{field} has {len(texts)} texts, over this server's limit of {max_batch}: split the batch", field=field)
+    return texts
+
+
+def served_headers(result: EmbedResult) -> dict[str, str]:
+    """The cache outcome of the request: how many inputs each level served."""
+    served = result.served
+    headers = {f"X-Cache-{name.capitalize()}": str(count) for name, count in served.items()}
+    total = len(result.levels)
+    headers["X-Cache-Hit-Rate"] = f"{(total - served.get('compute', 0)) / total:.4f}" if total else "0"
+    return headers
+
+
+async def embed_through_cache(cache: EmbeddingCache, texts: list[str], *, normalize: bool, truncate: bool, field: str) -> EmbedResult:
+    def work() -> EmbedResult:
+        if not truncate:
+            try:
+                cache.encoder.check_lengths(texts, field)
+            except InvalidInputError as exc:
+                raise HTTPError(413, str(exc), field=exc.field) from exc
+        return cache.embed_detailed(texts, normalize=normalize)
+
+    # The cache blocks (Redis, Milvus, the model): it runs in a worker thread, off the event loop.
+    return await to_thread.run_sync(work)
+
+
+@router.post("/embed", summary="Embed texts (text-embeddings-inference compatible)")
+async def embed(body: EmbedRequest, request: Request) -> JSONResponse:
+    """A JSON list of vectors, one per input; response headers ``X-Cache-*`` tell which level served them."""
+    state = state_of(request)
+    texts = as_batch(body.inputs, "inputs", state.settings.max_batch)
+    if body.prompt_name is not None:
+        raise InvalidInputError("prompt_name is not supported: a prompt is part of the server's embedding space", field="prompt_name")
+    cache = state.cache_for(body.model)
+    truncate = state.settings.truncate if body.truncate is None else body.truncate
+    result = await embed_through_cache(cache, texts, normalize=body.normalize, truncate=truncate, field="inputs")
+    return JSONResponse(result.vectors, headers=served_headers(result))
+
+
+@router.post("/v1/embeddings", summary="Embed texts (OpenAI compatible)")
+async def openai_embeddings(body: OpenAIEmbeddingsRequest, request: Request) -> JSONResponse:
+    """OpenAI's response shape; ``encoding_format=base64`` carries raw little-endian float32."""
+    state = state_of(request)
+    texts = as_batch(body.input, "input", state.settings.max_batch)
+    cache = state.cache_for(body.model)
+    if body.dimensions is not None and body.dimensions != cache.space.dim:
+        raise InvalidInputError(
+            f"dimensions={body.dimensions} is not available: {cache.space.model} gives {cache.space.dim} dimensions only",
+            field="dimensions",
+        )
+    result = await embed_through_cache(cache, texts, normalize=False, truncate=state.settings.truncate, field="input")
+    num_tokens = sum(await to_thread.run_sync(partial(cache.encoder.count_tokens, texts)))
+    vectors = np.asarray(result.vectors, dtype="<f4")
+    if body.encoding_format == "base64":
+        embeddings = [base64.b64encode(row.tobytes()).decode("ascii") for row in vectors]
+    else:
+        embeddings = list(vectors)
+    return JSONResponse(
+        {
+            "object": "list",
+            "data": [{"object": "embedding", "embedding": e, "index": i} for i, e in enumerate(embeddings)],
+            "model": body.model or cache.space.model,
+            "usage": {"prompt_tokens": num_tokens, "total_tokens": num_tokens},
+        },
+        headers=served_headers(result),
+    )

@@ -1,0 +1,88 @@
+"""Operations: /stats (hit rates), /metrics (Prometheus), /health and /info."""
+
+from __future__ import annotations
+
+import platform
+from dataclasses import asdict
+
+from fastapi import APIRouter, Request
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.responses import Response
+
+import ragcache
+from services.responses import JSONResponse
+from services.state import ServiceState
+
+router = APIRouter(tags=["operations"])
+
+
+@router.get("/stats", summary="Hit rates per level and per model, since start and over the recent window")
+async def stats(request: Request) -> JSONResponse:
+    state: ServiceState = request.app.state.ragcache
+    models = {
+        name: {
+            "space": cache.space.describe(),
+            "levels": cache.level_states(),
+            "since_start": asdict(cache.stats()),
+            "recent": asdict(cache.stats(recent=True)),
+        }
+        for name, cache in state.caches.items()
+    }
+    extras = {name: extra.stats_json() for name, extra in state.extras.items() if hasattr(extra, "stats_json")}
+    return JSONResponse({"models": models, **extras})
+
+
+@router.get("/metrics", summary="Prometheus exposition", response_class=Response)
+async def metrics(request: Request) -> Response:
+    return Response(generate_latest(request.app.state.metrics_registry), media_type=CONTENT_TYPE_LATEST)
+
+
+@router.get("/health", summary="ok, or degraded while a level is down (the service still answers)")
+async def health(request: Request) -> JSONResponse:
+    state: ServiceState = request.app.state.ragcache
+    down = sorted({level for cache in state.caches.values() for level, s in cache.level_states().items() if not s["up"]})
+    return JSONResponse({"status": "degraded" if down else "ok", "levels_down": down})
+
+
+@router.get("/info", summary="Models, embedding spaces, levels and versions")
+async def info(request: Request) -> JSONResponse:
+    state: ServiceState = request.app.state.ragcache
+    import fastapi
+    import pymilvus
+    import redis
+    import sentence_transformers
+    import torch
+
+    return JSONResponse(
+        {
+            "default_model": state.default_model,
+            "models": [
+                {
+                    "name": name,
+                    "dim": cache.space.dim,
+                    "dtype": cache.space.dtype,
+                    "max_seq_length": cache.space.max_seq_length,
+                    "space": cache.space.describe(),
+                    "device": str(cache.device),
+                    "levels": cache.level_states(),
+                }
+                for name, cache in state.caches.items()
+            ],
+            "settings": {
+                "max_batch": state.settings.max_batch,
+                "truncate": state.settings.truncate,
+                "l1_bytes": state.settings.l1_bytes,
+                "redis": "embedded" if state.stores.embedded_redis else ("off" if state.stores.redis is None else "external"),
+                "milvus": state.settings.resolved_milvus_uri or "off",
+            },
+            "versions": {
+                "ragcache": ragcache.__version__,
+                "python": platform.python_version(),
+                "torch": torch.__version__,
+                "sentence_transformers": sentence_transformers.__version__,
+                "redis_py": redis.__version__,
+                "pymilvus": pymilvus.__version__,
+                "fastapi": fastapi.__version__,
+            },
+        }
+    )

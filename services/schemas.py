@@ -1,0 +1,67 @@
+"""Request and response bodies at the HTTP edge (pydantic); the library speaks frozen dataclasses."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+
+
+class Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class EmbedRequest(Body):
+    """text-embeddings-inference's /embed body."""
+
+    inputs: StrictStr | list[StrictStr] = Field(description="one text or a list; an empty string is a valid text")
+    normalize: StrictBool = Field(True, description="L2-normalise the vectors (TEI's default)")
+    truncate: StrictBool | None = Field(None, description="truncate over-long texts; default: the server setting")
+    truncation_direction: Literal["Right", "right"] = "Right"
+    prompt_name: StrictStr | None = Field(None, description="not supported: prompts are part of the server's space")
+    model: StrictStr | None = Field(None, description="served model name; default: the server's model")
+
+
+class OpenAIEmbeddingsRequest(BaseModel):
+    """OpenAI's /v1/embeddings body. Extra fields (e.g. ``user``) are accepted and ignored, as OpenAI does."""
+
+    input: StrictStr | list[StrictStr] = Field(description="one text or a list of texts (token arrays are not supported)")
+    model: StrictStr | None = None
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: StrictInt | None = Field(None, gt=0)
+    user: StrictStr | None = None
+
+
+class DocumentIn(Body):
+    id: StrictStr
+    text: StrictStr
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class AddDocumentsRequest(Body):
+    collection: StrictStr
+    documents: list[DocumentIn]
+    model: StrictStr | None = None
+
+
+class DeleteDocumentsRequest(Body):
+    collection: StrictStr
+    ids: list[StrictStr]
+
+
+class SearchRequest(Body):
+    query: StrictStr
+    collection: StrictStr
+    top_k: StrictInt = Field(10, ge=1, le=1000)
+    filter: StrictStr | None = Field(None, description='Milvus boolean expression, e.g. metadata["lang"] == "en"')
+    model: StrictStr | None = None
+
+
+class ErrorDetail(BaseModel):
+    type: str
+    message: str
+    field: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorDetail

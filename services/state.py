@@ -1,0 +1,65 @@
+"""What the running service holds: settings, shared stores, one cache per served model, the knowledge base."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from ragcache.build import build_cache, load_encoder
+from ragcache.cache import EmbeddingCache
+from ragcache.errors import NotFoundError
+from ragcache.knowledge import KnowledgeBase
+from ragcache.settings import Settings
+from ragcache.stores import Stores
+from ragcache.tiers.compute import PACKAGED_MODEL
+
+log = logging.getLogger(__name__)
+
+# Short names clients commonly send for the packaged model (OpenAI-style clients send just a name).
+ALIASES = {"all-MiniLM-L6-v2": PACKAGED_MODEL, "default": PACKAGED_MODEL}
+
+
+@dataclass
+class ServiceState:
+    settings: Settings
+    stores: Stores
+    caches: dict[str, EmbeddingCache]
+    knowledge: KnowledgeBase | None
+    extras: dict = field(default_factory=dict)  # optional parts (e.g. the prefix registry) by name
+
+    @classmethod
+    def open(cls, settings: Settings) -> "ServiceState":
+        stores = Stores.open(settings)
+        caches: dict[str, EmbeddingCache] = {}
+        try:
+            for model in settings.models:
+                caches[model] = build_cache(settings, stores, load_encoder(settings, model))
+        except BaseException:
+            for cache in caches.values():
+                cache.close()
+            stores.close()
+            raise
+        knowledge = KnowledgeBase(stores.milvus, redis=stores.redis) if stores.milvus is not None else None
+        return cls(settings, stores, caches, knowledge)
+
+    @property
+    def default_model(self) -> str:
+        return self.settings.model
+
+    def cache_for(self, model: str | None) -> EmbeddingCache:
+        """The cache of ``model`` (the default when None); ``NotFoundError`` lists what is served."""
+        name = ALIASES.get(model, model) if model else self.default_model
+        cache = self.caches.get(name)
+        if cache is None:
+            served = ", ".join(self.caches)
+            raise NotFoundError(f"model {model!r} is not served here; served models: {served}")
+        return cache
+
+    def close(self) -> None:
+        """Flush queued L2/L3 writes of every cache, then close the stores (graceful shutdown)."""
+        for extra in self.extras.values():
+            extra.close()
+        for cache in self.caches.values():
+            cache.close()
+        self.stores.close()
+        log.info("ragcache service stopped; queued writes flushed")
