@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import hmac
+import os
 from contextlib import asynccontextmanager
 
 from anyio import to_thread
@@ -58,3 +59,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     for module in (routes_embed, routes_retrieval, routes_ops):
         app.include_router(module.router)
     return app
+
+
+def app_from_environment() -> FastAPI:
+    """The factory ``ragcache serve`` gives uvicorn: settings from RAGCACHE_* and the optional settings file."""
+    return create_app(Settings.load(os.environ.get("RAGCACHE_SETTINGS_FILE")))
