@@ -9,6 +9,7 @@ depends on vLLM being up, and warming resumes by itself when it comes back.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 import threading
@@ -26,6 +27,7 @@ from .model import (
     Prefix,
     PrefixSpec,
     PrefixStats,
+    PromptForm,
     RegisterResult,
     RegistryStats,
     Target,
@@ -227,6 +229,8 @@ class PrefixRegistry:
                 return self._finish(prefix, state, WarmResult(prefix.name, prefix.version, WarmOutcome.ERROR,
                                                               error=str(exc)))
         self._target_succeeded(url)
+        if prefix.num_tokens is None and prefix.form is PromptForm.COMPLETION:
+            self._fill_token_count(prefix, usage.num_prompt_tokens)
         if primed:
             resident = judge_residency(usage.num_prompt_tokens, usage.num_cached_tokens, self._block_size(prefix.target))
             outcome = WarmOutcome.RESIDENT if resident else WarmOutcome.EVICTED
@@ -239,6 +243,21 @@ class PrefixRegistry:
         with self._lock:
             state.primed = True
             return self._finish(prefix, state, result)
+
+    def _fill_token_count(self, prefix: Prefix, num_tokens: int) -> None:
+        """Record the token count vLLM reported, for a prefix registered while it was down."""
+        try:
+            current = self._store.get(prefix.name)
+        except TierUnavailableError:
+            return  # the count stays unknown until the next warm; nothing else depends on it
+        if current is not None and current.version == prefix.version and current.num_tokens is None:
+            updated = dataclasses.replace(current, num_tokens=num_tokens)
+            try:
+                self._store.put(updated)
+            except TierUnavailableError:
+                return
+            with self._lock:
+                self._known[prefix.name] = updated
 
     def _finish(self, prefix: Prefix, state: WarmState, result: WarmResult) -> WarmResult:
         """Count ``result`` and schedule the next warm (caller holds the lock)."""
