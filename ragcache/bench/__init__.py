@@ -1,0 +1,135 @@
+"""``ragcache bench``: rerunnable benchmarks that print a table (target, PASS/MISS) and write JSON.
+
+    ragcache bench all --quick            # every benchmark, under ten minutes on two cores
+    ragcache bench l2 --out bench-results # one benchmark
+
+Timings are medians of repeated runs, and every ratio is measured side by side in one process, against
+the same model object, the same Redis and the same seeded Zipf stream over standard-library prose.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+__all__ = ["BENCHMARKS", "add_bench_commands", "main", "run_benchmarks"]
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    name: str
+    module: str  # imported only when run: keeps `ragcache --help` fast
+    function: str
+    help: str
+
+    def load(self) -> Callable:
+        return getattr(importlib.import_module(self.module), self.function)
+
+
+# The order `bench all` runs them in: library benchmarks first (they fill the shared vector memo, so the
+# later ones seed instead of computing), the HTTP service last (one service process shared by both).
+BENCHMARKS: dict[str, Benchmark] = {
+    b.name: b
+    for b in (
+        Benchmark("zipf", "ragcache.bench.library", "bench_zipf", "Zipf stream: all systems side by side; hit rates vs ideal (5)"),
+        Benchmark("l2", "ragcache.bench.library", "bench_l2", "1,000 keys from L2 vs MGET floor, LangChain, RedisVL (3)"),
+        Benchmark("misses", "ragcache.bench.library", "bench_misses", "all misses: cache layer vs bare model (4)"),
+        Benchmark("concurrency", "ragcache.bench.library", "bench_concurrency", "single flight and batching of concurrent misses (6)"),
+        Benchmark("scale", "ragcache.bench.library", "bench_scale", "lookup cost at 10k..1M entries per level, L1 memory (7)"),
+        Benchmark("http", "ragcache.bench.http", "bench_http", "the service: /embed L1 vs computed (1), texts/s under load (2)"),
+        Benchmark("search", "ragcache.bench.http", "bench_search", "/search on 100k documents: repeated vs first query (8)"),
+    )
+}
+
+
+def add_bench_commands(subparsers) -> argparse.ArgumentParser:
+    """Register ``bench`` with its subcommands on an argparse subparsers object (the ``ragcache`` CLI's)."""
+    bench = subparsers.add_parser("bench", help="run benchmarks (table + JSON)", description=__doc__,
+                                  formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = bench.add_subparsers(dest="bench_command", metavar="BENCHMARK", required=True)
+    every = commands.add_parser("all", help="every benchmark below (prefixes excluded: it needs vLLM)")
+    _add_common(every)
+    every.set_defaults(func=_run_command, benchmarks=list(BENCHMARKS))
+    for benchmark in BENCHMARKS.values():
+        parser = commands.add_parser(benchmark.name, help=benchmark.help)
+        _add_common(parser)
+        parser.set_defaults(func=_run_command, benchmarks=[benchmark.name])
+    _add_prefixes(commands)
+    return bench
+
+
+def _add_common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--quick", action="store_true", help="smaller workloads (bench all --quick: < 10 min on 2 cores)")
+    parser.add_argument("--out", type=Path, default=Path("bench-results"), help="folder for the JSON results")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the Zipf stream")
+
+
+def _add_prefixes(commands) -> None:
+    """``bench prefixes`` (KV-prefix registry against vLLM) when its module is present; never part of ``all``."""
+    if importlib.util.find_spec("ragcache.bench.prefixes") is None:
+        return
+    module = importlib.import_module("ragcache.bench.prefixes")
+    parser = commands.add_parser("prefixes", help="KV-prefix registry against a vLLM server (needs vLLM)")
+    module.add_arguments(parser)
+    parser.set_defaults(func=lambda args: _print_plain(module.run(args)))
+
+
+def _print_plain(outcome) -> int:
+    if outcome is not None:
+        print(outcome)
+    return 0
+
+
+def _run_command(args: argparse.Namespace) -> int:
+    results = run_benchmarks(args.benchmarks, quick=args.quick, out=args.out, seed=args.seed)
+    return 0 if results else 1
+
+
+def run_benchmarks(names: list[str], *, quick: bool, out: Path, seed: int = 0) -> list:
+    """Run benchmarks in one process (one model, one Redis), print each table as it finishes, the whole
+    table at the end, and write ``<out>/<name>.json`` per benchmark plus ``<out>/all.json`` for several."""
+    from ragcache.bench.context import BenchContext
+    from ragcache.bench.report import BenchResult, format_table, machine_info, summary_line, write_json
+
+    started = time.perf_counter()
+    results: list[BenchResult] = []
+    machine = machine_info()
+    mode = "quick" if quick else "full"
+    command = "ragcache bench " + (" ".join(sys.argv[sys.argv.index("bench") + 1 :]) if "bench" in sys.argv else " ".join(names))
+    with BenchContext(quick=quick, seed=seed) as ctx:
+        for name in names:
+            benchmark = BENCHMARKS[name]
+            print(f"\n== {name}: {benchmark.help}", flush=True)
+            t0 = time.perf_counter()
+            try:
+                result = benchmark.load()(ctx)
+            except Exception as exc:  # noqa: BLE001 - one failed benchmark must not lose the others' figures
+                traceback.print_exc()
+                result = BenchResult(name, benchmark.help)
+                result.add("error", f"{type(exc).__name__}: {exc}"[:200])
+            result.seconds = time.perf_counter() - t0
+            results.append(result)
+            print(format_table([result]), flush=True)
+            print(f"({result.seconds:.1f} s)", flush=True)
+            write_json(out / f"{name}.json", {"mode": mode, "command": command, "machine": machine, "result": result.to_dict()})
+    elapsed = time.perf_counter() - started
+    if len(results) > 1:
+        print("\n== all results\n" + format_table(results))
+        write_json(out / "all.json", {"mode": mode, "command": command, "seconds": round(elapsed, 1), "machine": machine,
+                                      "summary": summary_line(results), "results": [r.to_dict() for r in results]})
+    print(f"\n{summary_line(results)}; {elapsed:.0f} s; JSON in {out}/")
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="ragcache")
+    add_bench_commands(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["bench", *(sys.argv[1:] if argv is None else argv)])
+    return args.func(args)

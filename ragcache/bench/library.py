@@ -1,0 +1,391 @@
+"""Benchmarks of ragcache as a library, each against the systems it must beat, measured in one process.
+
+Each function takes the shared ``BenchContext`` and returns a ``BenchResult``; the figures that answer the
+issue's targets carry that target and its number (``goal``).
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import threading
+import time
+
+import numpy as np
+import torch
+import xxhash
+
+from ragcache.bench.context import BATCH_SIZE, BenchContext, RecordingEncoder
+from ragcache.bench.report import BenchResult, Target, interleaved, median
+from ragcache.bench.systems import BareModel, DictFloor, LangChainCache, RedisFloor, RedisVLCache
+
+__all__ = ["bench_l2", "bench_misses", "bench_zipf", "bench_concurrency", "bench_scale"]
+
+MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
+
+
+def _max_error(vectors, expected: np.ndarray) -> float:
+    return float(np.abs(np.asarray(vectors, dtype=np.float32) - expected).max()) if len(expected) else 0.0
+
+
+# ---- target 3: keys resident in L2 ------------------------------------------------------------------------
+
+
+def bench_l2(ctx: BenchContext) -> BenchResult:
+    """1,000 keys resident in L2, fetched by one ``embed`` call, against the floor and two other caches."""
+    result = BenchResult("l2", f"{ctx.sizes.l2_keys:,} keys resident in L2, one call")
+    texts = ctx.distinct_stream_texts()[: ctx.sizes.l2_keys]
+    expected = ctx.vectors(texts)
+    space = ctx.encoder.space
+    keys = space.keys(texts)
+
+    cache = ctx.fresh_cache()
+    l1, l2 = cache.tiers[0], cache.tiers[1]
+    l2.put_many(keys, torch.from_numpy(expected))
+    langchain = LangChainCache(ctx.model, ctx.redis_url, namespace=space.space_id)
+    langchain.seed(texts, expected)
+    redisvl = RedisVLCache(ctx.model, ctx.redis_url, MODEL_NAME)
+    redisvl.seed(texts, expected)
+    floor = RedisFloor(ctx.redis_url, space.dim)
+    plain = DictFloor()
+    plain.seed(keys, expected)
+
+    served = cache.embed_detailed(texts).served
+    l1.clear()
+    checks = {
+        "ragcache": _max_error(cache.embed(texts), expected),
+        "floor": _max_error(floor.fetch(keys), expected),
+        "langchain": _max_error(langchain.embed(texts), expected),
+        "redisvl": _max_error(redisvl.embed(texts), expected),
+    }
+    l1.clear()
+    samples = interleaved(
+        {
+            "ragcache": lambda: cache.embed(texts),
+            "floor": lambda: floor.fetch(keys),
+            "dict": lambda: plain.fetch(keys),
+            "langchain": lambda: langchain.embed(texts),
+            "redisvl": lambda: redisvl.embed(texts),
+        },
+        repeats=max(ctx.sizes.repeats * 3, 15),
+        warmup=2,
+        # Every ragcache call must find L1 empty, or it would be an L1 benchmark.
+        before={"ragcache": l1.clear},
+    )
+    rate = {name: len(keys) / median(values) for name, values in samples.items()}
+    result.add("ragcache embed, all from L2", rate["ragcache"], "keys/s", note=f"served {served}")
+    result.add("floor: one MGET + np.frombuffer", rate["floor"], "keys/s")
+    result.add("plain dict + np.stack", rate["dict"], "keys/s", note="in-process, no Redis")
+    result.add("LangChain CacheBackedEmbeddings", rate["langchain"], "keys/s")
+    result.add("RedisVL EmbeddingsCache", rate["redisvl"], "keys/s")
+    result.add("ragcache / floor", rate["ragcache"] / rate["floor"], "x", target=Target(">=", 0.6), goal="3")
+    result.add("ragcache / LangChain", rate["ragcache"] / rate["langchain"], "x", target=Target(">=", 5), goal="3")
+    result.add("ragcache / RedisVL", rate["ragcache"] / rate["redisvl"], "x", target=Target(">=", 5), goal="3")
+    result.details = {
+        "num_keys": len(keys),
+        "median_ms": {name: median(values) * 1000 for name, values in samples.items()},
+        "samples_ms": {name: [v * 1000 for v in values] for name, values in samples.items()},
+        "max_abs_error_vs_model": checks,
+        "served_first_call": served,
+        "notes": "ragcache hashes the texts and builds keys inside the call; the floor is given ready keys. "
+        "ragcache also checks each value's header and checksum and copies the vectors into L1.",
+    }
+    cache.close()
+    langchain.close()
+    redisvl.close()
+    floor.close()
+    return result
+
+
+# ---- target 4: all misses --------------------------------------------------------------------------------
+
+
+def bench_misses(ctx: BenchContext) -> BenchResult:
+    """Every text new to every level: the cache's texts/s against the bare model's, same requests of 32."""
+    result = BenchResult("misses", "all misses: cache layer vs bare model, requests of 32")
+    repeats = 3 if ctx.quick else 5
+    per_repeat = ctx.sizes.bare_batches * BATCH_SIZE
+    texts = ctx.unseen_texts(per_repeat * repeats)
+    bare = BareModel(ctx.model)
+    cache = ctx.fresh_cache()  # L1 -> L2 -> L3 -> model, write-behind on: the default stack
+    groups = [texts[r * per_repeat : (r + 1) * per_repeat] for r in range(repeats)]
+    batches = [[g[i : i + BATCH_SIZE] for i in range(0, len(g), BATCH_SIZE)] for g in groups]
+    bare.embed(batches[0][0])  # warm the model once outside the timings
+    cache.embed(ctx.unseen_texts(BATCH_SIZE, skip=per_repeat * repeats))
+    cache.flush()
+
+    bare_s, cache_s, computed = [], [], 0
+    for r in range(repeats):
+        def run_bare():
+            for batch in batches[r]:
+                bare.embed(batch)
+
+        def run_cache():
+            nonlocal computed
+            for batch in batches[r]:
+                computed += cache.embed_detailed(batch).served["compute"]
+            cache.flush()  # the write-behind to L2/L3 is part of the cost
+
+        order = (run_bare, run_cache) if r % 2 == 0 else (run_cache, run_bare)
+        for fn in order:
+            started = time.perf_counter()
+            fn()
+            (bare_s if fn is run_bare else cache_s).append(time.perf_counter() - started)
+    bare_rate = per_repeat / median(bare_s)
+    cache_rate = per_repeat / median(cache_s)
+    result.add("bare model", bare_rate, "texts/s")
+    result.add("ragcache, all misses (L1+L2+L3 missed)", cache_rate, "texts/s", note=f"{computed} of {per_repeat * repeats} computed")
+    result.add("ragcache / bare model", cache_rate / bare_rate, "x", target=Target(">=", 0.9), goal="4")
+    result.details = {
+        "texts_per_repeat": per_repeat,
+        "repeats": repeats,
+        "bare_s": bare_s,
+        "cache_s": cache_s,
+        "cache_level_latency_ms": {lvl.level: lvl.latency_p50_ms for lvl in cache.stats().levels},
+    }
+    cache.close()
+    return result
+
+
+# ---- target 5 and the stream race ---------------------------------------------------------------------------
+
+
+def _run_stream(embed, ctx: BenchContext, num_batches: int) -> tuple[float, list[float]]:
+    latencies = []
+    started = time.perf_counter()
+    for index in range(num_batches):
+        t0 = time.perf_counter()
+        embed(ctx.batch(index))
+        latencies.append(time.perf_counter() - t0)
+    return time.perf_counter() - started, latencies
+
+
+def bench_zipf(ctx: BenchContext) -> BenchResult:
+    """The Zipf stream: every system on the same prefix; hit rates against the ideal over the whole stream."""
+    stream = ctx.stream
+    result = BenchResult("zipf", f"Zipf(s=1.1) stream over {len(ctx.corpus):,} passages, requests of 32")
+    race = _race(ctx, result)
+    hit_rates = _hit_rates(ctx, result)
+    result.details = {
+        "corpus_passages": len(ctx.corpus),
+        "corpus_digest": ctx.corpus.digest,
+        "stream": {"batches": len(stream.batches), "texts": stream.num_texts, "distinct": stream.num_distinct, "seed": stream.seed},
+        "race": race,
+        "hit_rates": hit_rates,
+    }
+    return result
+
+
+def _race(ctx: BenchContext, result: BenchResult) -> dict:
+    num_batches = ctx.sizes.race_batches
+    prefix = [ctx.batch(i) for i in range(num_batches)]
+    num_texts = sum(len(b) for b in prefix)
+    distinct = len({t for b in prefix for t in b})
+    space_id = ctx.encoder.space.space_id
+    bare = BareModel(ctx.model)
+    bare.embed(prefix[0])  # warm-up
+    bare_batches = min(ctx.sizes.bare_batches, num_batches)
+    bare_s, bare_latencies = _run_stream(bare.embed, ctx, bare_batches)
+    race = {"prefix_batches": num_batches, "texts": num_texts, "distinct": distinct, "systems": {}}
+    race["systems"]["no cache"] = {"texts_per_s": bare_batches * BATCH_SIZE / bare_s, "p50_ms": median(bare_latencies) * 1000,
+                                   "note": f"first {bare_batches} requests (its rate does not depend on repeats)"}
+    runners = {
+        "LangChain": lambda: LangChainCache(ctx.model, ctx.redis_url, namespace=space_id),
+        "RedisVL": lambda: RedisVLCache(ctx.model, ctx.redis_url, MODEL_NAME),
+        "ragcache": lambda: ctx.fresh_cache(),
+    }
+    for name, make in runners.items():
+        ctx.redis_client.flushdb()
+        system = make()
+        seconds, latencies = _run_stream(system.embed, ctx, num_batches)
+        race["systems"][name] = {"texts_per_s": num_texts / seconds, "p50_ms": median(latencies) * 1000}
+        system.close()
+    for name, figures in race["systems"].items():
+        result.add(f"stream race: {name}", figures["texts_per_s"], "texts/s",
+                   note=f"p50 {figures['p50_ms']:.1f} ms/request" + (f"; {figures['note']}" if "note" in figures else ""))
+    result.add("stream race: ragcache / no cache", race["systems"]["ragcache"]["texts_per_s"] / race["systems"]["no cache"]["texts_per_s"], "x",
+               note=f"first {num_batches} requests: {num_texts} texts, {distinct} distinct, each system computes each once")
+    return race
+
+
+def _replay(ctx: BenchContext, cache) -> dict[str, int]:
+    served = dict.fromkeys(cache.level_names, 0)
+    for index in range(len(ctx.stream.batches)):
+        for level, count in cache.embed_detailed(ctx.batch(index)).served.items():
+            served[level] += count
+    cache.flush()
+    return served
+
+
+def _hit_rates(ctx: BenchContext, result: BenchResult) -> dict:
+    stream = ctx.stream
+    ideal = stream.ideal_hit_rate
+    # Ample capacity: the default 256 MiB L1 holds ~170k vectors, far more than the stream's distinct texts.
+    encoder = RecordingEncoder(ctx)
+    cache = ctx.fresh_cache(encoder=encoder)
+    served = _replay(ctx, cache)
+    measured = cache.stats().hit_rate
+    result.add("hit rate, capacity suffices", measured, target=Target("==", ideal), goal="5",
+               note=f"ideal 1 - {stream.num_distinct}/{stream.num_texts} = {ideal:.4f}; model computed {encoder.num_texts}")
+    ample = {"ideal": ideal, "measured": measured, "texts_computed": encoder.num_texts, "served": served}
+    cache.close()
+
+    # L1 holds a tenth of the distinct texts; L2 and L3 start empty and hold everything.
+    row_bytes = ctx.encoder.dim * 4
+    l1_rows = math.ceil(stream.num_distinct / 10)
+    encoder = RecordingEncoder(ctx)
+    cache = ctx.fresh_cache(encoder=encoder, l1_bytes=l1_rows * row_bytes)
+    served = _replay(ctx, cache)
+    stats = cache.stats()
+    per_level = {lvl.level: {"hits": lvl.hits, "lookups": lvl.lookups, "hit_rate": lvl.hit_rate} for lvl in stats.levels}
+    for name, count in served.items():
+        conditional = f"; {per_level[name]['hit_rate']:.1%} of its lookups" if name in per_level else ""
+        result.add(f"L1 = 10% of distinct: served by {name}", count / stream.num_texts, note=f"{count} texts{conditional}")
+    result.add("L1 = 10% of distinct: overall hit rate", stats.hit_rate, note=f"ideal {ideal:.4f}; L1 holds {l1_rows} vectors")
+    small = {"l1_rows": l1_rows, "served": served, "per_level": per_level, "hit_rate": stats.hit_rate, "texts_computed": encoder.num_texts}
+    cache.close()
+    return {"ample": ample, "l1_tenth": small}
+
+
+# ---- target 6: concurrency ----------------------------------------------------------------------------------
+
+
+def _concurrently(num_threads: int, fn) -> list:
+    barrier = threading.Barrier(num_threads)
+    results: list = [None] * num_threads
+
+    def worker(index: int) -> None:
+        barrier.wait()
+        results[index] = fn(index)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(num_threads)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return results
+
+
+def bench_concurrency(ctx: BenchContext) -> BenchResult:
+    """64 concurrent requests for one uncached text; then 64 concurrent requests for 64 different ones."""
+    result = BenchResult("concurrency", "64 concurrent callers (threads, one cache)")
+    encoder = ctx.encoder
+    cache = ctx.fresh_cache()
+    fresh = ctx.unseen_texts(65, skip=2000)
+    before = encoder.stats()
+    vectors = _concurrently(64, lambda i: cache.embed([fresh[0]]))
+    after = encoder.stats()
+    computed = after.num_texts - before.num_texts
+    identical = all(np.array_equal(v, vectors[0]) for v in vectors)
+    result.add("model computations, 64 requests for one new text", computed, target=Target("==", 1), goal="6",
+               note=f"all 64 answers identical: {identical}")
+
+    before = encoder.stats()
+    _concurrently(64, lambda i: cache.embed([fresh[1 + i]]))
+    after = encoder.stats()
+    num_calls = after.num_batches - before.num_batches
+    sizes = list(after.batch_sizes[len(after.batch_sizes) - num_calls :]) if num_calls else []
+    result.add("model calls for 64 concurrent distinct misses", num_calls, note=f"batch sizes seen by the model: {sizes}")
+    result.add("largest model batch", max(sizes) if sizes else 0, target=Target(">=", 2), goal="6",
+               note="misses from concurrent requests share a model batch (max batch = compute_batch_size)")
+    result.details = {"same_text": {"computed": computed, "identical": identical}, "distinct": {"model_calls": num_calls, "batch_sizes": sizes}}
+    cache.close()
+    return result
+
+
+# ---- target 7: lookup cost against size -------------------------------------------------------------------
+
+
+def _synthetic_keys(space_id: str, start: int, stop: int) -> list[str]:
+    digest = xxhash.xxh3_128_hexdigest
+    return [f"rc:{space_id}:{digest(str(i).encode())}" for i in range(start, stop)]
+
+
+def _lookup_cost(get_many, keys_at, size: int, rng: np.random.Generator, repeats: int, batch: int = BATCH_SIZE) -> float:
+    """Median seconds of ``get_many`` of ``batch`` random resident keys (a new sample each call)."""
+    samples = []
+    for _ in range(repeats):
+        keys = [keys_at(int(i)) for i in rng.integers(0, size, batch)]
+        started = time.perf_counter()
+        hits = get_many(keys)
+        samples.append(time.perf_counter() - started)
+        if len(hits.index) != len(set(keys)) and len(hits.index) != len(keys):
+            raise RuntimeError(f"lookup at {size:,} entries missed {len(keys) - len(hits.index)} resident keys")
+    return median(samples)
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as file:
+        return int(file.read().split()[1]) * 4096
+
+
+def bench_scale(ctx: BenchContext) -> BenchResult:
+    """Lookup cost of 32 random resident keys at 10k, 100k and 1M entries, per level; L1 memory vs budget."""
+    from ragcache.tiers.memory import MemoryTier
+    from ragcache.tiers.milvus import MilvusTier
+    from ragcache.tiers.redis import RedisTier
+
+    result = BenchResult("scale", "lookup of 32 random resident keys vs entries held")
+    space = ctx.encoder.space
+    dim, sizes = space.dim, ctx.sizes.scale_sizes
+    rng = np.random.default_rng(ctx.seed)
+    repeats = 300
+    details: dict = {"sizes": list(sizes), "L1": {}, "L2": {}, "L3": {}}
+
+    for size in sizes:
+        keys = _synthetic_keys(space.space_id, 0, size)
+        rss_before = _rss_bytes()
+        tier = MemoryTier(size * dim * 4, dim, torch.float32)
+        for start in range(0, size, 50_000):
+            chunk = keys[start : start + 50_000]
+            tier.put_many(chunk, torch.randn(len(chunk), dim))
+        rss = _rss_bytes() - rss_before
+        cost = _lookup_cost(tier.get_many, keys.__getitem__, size, rng, repeats)
+        details["L1"][size] = {"lookup_us": cost * 1e6, "budget_bytes": tier.capacity_bytes, "slab_bytes": tier.slab_bytes,
+                               "rss_growth_bytes": rss, "map_bytes_per_entry": (rss - tier.slab_bytes) / size}
+        del tier, keys
+        gc.collect()
+    l1 = details["L1"]
+    for size in sizes:
+        result.add(f"L1 lookup at {size:,}", l1[size]["lookup_us"], "us")
+    result.add(f"L1 cost {sizes[-1]:,} / {sizes[0]:,}", l1[sizes[-1]]["lookup_us"] / l1[sizes[0]]["lookup_us"], "x",
+               target=Target("<=", 1.5), goal="7")
+    big = l1[sizes[-1]]
+    result.add(f"L1 slab at {sizes[-1]:,} / budget", big["slab_bytes"] / big["budget_bytes"], "x", target=Target("<=", 1.0), goal="7",
+               note=f"budget {big['budget_bytes'] / 2**20:,.0f} MiB; key map on the host adds {big['map_bytes_per_entry']:.0f} B/entry "
+               f"({(big['rss_growth_bytes'] - big['slab_bytes']) / 2**20:,.0f} MiB, outside the budget)")
+
+    redis_tier = RedisTier(ctx.redis_client, dim=dim, dtype=torch.float32, ttl_s=None)
+    ctx.redis_client.flushdb()
+    filled = 0
+    for size in sizes:
+        keys_fill = _synthetic_keys(space.space_id, filled, size)
+        for start in range(0, len(keys_fill), 10_000):
+            chunk = keys_fill[start : start + 10_000]
+            redis_tier.put_many(chunk, torch.randn(len(chunk), dim))
+        filled = size
+        cost = _lookup_cost(redis_tier.get_many, lambda i: _synthetic_keys(space.space_id, i, i + 1)[0], size, rng, repeats)
+        details["L2"][size] = {"lookup_us": cost * 1e6, "redis_used_memory": ctx.redis_client.info("memory")["used_memory"]}
+        result.add(f"L2 lookup at {size:,}", cost * 1e6, "us")
+    ctx.redis_client.flushdb()
+
+    l3_sizes = ctx.sizes.l3_scale_sizes
+    ctx.milvus.drop_collection(f"rc_{space.space_id}")
+    milvus_tier = MilvusTier(ctx.milvus, space_id=space.space_id, dim=dim, dtype=torch.float32)
+    filled = 0
+    for size in l3_sizes:
+        started = time.perf_counter()
+        keys_fill = _synthetic_keys(space.space_id, filled, size)
+        for start in range(0, len(keys_fill), 5_000):
+            chunk = keys_fill[start : start + 5_000]
+            milvus_tier.put_many(chunk, torch.randn(len(chunk), dim))
+        fill_rate = (size - filled) / (time.perf_counter() - started)
+        filled = size
+        cost = _lookup_cost(milvus_tier.get_many, lambda i: _synthetic_keys(space.space_id, i, i + 1)[0], size, rng, 30)
+        details["L3"][size] = {"lookup_us": cost * 1e6, "insert_rows_per_s": fill_rate}
+        result.add(f"L3 lookup at {size:,}", cost * 1e6, "us", note=f"inserted at {fill_rate:,.0f} rows/s")
+    if l3_sizes[-1] < sizes[-1]:
+        result.add(f"L3 at {sizes[-1]:,}", "not run", note="--quick: Milvus Lite inserts ~4k rows/s; the full run measures it")
+    ctx.milvus.drop_collection(f"rc_{space.space_id}")
+    result.details = details
+    return result
