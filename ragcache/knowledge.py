@@ -21,7 +21,7 @@ import json
 import secrets
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -44,6 +44,7 @@ from ragcache.documents import (
 from ragcache.errors import ConflictError, InvalidInputError, NotFoundError, RagCacheError, TierUnavailableError
 from ragcache.keys import EmbeddingSpace
 from ragcache.result_cache import ResultCache
+from ragcache.results import CollectionInfo, IngestResult, SearchHit, SearchResult, SearchTimings
 from ragcache.tiers.milvus import milvus_failures
 
 __all__ = ["KnowledgeBase", "CollectionInfo", "IngestResult", "SearchHit", "SearchResult", "SearchTimings"]
@@ -56,54 +57,9 @@ METRIC = "COSINE"
 # (DESIGN.md); on a Milvus server it picks the server's recommended index.
 DEFAULT_INDEX_TYPE = "AUTOINDEX"
 DESCRIPTION_FORMAT = "ragcache.knowledge/1"
-# Rows per upsert/get call: keeps one gRPC message far below Milvus' size limit even with 64 KB texts.
+# Rows per upsert/get call: at most 256 x 64 KB texts = 16 MB per gRPC message, under Milvus' 64 MB limit.
 BATCH_ROWS = 256
 STORE = "knowledge"
-
-
-@dataclass(frozen=True)
-class CollectionInfo:
-    name: str
-    space_id: str
-    model: str
-    dim: int
-    num_documents: int
-
-
-@dataclass(frozen=True)
-class IngestResult:
-    collection: str
-    num_received: int
-    num_inserted: int  # ids that were new
-    num_replaced: int  # ids that existed and were overwritten
-    num_cached: int  # embeddings served by a cache level
-    num_computed: int  # embeddings the model computed
-    served: dict[str, int] = field(default_factory=dict)  # level name -> embeddings it served
-
-
-@dataclass(frozen=True)
-class SearchHit:
-    id: str
-    score: float  # cosine similarity, higher is nearer
-    text: str
-    metadata: dict[str, Any]
-
-
-@dataclass(frozen=True)
-class SearchTimings:
-    """Milliseconds. ``search`` is the Milvus search, or the result-cache lookup on a cached result."""
-
-    embed: float
-    search: float
-    total: float
-
-
-@dataclass(frozen=True)
-class SearchResult:
-    hits: tuple[SearchHit, ...]
-    embedding_level: str | None  # the level that served the query's vector; None when the result was cached
-    timings_ms: SearchTimings
-    result_cache: str  # "hit", "miss", or "off" (no Redis, or Redis unusable right now)
 
 
 @dataclass(frozen=True)

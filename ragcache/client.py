@@ -1,0 +1,347 @@
+"""A Python client for the ragcache HTTP service: ``Client`` (blocking) and ``AsyncClient`` (asyncio), over httpx.
+
+    >>> with Client("http://127.0.0.1:8000", api_key="secret") as client:
+    ...     vectors = client.embed(["What is a KV cache?"])  # numpy float32 [1, 384]
+    ...     client.search("What is a KV cache?", "docs", top_k=3).hits[0].text
+
+    >>> async with AsyncClient() as client:
+    ...     vectors = await client.embed(["What is a KV cache?"])
+
+Every operation is written once (``_Operations``): it builds a ``_Call`` (method, path, JSON body, how to
+read the answer), and each class only sends it, so the two clients cannot drift apart. ``transport=`` is
+the test seam (``httpx.MockTransport``, ``httpx.ASGITransport``).
+
+Errors are the library's own tree, carrying the server's message and a ``status_code`` attribute:
+
+    RagCacheError
+    ├── InvalidInputError        400, 413, 422 (``field`` as the server named it)
+    ├── NotFoundError            404
+    ├── ConflictError            409
+    ├── AuthenticationError      401, 403                                          (defined here)
+    ├── ServiceUnavailableError  cannot connect, timed out, or 502/503/504           (defined here)
+    └── ServiceError             any other failed answer, or one that is not the expected JSON (defined here)
+
+Connection failures and 502/503 answers are retried ``retries`` times with exponential back-off: nothing
+reached the application, or it asked to be retried. Every endpoint is idempotent (upserts and deletes
+go by id), but a read timeout is not retried (the request may still be running), nor is any 4xx, which is
+the caller's to fix.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import dataclasses
+import functools
+import itertools
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
+
+import httpx
+import numpy as np
+
+from ragcache.errors import ConflictError, InvalidInputError, NotFoundError, RagCacheError
+from ragcache.results import CollectionInfo, IngestResult, SearchHit, SearchResult, SearchTimings
+
+__all__ = [
+    "Client",
+    "AsyncClient",
+    "SearchResponse",
+    "AuthenticationError",
+    "ServiceUnavailableError",
+    "ServiceError",
+    "DEFAULT_BASE_URL",
+]
+
+DEFAULT_BASE_URL = "http://127.0.0.1:8000"
+RETRY_STATUSES = frozenset({502, 503})
+# The search answer of the service is the library's SearchResult, field for field.
+SearchResponse = SearchResult
+
+
+class AuthenticationError(RagCacheError):
+    """The service wants an API key (401) or refuses this one (403)."""
+
+
+class ServiceUnavailableError(RagCacheError):
+    """The service could not be reached, timed out, or answered 502/503/504 (after the retries)."""
+
+
+class ServiceError(RagCacheError):
+    """The service failed in another way (a 5xx, an unexpected status, or an answer that is not its JSON)."""
+
+
+@dataclass(frozen=True)
+class _Call:
+    method: str
+    path: str
+    body: Any
+    parse: Callable[[Any], Any]  # the decoded JSON answer -> the value the operation returns
+
+
+class _Operations:
+    """The service's operations, shared by both clients. In ``AsyncClient`` each returns an awaitable."""
+
+    model: str | None
+    _http_class: type
+
+    def __init__(
+        self,
+        base_url: str = DEFAULT_BASE_URL,
+        *,
+        api_key: str | None = None,
+        timeout: float | httpx.Timeout = 30.0,
+        retries: int = 2,
+        backoff_s: float = 0.1,
+        model: str | None = None,
+        transport: httpx.BaseTransport | httpx.AsyncBaseTransport | None = None,
+    ):
+        """``api_key`` is sent as ``Authorization: Bearer``; ``timeout`` in seconds; ``retries`` after a
+        connection failure or a 502/503, waiting ``backoff_s`` doubled each time; ``model`` is sent with
+        embedding requests (the service's default model when None); ``transport`` replaces the network."""
+        if retries < 0 or backoff_s < 0:
+            raise InvalidInputError("retries and backoff_s must not be negative", field="retries")
+        self.base_url = base_url
+        self.retries = retries
+        self.backoff_s = backoff_s
+        self.model = model
+        headers = {"User-Agent": "ragcache-client"}
+        if api_key:
+            headers["Authorization"] = f"Bearer {api_key}"
+        self._http = self._http_class(base_url=base_url, headers=headers, timeout=timeout, transport=transport)
+
+    def _call(self, call: _Call) -> Any:
+        raise NotImplementedError
+
+    def embed(self, texts: str | Sequence[str]) -> np.ndarray:
+        """One float32 vector per text, ``[len(texts), dim]`` (a single string counts as one text).
+
+        Vectors travel base64-encoded (little-endian float32), about 4x smaller and faster than JSON floats.
+        """
+        items = [texts] if isinstance(texts, str) else list(texts)
+        body: dict[str, Any] = {"input": items, "encoding_format": "base64"}
+        if self.model is not None:
+            body["model"] = self.model
+        return self._call(_Call("POST", "/v1/embeddings", body, functools.partial(_parse_embeddings, len(items))))
+
+    def search(self, query: str, collection: str, top_k: int = 10, filter: str | None = None) -> SearchResult:  # noqa: A002
+        """The ``top_k`` documents of ``collection`` nearest to ``query``; ``filter`` is a Milvus expression
+        on the documents, e.g. ``metadata["lang"] == "en"``."""
+        body = {"query": query, "collection": collection, "top_k": top_k, "filter": filter}
+        return self._call(_Call("POST", "/search", body, _parse_search))
+
+    def add_documents(self, collection: str, documents: Sequence[Mapping[str, Any] | Any]) -> IngestResult:
+        """Embed and upsert documents (``{"id", "text", "metadata"}`` mappings or ``Document``s) by id."""
+        rows = [dataclasses.asdict(doc) if dataclasses.is_dataclass(doc) else dict(doc) for doc in documents]
+        body = {"collection": collection, "documents": rows}
+        return self._call(_Call("POST", "/documents", body, functools.partial(_parse_dataclass, IngestResult)))
+
+    def delete_documents(self, collection: str, ids: Sequence[str]) -> int:
+        """Delete documents by id; returns how many existed."""
+        body = {"collection": collection, "ids": list(ids)}
+        return self._call(_Call("DELETE", "/documents", body, _parse_num_deleted))
+
+    def collections(self) -> list[CollectionInfo]:
+        """Every collection: name, embedding space, number of documents."""
+        return self._call(_Call("GET", "/collections", None, _parse_collections))
+
+    def stats(self) -> dict[str, Any]:
+        """The service's hit rates, latencies and counters, as it reports them."""
+        return self._call(_Call("GET", "/stats", None, _parse_object))
+
+    def health(self) -> dict[str, Any]:
+        """The service's health report (raises ``ServiceUnavailableError`` when it answers 503)."""
+        return self._call(_Call("GET", "/health", None, _parse_object))
+
+    def info(self) -> dict[str, Any]:
+        """Models, embedding spaces and settings the service runs with."""
+        return self._call(_Call("GET", "/info", None, _parse_object))
+
+    # ---- shared by both senders -----------------------------------------------------------------------
+
+    def _settle(self, call: _Call, attempt: int, outcome: httpx.Response | Exception) -> tuple[float | None, Any]:
+        """What one attempt's outcome means: (seconds to wait before retrying, None), or (None, the value).
+        Raises the library's error when the outcome is a final failure."""
+        delay = self._retry_delay(attempt, outcome)
+        if delay is not None:
+            return delay, None
+        if isinstance(outcome, Exception):
+            raise self._transport_error(call, outcome) from outcome
+        return None, _finish(call, outcome)
+
+    def _retry_delay(self, attempt: int, outcome: httpx.Response | Exception) -> float | None:
+        """Seconds to wait before trying again, or None when this outcome is final."""
+        if isinstance(outcome, httpx.Response):
+            retryable = outcome.status_code in RETRY_STATUSES
+        else:
+            # Only failures where the request cannot have reached the application.
+            retryable = isinstance(outcome, (httpx.ConnectError, httpx.ConnectTimeout))
+        if not retryable or attempt >= self.retries:
+            return None
+        return self.backoff_s * 2**attempt
+
+    def _transport_error(self, call: _Call, exc: Exception) -> RagCacheError:
+        if isinstance(exc, (TypeError, ValueError)):
+            # httpx serialises the body while building the request: a value JSON cannot hold.
+            return InvalidInputError(f"{call.method} {call.path}: the request is not valid JSON: {exc}")
+        reason = "timed out" if isinstance(exc, httpx.TimeoutException) else "cannot be reached"
+        return ServiceUnavailableError(f"{call.method} {call.path}: ragcache at {self.base_url} {reason}: {exc!r}")
+
+
+class Client(_Operations):
+    """A blocking client. Thread-safe (one connection pool); close it, or use it as a context manager."""
+
+    _http_class = httpx.Client
+
+    def _call(self, call: _Call) -> Any:
+        for attempt in itertools.count():
+            try:
+                outcome = self._http.request(call.method, call.path, json=call.body)
+            except (httpx.HTTPError, TypeError, ValueError) as exc:
+                outcome = exc
+            delay, value = self._settle(call, attempt, outcome)
+            if delay is None:
+                return value
+            time.sleep(delay)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+
+class AsyncClient(_Operations):
+    """An asyncio client: every operation returns an awaitable. Close it with ``aclose`` or ``async with``."""
+
+    _http_class = httpx.AsyncClient
+
+    async def _call(self, call: _Call) -> Any:
+        for attempt in itertools.count():
+            try:
+                outcome = await self._http.request(call.method, call.path, json=call.body)
+            except (httpx.HTTPError, TypeError, ValueError) as exc:
+                outcome = exc
+            delay, value = self._settle(call, attempt, outcome)
+            if delay is None:
+                return value
+            await asyncio.sleep(delay)
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> "AsyncClient":
+        return self
+
+    async def __aexit__(self, *exc_info) -> None:
+        await self.aclose()
+
+
+# ---- reading answers ----------------------------------------------------------------------------------------
+
+
+def _finish(call: _Call, response: httpx.Response) -> Any:
+    """The operation's value from a final answer, or the error it stands for."""
+    if not response.is_success:
+        raise _status_error(response)
+    try:
+        return call.parse(response.json())
+    except (ValueError, TypeError, KeyError, IndexError, binascii.Error) as exc:
+        raise ServiceError(f"{call.method} {call.path}: unexpected answer from the service: {exc!r}") from exc
+
+
+def _status_error(response: httpx.Response) -> RagCacheError:
+    message, field = _error_details(response)
+    status = response.status_code
+    error: RagCacheError
+    if status in (400, 413, 422):
+        error = InvalidInputError(message, field=field)
+    elif status == 404:
+        error = NotFoundError(message)
+    elif status == 409:
+        error = ConflictError(message)
+    elif status in (401, 403):
+        error = AuthenticationError(message)
+    elif status in (502, 503, 504):
+        error = ServiceUnavailableError(message)
+    else:
+        error = ServiceError(message)
+    error.status_code = status  # type: ignore[attr-defined]
+    return error
+
+
+def _error_details(response: httpx.Response) -> tuple[str, str | None]:
+    """(message, field) from ``{"error": {...}}``, FastAPI's ``{"detail": ...}``, or the raw text."""
+    fallback = f"HTTP {response.status_code} {response.reason_phrase}".strip()
+    try:
+        payload = response.json()
+    except ValueError:
+        return (response.text.strip()[:1000] or fallback), None
+    error = payload.get("error") if isinstance(payload, dict) else None
+    if isinstance(error, dict) and error.get("message"):
+        return str(error["message"]), error.get("field")
+    detail = payload.get("detail") if isinstance(payload, dict) else None
+    if isinstance(detail, str):
+        return detail, None
+    if isinstance(detail, list) and detail and isinstance(detail[0], dict):
+        # FastAPI validation errors: a list of {"loc": ["body", "top_k"], "msg": ...}.
+        location = [str(part) for part in detail[0].get("loc", []) if part != "body"]
+        messages = "; ".join(str(item.get("msg", item)) for item in detail)
+        return messages, ".".join(location) or None
+    return fallback, None
+
+
+def _parse_embeddings(num_texts: int, payload: dict) -> np.ndarray:
+    data = sorted(payload["data"], key=lambda item: item["index"])
+    if len(data) != num_texts:
+        raise ValueError(f"{len(data)} embeddings for {num_texts} texts")
+    if not data:
+        return np.empty((0, 0), dtype=np.float32)
+    return np.stack([_decode_vector(item["embedding"]) for item in data])
+
+
+def _decode_vector(embedding: str | list) -> np.ndarray:
+    if isinstance(embedding, str):
+        # OpenAI's base64 format: the raw little-endian float32 bytes.
+        return np.frombuffer(base64.b64decode(embedding, validate=True), dtype="<f4").astype(np.float32)
+    return np.asarray(embedding, dtype=np.float32)
+
+
+def _parse_search(payload: dict) -> SearchResult:
+    hits = tuple(
+        SearchHit(str(hit["id"]), float(hit["score"]), str(hit.get("text", "")), dict(hit.get("metadata") or {}))
+        for hit in payload["hits"]
+    )
+    timings = payload.get("timings_ms") or {}
+    return SearchResult(
+        hits=hits,
+        embedding_level=payload.get("embedding_level"),
+        timings_ms=SearchTimings(*(float(timings.get(name, 0.0)) for name in ("embed", "search", "total"))),
+        result_cache=payload.get("result_cache", "off"),
+    )
+
+
+def _parse_dataclass(cls: type, payload: dict) -> Any:
+    # Unknown fields are ignored, so a newer server that reports more does not break an older client.
+    names = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{name: value for name, value in payload.items() if name in names})
+
+
+def _parse_num_deleted(payload: dict) -> int:
+    return int(payload["num_deleted"])
+
+
+def _parse_collections(payload: dict | list) -> list[CollectionInfo]:
+    items = payload["collections"] if isinstance(payload, dict) else payload
+    return [_parse_dataclass(CollectionInfo, item) for item in items]
+
+
+def _parse_object(payload: Any) -> dict[str, Any]:
+    if not isinstance(payload, dict):
+        raise TypeError(f"expected a JSON object, got {type(payload).__name__}")
+    return payload

@@ -1,0 +1,56 @@
+"""The typed results of knowledge-base operations, shared by the library (``KnowledgeBase``) and the HTTP
+client (``ragcache.client``), so both hand callers the same values. Plain frozen dataclasses with no heavy
+imports: ``dataclasses.asdict`` of each is exactly its JSON form in the HTTP API.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["CollectionInfo", "IngestResult", "SearchHit", "SearchResult", "SearchTimings"]
+
+
+@dataclass(frozen=True)
+class CollectionInfo:
+    name: str
+    space_id: str
+    model: str
+    dim: int
+    num_documents: int
+
+
+@dataclass(frozen=True)
+class IngestResult:
+    collection: str
+    num_received: int
+    num_inserted: int  # ids that were new
+    num_replaced: int  # ids that existed and were overwritten
+    num_cached: int  # embeddings served by a cache level
+    num_computed: int  # embeddings the model computed
+    served: dict[str, int] = field(default_factory=dict)  # level name -> embeddings it served
+
+
+@dataclass(frozen=True)
+class SearchHit:
+    id: str
+    score: float  # cosine similarity, higher is nearer
+    text: str
+    metadata: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class SearchTimings:
+    """Milliseconds. ``search`` is the Milvus search, or the result-cache lookup on a cached result."""
+
+    embed: float
+    search: float
+    total: float
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    hits: tuple[SearchHit, ...]
+    embedding_level: str | None  # the level that served the query's vector; None when the result was cached
+    timings_ms: SearchTimings
+    result_cache: str  # "hit", "miss", or "off" (no Redis, or Redis unusable right now)
