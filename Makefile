@@ -33,4 +33,4 @@ bench: $(STAMP)
 clean:
 	rm -rf $(VENV) .pytest_cache data
 
-include mk/vllm.mk
+-include mk/vllm.mk

@@ -3,11 +3,15 @@
 Concurrent misses for one key share one computation; misses from concurrent callers are gathered into one
 model batch. A worker thread takes whatever is pending the moment the model is free (waiting at most
 ``max_wait_s`` for a batch to fill), so batches grow under load and cost no added latency when idle.
+
+The last ``num_recent`` results stay answerable here: a caller that missed every level just before another
+caller's result was computed (and before it reached L1) gets that result instead of computing it again.
 """
 
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from concurrent.futures import Future
 from typing import Callable, Sequence
 
@@ -25,12 +29,15 @@ class ComputeBatcher:
         *,
         max_batch: int = 64,
         max_wait_s: float = 0.002,
+        num_recent: int = 4096,
     ):
         self._encode = encode
         self.max_batch = max_batch
         self.max_wait_s = max_wait_s
         self._pending: list[tuple[str, str, Future]] = []
         self._in_flight: dict[str, Future] = {}
+        self._recent: OrderedDict[str, Future] = OrderedDict()
+        self.num_recent = num_recent
         self._cond = threading.Condition()
         self._closed = False
         self._worker = threading.Thread(target=self._run, name="ragcache-compute", daemon=True)
@@ -43,7 +50,7 @@ class ComputeBatcher:
             if self._closed:
                 raise RagCacheError("the compute batcher is closed")
             for key, text in zip(keys, texts):
-                future = self._in_flight.get(key)
+                future = self._in_flight.get(key) or self._recent.get(key)
                 if future is None:
                     future = Future()
                     self._in_flight[key] = future
@@ -72,14 +79,18 @@ class ComputeBatcher:
                 failed = True
             else:
                 outcome, failed = list(vectors), False
-            with self._cond:
-                for key, _, _ in batch:
-                    self._in_flight.pop(key, None)
             for (_, _, future), result in zip(batch, outcome):
                 if failed:
                     future.set_exception(result)
                 else:
                     future.set_result(result)
+            with self._cond:
+                for key, _, future in batch:
+                    self._in_flight.pop(key, None)
+                    if not failed:
+                        self._recent[key] = future
+                while len(self._recent) > self.num_recent:
+                    self._recent.popitem(last=False)
 
     def close(self) -> None:
         """Finish what is pending, then stop the worker."""

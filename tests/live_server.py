@@ -1,0 +1,48 @@
+"""Run the real app under uvicorn on a free loopback port, in a thread, for tests over real HTTP."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import httpx
+import uvicorn
+
+from ragcache.embedded_redis import free_port
+from ragcache.settings import Settings
+from services.app import create_app
+
+
+class LiveServer:
+    def __init__(self, settings: Settings):
+        self.app = create_app(settings)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        config = uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self) -> "LiveServer":
+        self.thread.start()
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
+                    return self
+            except httpx.TransportError:
+                pass
+            if not self.thread.is_alive():
+                raise RuntimeError("the server thread died while starting")
+            time.sleep(0.1)
+        raise RuntimeError("the server did not start in time")
+
+    @property
+    def state(self):
+        return self.app.state.ragcache
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=60)
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop()
