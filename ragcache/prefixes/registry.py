@@ -367,17 +367,16 @@ class PrefixRegistry:
         for url in sorted({p.target.base_url for p in prefixes}):
             if now - self._scraped_at.get(url, float("-inf")) >= self.config.metrics_interval_s:
                 self.scrape(url)
-        results = []
-        for prefix in prefixes:
-            if not prefix.pinned:
-                continue
-            with self._lock:
+        due: list[tuple[float, str]] = []
+        with self._lock:
+            for prefix in prefixes:
                 state = self._state_for(prefix)
-                due = self._clock() >= state.next_due_at
-                may_try = self._health_of(prefix.target.base_url).may_try(self._clock())
-            if due and may_try:
-                results.append(self.warm(prefix.name))
-        return results
+                if (prefix.pinned and self._clock() >= state.next_due_at
+                        and self._health_of(prefix.target.base_url).may_try(self._clock())):
+                    due.append((state.next_due_at, prefix.name))
+        # Longest-waiting first, so a spent budget delays every prefix fairly instead of starving
+        # the ones that sort last.
+        return [self.warm(name) for _, name in sorted(due)]
 
     def _run(self) -> None:
         while not self._stop.wait(self.config.tick_interval_s):

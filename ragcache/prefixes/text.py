@@ -89,7 +89,8 @@ _VOLATILE_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
         r"|\b(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)[a-z]* \d{1,2},? \d{4}\b")),
     ("time", re.compile(r"\b\d{1,2}:\d{2}:\d{2}\b")),
     ("unix timestamp", re.compile(r"\b1[5-9]\d{8}(?:\d{3})?\b")),
-    ("request id", re.compile(r"\b(?:req|request|trace|session|user|msg)[-_]?id\s*[:=]\s*\S+", re.IGNORECASE)),
+    ("request id", re.compile(r"\b(?:req(?:uest)?|trace|session|user|msg|correlation)[-_ ]?id\s*[:=]\s*[^\s.,;]+",
+                              re.IGNORECASE)),
     ("hex id", re.compile(r"\b(?=[0-9a-fA-F]*\d)(?=[0-9a-fA-F]*[a-fA-F])[0-9a-fA-F]{16,}\b")),
 )
 

@@ -1,0 +1,377 @@
+"""Logic of the KV-prefix registry, with a fake vLLM behind ``httpx.MockTransport`` and a fake clock.
+
+The real-vLLM behaviour (caching, eviction, restart) is tested in tests/vllm; here every rule is pinned
+exactly: the adaptive interval, the budget, the back-off, volatile spans, rendering, storage, versions.
+"""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+from prometheus_client import CollectorRegistry, generate_latest
+
+from ragcache.errors import InvalidInputError, NotFoundError, RagCacheError
+from ragcache.prefix_client import PrefixClient
+from ragcache.prefixes import (
+    FilePrefixStore,
+    PrefixRegistry,
+    PrefixRegistryConfig,
+    PrefixSpec,
+    PromptForm,
+    Target,
+    TargetUnavailableError,
+    VLLMClient,
+    WarmOutcome,
+    find_volatile,
+    make_store,
+    register_prefix_metrics,
+    render_messages,
+    render_text,
+    template_head,
+)
+from ragcache.prefixes.policy import Backoff, WarmBudget, judge_residency, next_interval
+from services.prefixes_api import router
+
+BLOCK = 4
+TARGET = Target("http://vllm.test", "m")
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class FakeVLLM:
+    """A vLLM stand-in: one token per word plus BOS, whole-block prefix caching, switchable outage."""
+
+    def __init__(self) -> None:
+        self.cached: set[str] = set()
+        self.down = False
+        self.prompts: list[str] = []
+        self.queries = self.hits = 0
+
+    def evict_all(self) -> None:
+        self.cached.clear()
+
+    def handler(self, request: httpx.Request) -> httpx.Response:
+        if self.down:
+            raise httpx.ConnectError("connection refused", request=request)
+        if request.url.path == "/metrics":
+            body = (f"# TYPE vllm:prefix_cache_queries counter\nvllm:prefix_cache_queries_total {self.queries}\n"
+                    f"# TYPE vllm:prefix_cache_hits counter\nvllm:prefix_cache_hits_total {self.hits}\n"
+                    f'# TYPE vllm:cache_config_info gauge\nvllm:cache_config_info{{block_size="{BLOCK}"}} 1\n')
+            return httpx.Response(200, text=body)
+        data = json.loads(request.content)
+        num_tokens = len(data["prompt"].split()) + 1
+        if request.url.path == "/tokenize":
+            return httpx.Response(200, json={"count": num_tokens, "tokens": list(range(num_tokens))})
+        self.prompts.append(data["prompt"])
+        cached = (num_tokens - 1) // BLOCK * BLOCK if data["prompt"] in self.cached else 0
+        self.cached.add(data["prompt"])
+        self.queries += num_tokens
+        self.hits += cached
+        usage = {"prompt_tokens": num_tokens, "prompt_tokens_details": {"cached_tokens": cached}}
+        return httpx.Response(200, json={"usage": usage})
+
+
+CONFIG = PrefixRegistryConfig(initial_rewarm_interval_s=8.0, min_rewarm_interval_s=2.0, max_rewarm_interval_s=16.0,
+                              warm_budget_per_minute=100, backoff_min_s=1.0, backoff_max_s=4.0,
+                              metrics_interval_s=5.0, store_refresh_interval_s=0.0, default_block_size=BLOCK)
+SYSTEM = "You are a careful assistant who answers from the given context only and cites it."
+
+
+@pytest.fixture
+def vllm() -> FakeVLLM:
+    return FakeVLLM()
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+def make_registry(vllm, clock, tmp_path, config=CONFIG) -> PrefixRegistry:
+    http = httpx.Client(transport=httpx.MockTransport(vllm.handler))
+    return PrefixRegistry(FilePrefixStore(tmp_path / "prefixes.json"), VLLMClient(http), config,
+                          clock=clock, wall_clock=clock)
+
+
+@pytest.fixture
+def registry(vllm, clock, tmp_path) -> PrefixRegistry:
+    return make_registry(vllm, clock, tmp_path)
+
+
+# ----- policy ---------------------------------------------------------------------------------------
+
+
+def test_interval_shrinks_after_eviction_grows_while_resident_within_bounds():
+    assert next_interval(8.0, WarmOutcome.EVICTED, CONFIG) == 4.0
+    assert next_interval(8.0, WarmOutcome.RESIDENT, CONFIG) == 12.0
+    assert next_interval(3.0, WarmOutcome.EVICTED, CONFIG) == 2.0  # floor
+    assert next_interval(12.0, WarmOutcome.RESIDENT, CONFIG) == 16.0  # ceiling
+    for outcome in (WarmOutcome.PRIME, WarmOutcome.ERROR, WarmOutcome.SKIPPED):
+        assert next_interval(8.0, outcome, CONFIG) == 8.0
+
+
+def test_residency_needs_every_full_block_of_the_prompt():
+    # 100 tokens in blocks of 32: blocks 0-2 (96 tokens) are cacheable, the last token never is.
+    assert judge_residency(100, 96, 32)
+    assert not judge_residency(100, 64, 32)
+    assert judge_residency(97, 96, 32) and not judge_residency(98, 64, 32)
+    assert judge_residency(20, 0, 32)  # shorter than a block: nothing to cache
+
+
+def test_budget_is_a_sliding_minute(clock):
+    budget = WarmBudget(3, clock)
+    assert [budget.try_acquire() for _ in range(4)] == [True, True, True, False]
+    clock.now += 59.9
+    assert not budget.try_acquire()
+    clock.now += 0.1  # the first three leave the window together
+    assert budget.num_available == 3
+
+
+def test_backoff_doubles_up_to_the_cap_and_resets():
+    backoff = Backoff(CONFIG)
+    assert [backoff.failed(0.0) for _ in range(4)] == [1.0, 2.0, 4.0, 4.0]
+    assert not backoff.up and not backoff.may_try(3.9) and backoff.may_try(4.0)
+    assert backoff.succeeded() is True and backoff.up and backoff.succeeded() is False
+
+
+# ----- text -----------------------------------------------------------------------------------------
+
+
+def test_volatile_content_is_found_and_named():
+    text = ("Today is 2024-05-01T10:15:00Z. Request id: 7f3a. Trace 123e4567-e89b-12d3-a456-426614174000 "
+            "on 3 March 2025 at 10:15:33, ts 1714558500.")
+    spans = find_volatile(text)
+    assert [(s.kind, s.text) for s in spans] == [
+        ("timestamp", "2024-05-01T10:15:00Z"),
+        ("request id", "Request id: 7f3a"),
+        ("uuid", "123e4567-e89b-12d3-a456-426614174000"),
+        ("date", "3 March 2025"),
+        ("time", "10:15:33"),
+        ("unix timestamp", "1714558500"),
+    ]
+    assert text[spans[2].start:spans[2].end] == spans[2].text
+    assert "uuid '123e4567" in spans[2].message()
+    assert find_volatile(SYSTEM + " Answer in 3 sentences, version 2.1.") == ()
+
+
+def test_template_head_is_the_text_before_the_first_slot_with_braces_unescaped():
+    assert template_head("Use JSON {{like this}}.\nContext: {ctx}\nQ: {q}", True) == "Use JSON {like this}.\nContext: "
+    assert template_head("Plain {braces} kept", False) == "Plain {braces} kept"
+
+
+def test_render_puts_the_prefix_first_byte_for_byte(registry):
+    tmpl = "Sys: be exact {{json}}.\nContext: {context}\nQuestion: {question}\n"
+    prefix = registry.register(PrefixSpec("t", tmpl, TARGET, is_template=True)).prefix
+    head = template_head(tmpl, True)
+    for slots in ({"context": "a", "question": "b"}, {"context": "{x}", "question": "ünï"}):
+        out = render_text(prefix, slots)
+        assert out.encode()[: len(head.encode())] == head.encode()
+    assert render_text(prefix, {"context": "C", "question": "Q?"}) == "Sys: be exact {json}.\nContext: C\nQuestion: Q?\n"
+    with pytest.raises(InvalidInputError, match="question"):
+        render_text(prefix, {"context": "C"})
+    system = registry.register(PrefixSpec("s", "Raw {not a slot}", TARGET)).prefix
+    assert render_messages(system, "hi", {}) == [{"role": "system", "content": "Raw {not a slot}"},
+                                                {"role": "user", "content": "hi"}]
+    assert render_text(system, {"suffix": "\nUser: x"}) == "Raw {not a slot}\nUser: x"
+    with pytest.raises(InvalidInputError):
+        render_text(system, {"context": "x"})
+
+
+# ----- store ----------------------------------------------------------------------------------------
+
+
+def test_file_store_persists_across_instances_and_is_the_fallback(registry, tmp_path):
+    registry.register(PrefixSpec("b", SYSTEM, TARGET))
+    registry.register(PrefixSpec("a", SYSTEM + " Be brief.", TARGET, pinned=False))
+    store = make_store(None, tmp_path / "prefixes.json")
+    assert isinstance(store, FilePrefixStore)
+    assert [(p.name, p.pinned, p.target) for p in store.list()] == [("a", False, TARGET), ("b", True, TARGET)]
+    assert store.get("a") == registry.get("a")
+    assert store.delete("a") and not store.delete("a") and store.get("a") is None
+
+
+# ----- registry -------------------------------------------------------------------------------------
+
+
+def test_changing_the_text_makes_a_new_version_and_only_it_is_warmed(registry, vllm, clock):
+    first = registry.register(PrefixSpec("p", SYSTEM, TARGET))
+    assert (first.created, first.new_version, first.prefix.version, first.prefix.num_tokens) == (True, True, 1, 16)
+    same = registry.register(PrefixSpec("p", SYSTEM, TARGET))
+    assert (same.created, same.new_version, same.prefix.version, same.warm) == (False, False, 1, None)
+    second = registry.register(PrefixSpec("p", SYSTEM + " Be brief.", TARGET))
+    assert (second.new_version, second.prefix.version, second.prefix.created_at) == (True, 2, first.prefix.created_at)
+    vllm.prompts.clear()
+    clock.now += 100
+    registry.tick()
+    assert vllm.prompts == [SYSTEM + " Be brief."]
+    assert registry.prefix_stats("p").version == 2
+
+
+def test_warm_outcomes_drive_the_interval(registry, vllm, clock):
+    assert registry.register(PrefixSpec("p", SYSTEM, TARGET)).warm.outcome is WarmOutcome.PRIME
+    registry.scrape(TARGET.base_url)  # learns the block size
+    outcomes, intervals = [], []
+    for evict in (False, False, True, False):
+        if evict:
+            vllm.evict_all()
+        clock.now += registry.prefix_stats("p").rewarm_interval_s
+        (result,) = registry.tick()
+        outcomes.append(result.outcome)
+        intervals.append(registry.prefix_stats("p").rewarm_interval_s)
+    assert outcomes == [WarmOutcome.RESIDENT, WarmOutcome.RESIDENT, WarmOutcome.EVICTED, WarmOutcome.RESIDENT]
+    assert intervals == [12.0, 16.0, 8.0, 12.0]
+    stats = registry.prefix_stats("p")
+    assert (stats.num_warms, stats.num_resident, stats.num_evicted, stats.residency_rate) == (5, 3, 1, 0.75)
+    assert registry.tick() == []  # not due yet
+
+
+def test_budget_caps_warms_per_minute(vllm, clock, tmp_path):
+    config = PrefixRegistryConfig(**{**CONFIG.__dict__, "warm_budget_per_minute": 2})
+    registry = make_registry(vllm, clock, tmp_path, config)
+    results = [registry.register(PrefixSpec(f"p{i}", f"{SYSTEM} {i}", TARGET)).warm.outcome for i in range(3)]
+    assert results == [WarmOutcome.PRIME, WarmOutcome.PRIME, WarmOutcome.SKIPPED]
+    assert len(vllm.prompts) == 2
+    clock.now += 30  # all three are due, but this minute's budget is spent
+    assert [r.outcome for r in registry.tick()] == [WarmOutcome.SKIPPED] * 3
+    assert len(vllm.prompts) == 2 and registry.stats().num_warms_deferred == 4
+    clock.now += 31  # the window has moved on; the longest-waiting prefix (the unprimed p2) goes first
+    sent = [(r.name, r.outcome) for r in registry.tick() if r.outcome is not WarmOutcome.SKIPPED]
+    assert sent == [("p2", WarmOutcome.PRIME), ("p0", WarmOutcome.RESIDENT)]
+
+
+def test_vllm_down_keeps_entries_backs_off_and_reprimes_on_recovery(registry, vllm, clock):
+    registry.register(PrefixSpec("p", SYSTEM, TARGET))
+    vllm.down = True
+    vllm.evict_all()  # a restart loses the KV cache
+    clock.now += 100
+    assert registry.tick() == []  # the scrape finds it down first, so no warm is even tried
+    (target,) = registry.stats().targets
+    assert not target.up and target.num_failures == 1
+    down = registry.register(PrefixSpec("q", SYSTEM + " Q.", TARGET))  # registration still succeeds
+    assert down.prefix.num_tokens is None and down.warm.outcome is WarmOutcome.SKIPPED
+    clock.now += 0.5
+    assert registry.tick() == []  # backing off: nothing is sent
+    vllm.down = False
+    clock.now += 5
+    registry.tick()
+    (target,) = registry.stats().targets
+    assert target.up and target.num_failures == 0
+    assert registry.prefix_stats("p").last_outcome is WarmOutcome.PRIME  # re-primed, not judged "evicted"
+    assert registry.prefix_stats("q").last_outcome is WarmOutcome.PRIME
+    assert registry.get("q").num_tokens == 17  # filled in from the warm's usage
+    assert [p.name for p in registry.list()] == ["p", "q"]
+
+
+def test_register_warns_about_volatile_spans_and_sub_block_prefixes(registry):
+    result = registry.register(PrefixSpec("v", "Date: 2025-01-31. Answer.", TARGET))
+    assert result.warnings[0] == "volatile date '2025-01-31' at characters 6-16"
+    assert "not more than one KV block" in result.warnings[1]
+    tmpl = registry.register(PrefixSpec("t", SYSTEM + " {question} at 2025-01-31", TARGET, is_template=True))
+    assert tmpl.warnings == ()  # only the constant head is shared, so only it is checked
+
+
+@pytest.mark.parametrize("spec, field", [
+    (PrefixSpec("bad name", SYSTEM, TARGET), "name"),
+    (PrefixSpec("p", SYSTEM, Target("vllm:8000", "m")), "target.base_url"),
+    (PrefixSpec("p", "{slot} first", TARGET, is_template=True), "text"),
+    (PrefixSpec("p", "unbalanced {", TARGET, is_template=True), "text"),
+])
+def test_invalid_specs_are_refused_with_the_field(registry, spec, field):
+    with pytest.raises(InvalidInputError) as info:
+        registry.register(spec)
+    assert info.value.field == field
+
+
+def test_unknown_names_raise_not_found(registry):
+    for call in (registry.get, registry.delete, registry.warm, registry.prefix_stats):
+        with pytest.raises(NotFoundError):
+            call("nope")
+
+
+def test_vllm_client_converts_every_failure():
+    def handler(request):
+        if request.url.path == "/v1/completions":
+            return httpx.Response(500, text="boom")
+        if request.url.path == "/tokenize":
+            return httpx.Response(200, text="not json")
+        raise httpx.ReadTimeout("slow", request=request)
+
+    client = VLLMClient(httpx.Client(transport=httpx.MockTransport(handler)))
+    for call in (lambda: client.complete_one(TARGET, "x", PromptForm.COMPLETION), lambda: client.count_tokens(TARGET, "x"),
+                 lambda: client.prefix_cache_counters(TARGET.base_url)):
+        with pytest.raises(TargetUnavailableError) as info:
+            call()
+        assert isinstance(info.value, RagCacheError) and info.value.__cause__ is not None
+
+
+def test_metrics_collector_exposes_prefix_and_target_series(registry, vllm, clock):
+    registry.register(PrefixSpec("p", SYSTEM, TARGET))
+    registry.scrape(TARGET.base_url)
+    registry.warm("p")
+    registry.scrape(TARGET.base_url)
+    collectors = CollectorRegistry()
+    register_prefix_metrics(registry, collectors)
+    text = generate_latest(collectors).decode()
+    assert 'ragcache_prefix_tokens{prefix="p"} 16.0' in text
+    assert 'ragcache_prefix_warms_total{outcome="resident",prefix="p"} 1.0' in text
+    assert 'ragcache_prefix_residency_ratio{prefix="p"} 1.0' in text
+    assert 'ragcache_vllm_target_up{target="http://vllm.test"} 1.0' in text
+    assert 'ragcache_vllm_prefix_cache_hit_ratio{target="http://vllm.test"} 0.375' in text  # 12 / 32
+
+
+# ----- HTTP routes and client -----------------------------------------------------------------------
+
+
+@pytest.fixture
+def service(registry):
+    app = FastAPI()
+    app.state.prefixes = registry
+    app.include_router(router)
+
+    @app.exception_handler(NotFoundError)
+    def not_found(request, exc):
+        from fastapi.responses import JSONResponse
+
+        return JSONResponse({"error": {"message": str(exc)}}, status_code=404)
+
+    with TestClient(app) as client:
+        yield client
+
+
+def test_routes_register_list_warm_stats_delete(service):
+    body = {"name": "rag", "text": SYSTEM + "\nContext: {context}\n", "is_template": True,
+            "target": {"base_url": TARGET.base_url, "model": TARGET.model}}
+    created = service.post("/prefixes", json=body)
+    assert created.status_code == 201
+    assert created.json()["prefix"]["head"] == SYSTEM + "\nContext: "
+    assert created.json()["warm"]["outcome"] == "prime"
+    assert service.post("/prefixes", json=body).status_code == 200
+    assert [p["name"] for p in service.get("/prefixes").json()] == ["rag"]
+    assert service.post("/prefixes/rag/warm").json()["outcome"] in ("resident", "evicted")
+    assert service.get("/prefixes/rag/stats").json()["num_warms"] == 2
+    assert service.delete("/prefixes/rag").status_code == 204
+    assert service.get("/prefixes/rag").status_code == 404
+
+
+def test_client_renders_locally_and_reports_uses_in_batches(service, clock):
+    client = PrefixClient(service, refresh_s=10, clock=clock)
+    client.register_prefix("rag", SYSTEM + "\nContext: {context}\n", TARGET, is_template=True)
+    prompts = [client.render("rag", context=str(i)) for i in range(3)]
+    assert prompts[2] == SYSTEM + "\nContext: 2\n"
+    assert client.messages("rag", "hi", context="c")[0]["content"].startswith(SYSTEM)
+    assert client.prefix_stats("rag")["num_uses"] == 0  # not reported yet
+    client.flush_uses()
+    assert client.prefix_stats("rag")["num_uses"] == 4
+    assert [p.name for p in client.list_prefixes()] == ["rag"]
+    with pytest.raises(NotFoundError):
+        client.get_prefix("missing")
