@@ -126,7 +126,9 @@ class _Operations:
             body["model"] = self.model
         return self._call(_Call("POST", "/v1/embeddings", body, functools.partial(_parse_embeddings, len(items))))
 
-    def search(self, query: str, collection: str, top_k: int = 10, filter: str | None = None) -> SearchResult:  # noqa: A002
+    def search(
+        self, query: str, collection: str, top_k: int = 10, filter: str | None = None  # noqa: A002 - the API's name
+    ) -> SearchResult:
         """The ``top_k`` documents of ``collection`` nearest to ``query``; ``filter`` is a Milvus expression
         on the documents, e.g. ``metadata["lang"] == "en"``."""
         body = {"query": query, "collection": collection, "top_k": top_k, "filter": filter}

@@ -212,8 +212,18 @@ class KnowledgeBase:
         embed_started = self._clock()
         embedded = cache.embed_detailed([query])
         level = embedded.level_names[int(embedded.levels[0])]
-        vector = np.asarray(embedded.vectors, dtype=np.float32)[0]
         search_started = self._clock()
+        hits = self._nearest(meta, np.asarray(embedded.vectors, dtype=np.float32)[0], top_k, expression)
+        finished = self._clock()
+        if version is not None:
+            self.results.put(meta.uid, version, query_key, params, [[h.id, h.score, h.text, h.metadata] for h in hits])
+        embed_ms, search_ms = _ms(search_started - embed_started), _ms(finished - search_started)
+        timings = SearchTimings(embed=embed_ms, search=search_ms, total=_ms(finished - started))
+        return SearchResult(hits, level, timings, "off" if version is None else "miss")
+
+    def _nearest(
+        self, meta: _Collection, vector: np.ndarray, top_k: int, expression: str | None
+    ) -> tuple[SearchHit, ...]:
         rows = self._call(
             meta,
             self.milvus.search,
@@ -226,17 +236,10 @@ class KnowledgeBase:
             search_params={"metric_type": METRIC},
             filter_given=expression is not None,
         )[0]
-        hits = tuple(
+        return tuple(
             SearchHit(row["id"], float(row["distance"]), row["entity"]["text"], row["entity"].get("metadata") or {})
             for row in rows
         )
-        finished = self._clock()
-        if version is not None:
-            self.results.put(meta.uid, version, query_key, params, [[h.id, h.score, h.text, h.metadata] for h in hits])
-        timings = SearchTimings(
-            embed=_ms(search_started - embed_started), search=_ms(finished - search_started), total=_ms(finished - started)
-        )
-        return SearchResult(hits, level, timings, "off" if version is None else "miss")
 
     # ---- internals ---------------------------------------------------------------------------------------
 
@@ -282,7 +285,9 @@ class KnowledgeBase:
             "dim": space.dim,
             "uid": secrets.token_hex(8),
         }
-        schema = self.milvus.create_schema(auto_id=False, enable_dynamic_field=False, description=json.dumps(description))
+        schema = self.milvus.create_schema(
+            auto_id=False, enable_dynamic_field=False, description=json.dumps(description)
+        )
         schema.add_field("id", DataType.VARCHAR, is_primary=True, max_length=MAX_ID_BYTES)
         schema.add_field("text", DataType.VARCHAR, max_length=MAX_TEXT_BYTES)
         schema.add_field("metadata", DataType.JSON)
@@ -303,7 +308,8 @@ class KnowledgeBase:
     def _existing_ids(self, meta: _Collection, ids: list[str]) -> list[str]:
         found: set[str] = set()
         for start in range(0, len(ids), BATCH_ROWS):
-            rows = self._call(meta, self.milvus.get, meta.milvus_name, ids=ids[start : start + BATCH_ROWS], output_fields=["id"])
+            batch = ids[start : start + BATCH_ROWS]
+            rows = self._call(meta, self.milvus.get, meta.milvus_name, ids=batch, output_fields=["id"])
             found.update(row["id"] for row in rows)
         return [doc_id for doc_id in ids if doc_id in found]
 

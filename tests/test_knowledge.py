@@ -13,10 +13,10 @@ import redis
 
 from ragcache.build import build_cache
 from ragcache.documents import Document
-from ragcache.errors import ConflictError, InvalidInputError, NotFoundError
+from ragcache.errors import ConflictError, InvalidInputError, NotFoundError, TierUnavailableError
 from ragcache.knowledge import KnowledgeBase
 from ragcache.settings import Settings
-from ragcache.stores import Stores
+from ragcache.stores import Stores, open_milvus
 
 DOCS = [
     {"id": "kv", "text": "vLLM keeps the attention keys and values of a prompt prefix in its KV cache.",
@@ -238,3 +238,19 @@ def test_invalid_input_names_the_field(kb, cache, call, field):
     with pytest.raises(InvalidInputError) as info:
         call(kb, cache)
     assert info.value.field == field
+
+
+def test_milvus_failures_become_tier_unavailable(tmp_path, cache):
+    client = open_milvus(str(tmp_path / "closed.db"))
+    kb = KnowledgeBase(client)
+    kb.add_documents("gone", DOCS[:1], cache=cache)
+    client.close()
+    for call in (
+        lambda: kb.list_collections(),
+        lambda: kb.search("gone", "q", cache=cache),
+        lambda: kb.add_documents("gone", DOCS[1:2], cache=cache),
+        lambda: kb.delete_documents("gone", ["kv"]),
+        lambda: kb.collection_info("other"),
+    ):
+        with pytest.raises(TierUnavailableError, match="Milvus failed"):
+            call()
