@@ -227,3 +227,42 @@ def test_graceful_shutdown_flushes_queued_writes(redis_url, tmp_path):
     # The server has stopped: every write it accepted must be in Redis.
     client = redis.Redis.from_url(redis_url)
     assert client.exists(*keys) == len(keys)
+
+
+def test_python_client_against_the_server(server, encoder):
+    from ragcache.client import AsyncClient, Client
+    from ragcache.errors import InvalidInputError, NotFoundError
+
+    name = "client_" + uuid.uuid4().hex[:8]
+    texts = fresh(3)
+    with Client(server.url) as client:
+        np.testing.assert_array_equal(client.embed(texts), encoder.encode(texts).numpy())
+        added = client.add_documents(name, [{"id": "kv", "text": "A KV cache keeps attention keys and values."},
+                                            {"id": "sky", "text": "The sky is blue on a clear day."}])
+        assert added.num_received == 2
+        result = client.search("what does a KV cache keep?", collection=name, top_k=1)
+        assert result.hits[0].id == "kv" and result.hits[0].score > 0
+        assert name in {c.name for c in client.collections()}
+        assert client.stats()["models"]
+        with pytest.raises(NotFoundError, match="does not exist"):
+            client.search("x", collection="missing_collection")
+        with pytest.raises(InvalidInputError):
+            client.embed([])
+
+    async def use_async():
+        async with AsyncClient(server.url) as client:
+            return await client.embed(texts)
+
+    import asyncio
+
+    np.testing.assert_array_equal(asyncio.run(use_async()), encoder.encode(texts).numpy())
+
+
+def test_langchain_adapter_against_the_server(server, encoder):
+    from ragcache.client import Client
+    from ragcache.langchain import RagCacheEmbeddings
+
+    embeddings = RagCacheEmbeddings(Client(server.url))
+    vectors = embeddings.embed_documents(["alpha", "beta"])
+    np.testing.assert_array_equal(np.array(vectors, dtype=np.float32), encoder.encode(["alpha", "beta"]).numpy())
+    assert len(embeddings.embed_query("alpha")) == 384
