@@ -100,7 +100,7 @@ class _Operations:
     ):
         """``api_key`` is sent as ``Authorization: Bearer``; ``timeout`` in seconds; ``retries`` after a
         connection failure or a 502/503, waiting ``backoff_s`` doubled each time; ``model`` is sent with
-        embedding requests (the service's default model when None); ``transport`` replaces the network."""
+        embedding, search and ingest requests (the service's default model when None); ``transport`` replaces the network."""
         if retries < 0 or backoff_s < 0:
             raise InvalidInputError("retries and backoff_s must not be negative", field="retries")
         self.base_url = base_url
@@ -121,9 +121,7 @@ class _Operations:
         Vectors travel base64-encoded (little-endian float32), about 4x smaller and faster than JSON floats.
         """
         items = [texts] if isinstance(texts, str) else list(texts)
-        body: dict[str, Any] = {"input": items, "encoding_format": "base64"}
-        if self.model is not None:
-            body["model"] = self.model
+        body = self._with_model({"input": items, "encoding_format": "base64"})
         return self._call(_Call("POST", "/v1/embeddings", body, functools.partial(_parse_embeddings, len(items))))
 
     def search(
@@ -131,13 +129,13 @@ class _Operations:
     ) -> SearchResult:
         """The ``top_k`` documents of ``collection`` nearest to ``query``; ``filter`` is a Milvus expression
         on the documents, e.g. ``metadata["lang"] == "en"``."""
-        body = {"query": query, "collection": collection, "top_k": top_k, "filter": filter}
+        body = self._with_model({"query": query, "collection": collection, "top_k": top_k, "filter": filter})
         return self._call(_Call("POST", "/search", body, _parse_search))
 
     def add_documents(self, collection: str, documents: Sequence[Mapping[str, Any] | Any]) -> IngestResult:
         """Embed and upsert documents (``{"id", "text", "metadata"}`` mappings or ``Document``s) by id."""
         rows = [dataclasses.asdict(doc) if dataclasses.is_dataclass(doc) else dict(doc) for doc in documents]
-        body = {"collection": collection, "documents": rows}
+        body = self._with_model({"collection": collection, "documents": rows})
         return self._call(_Call("POST", "/documents", body, functools.partial(_parse_dataclass, IngestResult)))
 
     def delete_documents(self, collection: str, ids: Sequence[str]) -> int:
@@ -162,6 +160,10 @@ class _Operations:
         return self._call(_Call("GET", "/info", None, _parse_object))
 
     # ---- shared by both senders -----------------------------------------------------------------------
+
+    def _with_model(self, body: dict[str, Any]) -> dict[str, Any]:
+        # The model picks the embedding space on the server; unset, the server's default model serves.
+        return body if self.model is None else {**body, "model": self.model}
 
     def _settle(self, call: _Call, attempt: int, outcome: httpx.Response | Exception) -> tuple[float | None, Any]:
         """What one attempt's outcome means: (seconds to wait before retrying, None), or (None, the value).

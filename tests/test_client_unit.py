@@ -81,6 +81,15 @@ def test_embed_sends_base64_request_and_decodes_little_endian_float32():
     assert handler.body() == {"input": ["a", "b"], "encoding_format": "base64", "model": "all-MiniLM-L6-v2"}
 
 
+def test_the_model_goes_with_search_and_ingest():
+    handler = Recorder(httpx.Response(400, json={"error": {"message": "stop here"}}))
+    with client_for(handler, model="other-model") as client:
+        for call in (lambda: client.search("q", "docs"), lambda: client.add_documents("docs", [])):
+            with pytest.raises(InvalidInputError):
+                call()
+    assert [json.loads(r.content)["model"] for r in handler.requests] == ["other-model", "other-model"]
+
+
 def test_embed_accepts_a_single_string_and_float_lists():
     handler = Recorder(httpx.Response(200, json=embeddings_answer(VECTORS[:1], encode=lambda v: v.tolist())))
     with client_for(handler) as client:
