@@ -23,7 +23,7 @@ from ragcache.errors import InvalidInputError, NotFoundError, RagCacheError
 from ragcache.prefixes.model import Prefix, PromptForm, Target
 from ragcache.prefixes.text import render_messages, render_text
 
-__all__ = ["PrefixCall", "PrefixClient", "AsyncPrefixClient", "prefix_from_json"]
+__all__ = ["PrefixCall", "PrefixClient", "AsyncPrefixClient"]
 
 
 @dataclass(frozen=True)
@@ -32,12 +32,6 @@ class PrefixCall:
     path: str
     body: Any
     parse: Callable[[Any], Any]  # decoded JSON answer (None for 204) -> the operation's value
-
-
-def prefix_from_json(data: dict[str, Any]) -> Prefix:
-    """A :class:`Prefix` from the service's JSON (``PrefixOut``)."""
-    fields = {k: v for k, v in data.items() if k != "head"}
-    return Prefix.from_json(fields)
 
 
 def _identity(data: Any) -> Any:
@@ -83,10 +77,10 @@ class _PrefixOperations:
         return self._call(register_call(name, text, target, **options))
 
     def list_prefixes(self) -> Any:
-        return self._call(PrefixCall("GET", "/prefixes", None, lambda d: [prefix_from_json(p) for p in d]))
+        return self._call(PrefixCall("GET", "/prefixes", None, lambda d: [Prefix.from_json(p) for p in d]))
 
     def get_prefix(self, name: str) -> Any:
-        return self._call(PrefixCall("GET", f"/prefixes/{name}", None, prefix_from_json))
+        return self._call(PrefixCall("GET", f"/prefixes/{name}", None, Prefix.from_json))
 
     def delete_prefix(self, name: str) -> Any:
         return self._call(PrefixCall("DELETE", f"/prefixes/{name}", None, _identity))

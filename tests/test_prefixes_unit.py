@@ -353,7 +353,7 @@ def test_routes_register_list_warm_stats_delete(service):
             "target": {"base_url": TARGET.base_url, "model": TARGET.model}}
     created = service.post("/prefixes", json=body)
     assert created.status_code == 201
-    assert created.json()["prefix"]["head"] == SYSTEM + "\nContext: "
+    assert created.json()["prefix"]["text"] == body["text"] and created.json()["prefix"]["version"] == 1
     assert created.json()["warm"]["outcome"] == "prime"
     assert service.post("/prefixes", json=body).status_code == 200
     assert [p["name"] for p in service.get("/prefixes").json()] == ["rag"]

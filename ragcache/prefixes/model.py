@@ -168,14 +168,9 @@ class TargetStats:
     num_failures: int
     prefix_cache_queries: float | None
     prefix_cache_hits: float | None
+    # hits / queries of vLLM's own counters (tokens); None before any query.
+    prefix_cache_hit_rate: float | None
     block_size: int | None
-
-    @property
-    def prefix_cache_hit_rate(self) -> float | None:
-        """hits / queries of vLLM's own prefix cache counters (tokens), None before any query."""
-        if not self.prefix_cache_queries or self.prefix_cache_hits is None:
-            return None
-        return self.prefix_cache_hits / self.prefix_cache_queries
 
 
 @dataclass(frozen=True)

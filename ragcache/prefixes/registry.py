@@ -426,6 +426,7 @@ class PrefixRegistry:
             num_failures=health.num_failures,
             prefix_cache_queries=counters.queries if counters else None,
             prefix_cache_hits=counters.hits if counters else None,
+            prefix_cache_hit_rate=counters.hits / counters.queries if counters and counters.queries else None,
             block_size=counters.block_size if counters else None,
         )
 
