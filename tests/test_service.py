@@ -33,6 +33,12 @@ def http(server):
         yield client
 
 
+def assert_same_vectors(actual, expected):
+    """Served vectors against a fresh computation in this process: the server may have batched the texts
+    with others, and a different batch changes float32 rounding in the last bits (padding, matmul blocking)."""
+    np.testing.assert_allclose(np.asarray(actual, dtype=np.float32), expected, rtol=1e-4, atol=1e-6)
+
+
 def fresh(n=3):
     tag = uuid.uuid4().hex[:8]
     return [f"text {i} about caches [{tag}]" for i in range(n)]
@@ -45,9 +51,8 @@ def test_embed_computes_then_serves_from_l1_with_cache_headers(http, encoder):
     assert first.headers["x-cache-compute"] == "3" and first.headers["x-cache-l1"] == "0"
     again = http.post("/embed", json={"inputs": texts, "normalize": False})
     assert again.headers["x-cache-l1"] == "3" and again.headers["x-cache-hit-rate"] == "1.0000"
-    expected = encoder.encode(texts).numpy()
-    np.testing.assert_array_equal(np.array(first.json(), dtype=np.float32), expected)
-    np.testing.assert_array_equal(np.array(again.json(), dtype=np.float32), expected)
+    np.testing.assert_array_equal(np.array(again.json(), dtype=np.float32), np.array(first.json(), dtype=np.float32))
+    assert_same_vectors(first.json(), encoder.encode(texts).numpy())
 
 
 def test_embed_single_string_and_normalize(http):
@@ -105,7 +110,7 @@ def test_openai_client_float_and_base64(server, encoder):
     floats = client.embeddings.create(model="all-MiniLM-L6-v2", input=texts, encoding_format="float")
     for response in (default, floats):
         assert [d.index for d in response.data] == [0, 1]
-        np.testing.assert_array_equal(np.array([d.embedding for d in response.data], dtype=np.float32), expected)
+        assert_same_vectors([d.embedding for d in response.data], expected)
     assert default.usage.prompt_tokens == sum(encoder.count_tokens(texts)) == default.usage.total_tokens
     with pytest.raises(openai.UnprocessableEntityError, match="dimensions"):
         client.embeddings.create(model="all-MiniLM-L6-v2", input="x", dimensions=128)
@@ -116,7 +121,7 @@ def test_openai_client_float_and_base64(server, encoder):
 def test_openai_base64_is_raw_little_endian_float32(http, encoder):
     response = http.post("/v1/embeddings", json={"input": "bytes", "encoding_format": "base64"}).json()
     raw = base64.b64decode(response["data"][0]["embedding"])
-    np.testing.assert_array_equal(np.frombuffer(raw, dtype="<f4"), encoder.encode(["bytes"]).numpy()[0])
+    assert_same_vectors(np.frombuffer(raw, dtype="<f4"), encoder.encode(["bytes"]).numpy()[0])
     assert response["object"] == "list" and response["data"][0]["object"] == "embedding"
 
 
@@ -236,7 +241,7 @@ def test_python_client_against_the_server(server, encoder):
     name = "client_" + uuid.uuid4().hex[:8]
     texts = fresh(3)
     with Client(server.url) as client:
-        np.testing.assert_array_equal(client.embed(texts), encoder.encode(texts).numpy())
+        assert_same_vectors(client.embed(texts), encoder.encode(texts).numpy())
         added = client.add_documents(name, [{"id": "kv", "text": "A KV cache keeps attention keys and values."},
                                             {"id": "sky", "text": "The sky is blue on a clear day."}])
         assert added.num_received == 2
@@ -255,7 +260,7 @@ def test_python_client_against_the_server(server, encoder):
 
     import asyncio
 
-    np.testing.assert_array_equal(asyncio.run(use_async()), encoder.encode(texts).numpy())
+    assert_same_vectors(asyncio.run(use_async()), encoder.encode(texts).numpy())
 
 
 def test_langchain_adapter_against_the_server(server, encoder):
@@ -264,5 +269,5 @@ def test_langchain_adapter_against_the_server(server, encoder):
 
     embeddings = RagCacheEmbeddings(Client(server.url))
     vectors = embeddings.embed_documents(["alpha", "beta"])
-    np.testing.assert_array_equal(np.array(vectors, dtype=np.float32), encoder.encode(["alpha", "beta"]).numpy())
+    assert_same_vectors(vectors, encoder.encode(["alpha", "beta"]).numpy())
     assert len(embeddings.embed_query("alpha")) == 384
