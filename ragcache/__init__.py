@@ -3,10 +3,16 @@
     >>> from ragcache import open_cache
     >>> with open_cache() as cache:
     ...     vectors = cache.embed(["What is a KV cache?"])   # numpy [1, 384]
+
+Names are imported on first use, so ``import ragcache.client`` stays light (no torch, no pymilvus) for apps
+that only talk to the service over HTTP.
 """
 
-from ragcache.build import build_cache, load_encoder, open_cache
-from ragcache.cache import EmbeddingCache, EmbedResult
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
 from ragcache.errors import (
     ConfigError,
     ConflictError,
@@ -16,25 +22,28 @@ from ragcache.errors import (
     RagCacheError,
     TierUnavailableError,
 )
-from ragcache.keys import EmbeddingSpace, text_hash
-from ragcache.settings import Settings
-from ragcache.stats import CacheStats, LevelStats
-from ragcache.stores import Stores
 
 __version__ = "0.1.0"
 
+_LAZY = {
+    "EmbeddingCache": "ragcache.cache",
+    "EmbedResult": "ragcache.cache",
+    "EmbeddingSpace": "ragcache.keys",
+    "text_hash": "ragcache.keys",
+    "Settings": "ragcache.settings",
+    "Stores": "ragcache.stores",
+    "CacheStats": "ragcache.stats",
+    "LevelStats": "ragcache.stats",
+    "build_cache": "ragcache.build",
+    "load_encoder": "ragcache.build",
+    "open_cache": "ragcache.build",
+    "KnowledgeBase": "ragcache.knowledge",
+    "Client": "ragcache.client",
+    "AsyncClient": "ragcache.client",
+}
+
 __all__ = [
-    "EmbeddingCache",
-    "EmbedResult",
-    "EmbeddingSpace",
-    "Settings",
-    "Stores",
-    "CacheStats",
-    "LevelStats",
-    "build_cache",
-    "load_encoder",
-    "open_cache",
-    "text_hash",
+    *_LAZY,
     "RagCacheError",
     "InvalidInputError",
     "InvalidTextError",
@@ -43,3 +52,23 @@ __all__ = [
     "ConfigError",
     "TierUnavailableError",
 ]
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'ragcache' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+if TYPE_CHECKING:
+    from ragcache.build import build_cache, load_encoder, open_cache
+    from ragcache.cache import EmbeddingCache, EmbedResult
+    from ragcache.client import AsyncClient, Client
+    from ragcache.keys import EmbeddingSpace, text_hash
+    from ragcache.knowledge import KnowledgeBase
+    from ragcache.settings import Settings
+    from ragcache.stats import CacheStats, LevelStats
+    from ragcache.stores import Stores
