@@ -14,8 +14,9 @@ from fastapi import Depends, FastAPI, Request
 from prometheus_client import CollectorRegistry
 
 from ragcache.metrics import CacheCollector
+from ragcache.prefixes.metrics import register_prefix_metrics
 from ragcache.settings import Settings
-from services import routes_embed, routes_ops, routes_retrieval
+from services import prefixes_api, routes_embed, routes_ops, routes_retrieval
 from services.errors import HTTPError, install_error_handlers
 from services.state import ServiceState
 
@@ -39,7 +40,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI):
         state = await to_thread.run_sync(ServiceState.open, settings)
         app.state.ragcache = state
+        app.state.prefixes = state.prefixes
         app.state.metrics_registry.register(CacheCollector(lambda: state.caches.values()))
+        register_prefix_metrics(state.prefixes, app.state.metrics_registry)
         try:
             yield
         finally:
@@ -56,7 +59,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.metrics_registry = CollectorRegistry()
     install_error_handlers(app)
-    for module in (routes_embed, routes_retrieval, routes_ops):
+    for module in (routes_embed, routes_retrieval, prefixes_api, routes_ops):
         app.include_router(module.router)
     return app
 

@@ -28,8 +28,7 @@ async def stats(request: Request) -> JSONResponse:
         }
         for name, cache in state.caches.items()
     }
-    extras = {name: extra.stats_json() for name, extra in state.extras.items() if hasattr(extra, "stats_json")}
-    return JSONResponse({"models": models, **extras})
+    return JSONResponse({"models": models, "prefixes": asdict(state.prefixes.stats())})
 
 
 @router.get("/metrics", summary="Prometheus exposition", response_class=Response)

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ragcache.build import build_cache, load_encoder
 from ragcache.cache import EmbeddingCache
 from ragcache.errors import NotFoundError
 from ragcache.knowledge import KnowledgeBase
+from ragcache.prefixes import PrefixRegistry, PrefixRegistryConfig
 from ragcache.settings import Settings
 from ragcache.stores import Stores
 from ragcache.tiers.compute import PACKAGED_MODEL
@@ -25,7 +26,7 @@ class ServiceState:
     stores: Stores
     caches: dict[str, EmbeddingCache]
     knowledge: KnowledgeBase | None
-    extras: dict = field(default_factory=dict)  # optional parts (e.g. the prefix registry) by name
+    prefixes: PrefixRegistry
 
     @classmethod
     def open(cls, settings: Settings) -> "ServiceState":
@@ -40,7 +41,12 @@ class ServiceState:
             stores.close()
             raise
         knowledge = KnowledgeBase(stores.milvus, redis=stores.redis) if stores.milvus is not None else None
-        return cls(settings, stores, caches, knowledge)
+        # Prefixes live in Redis so every replica shares them; without Redis, in a file under data_dir.
+        prefixes = PrefixRegistry.create(
+            PrefixRegistryConfig(file_path=settings.data_dir / "prefixes.json"), redis_client=stores.redis
+        )
+        prefixes.start()
+        return cls(settings, stores, caches, knowledge, prefixes)
 
     @property
     def default_model(self) -> str:
@@ -57,8 +63,7 @@ class ServiceState:
 
     def close(self) -> None:
         """Flush queued L2/L3 writes of every cache, then close the stores (graceful shutdown)."""
-        for extra in self.extras.values():
-            extra.close()
+        self.prefixes.close()
         for cache in self.caches.values():
             cache.close()
         self.stores.close()
