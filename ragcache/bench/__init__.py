@@ -56,11 +56,11 @@ def add_bench_commands(subparsers) -> argparse.ArgumentParser:
     commands = bench.add_subparsers(dest="bench_command", metavar="BENCHMARK", required=True)
     every = commands.add_parser("all", help="every benchmark below (prefixes excluded: it needs vLLM)")
     _add_common(every)
-    every.set_defaults(func=_run_command, benchmarks=list(BENCHMARKS))
+    every.set_defaults(run=_run_command, benchmarks=list(BENCHMARKS))
     for benchmark in BENCHMARKS.values():
         parser = commands.add_parser(benchmark.name, help=benchmark.help)
         _add_common(parser)
-        parser.set_defaults(func=_run_command, benchmarks=[benchmark.name])
+        parser.set_defaults(run=_run_command, benchmarks=[benchmark.name])
     _add_prefixes(commands)
     return bench
 
@@ -78,7 +78,7 @@ def _add_prefixes(commands) -> None:
     module = importlib.import_module("ragcache.bench.prefixes")
     parser = commands.add_parser("prefixes", help="KV-prefix registry against a vLLM server (needs vLLM)")
     module.add_arguments(parser)
-    parser.set_defaults(func=lambda args: _print_plain(module.run(args)))
+    parser.set_defaults(run=lambda args: _print_plain(module.run(args)))
 
 
 def _print_plain(outcome) -> int:
@@ -132,4 +132,4 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="ragcache")
     add_bench_commands(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["bench", *(sys.argv[1:] if argv is None else argv)])
-    return args.func(args)
+    return args.run(args)

@@ -81,9 +81,11 @@ class BenchContext:
         return [self.corpus.passages[i] for i in order]
 
     def unseen_texts(self, count: int, *, skip: int = 0) -> list[str]:
-        """Passages the stream never asks for, from the end of the corpus (for runs that must all miss)."""
+        """Passages the stream never asks for, in a seeded order (for runs where every text must miss).
+        The same ``skip``/``count`` always gives the same texts; disjoint ranges give disjoint texts."""
         asked = set(int(i) for batch in self.stream.batches for i in batch)
-        fresh = [p for i, p in enumerate(reversed(self.corpus.passages)) if len(self.corpus) - 1 - i not in asked]
+        order = np.random.default_rng(self.seed + 1).permutation(len(self.corpus))
+        fresh = [self.corpus.passages[i] for i in order if int(i) not in asked]
         if skip + count > len(fresh):
             raise RuntimeError(f"only {len(fresh)} passages outside the stream, {skip + count} needed")
         return fresh[skip : skip + count]
