@@ -47,7 +47,7 @@ class Target:
         return abs(value - self.threshold) <= tolerance
 
     def describe(self, unit: str = "") -> str:
-        return f"{self.op} {_format_number(self.threshold)}{unit}"
+        return f"{self.op} {self.threshold:g}{unit}"
 
 
 @dataclass(frozen=True)

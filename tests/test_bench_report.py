@@ -1,0 +1,79 @@
+"""Verdicts, the table and the JSON of the benchmarks, and the ``bench`` command line wiring."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from ragcache.bench import BENCHMARKS, add_bench_commands
+from ragcache.bench.report import BenchResult, Figure, Target, format_table, interleaved, summary_line, write_json
+
+
+@pytest.mark.parametrize(
+    ("op", "threshold", "value", "verdict"),
+    [
+        (">=", 100, 100.0, "PASS"),
+        (">=", 100, 99.99, "MISS"),
+        ("<=", 1.5, 1.5, "PASS"),
+        ("<=", 1.5, 1.51, "MISS"),
+        ("==", 0.75, 0.75, "PASS"),
+        ("==", 0.75, 0.7501, "MISS"),
+        (">=", 0.6, float("nan"), "MISS"),
+    ],
+)
+def test_verdicts(op, threshold, value, verdict):
+    assert Figure("f", value, target=Target(op, threshold)).verdict == verdict
+
+
+def test_a_figure_without_a_number_misses_its_target():
+    assert Figure("f", "error: boom", target=Target(">=", 1)).verdict == "MISS"
+    assert Figure("f", 3.0).verdict == ""
+
+
+def test_unknown_operator_is_refused():
+    with pytest.raises(ValueError):
+        Target(">", 1)
+
+
+def test_table_lists_every_figure_with_target_and_verdict():
+    result = BenchResult("l2", "title")
+    result.add("ragcache", 123456.7, "keys/s")
+    result.add("ragcache / floor", 0.71, "x", target=Target(">=", 0.6), goal="3", note="side by side")
+    result.add("ragcache / LangChain", 4.2, "x", target=Target(">=", 5), goal="3")
+    lines = format_table([result]).splitlines()
+    assert lines[0].split() == ["bench", "goal", "figure", "value", "target", "verdict", "note"]
+    assert "123,457 keys/s" in lines[2]
+    assert ">= 0.6 x" in lines[3] and "PASS" in lines[3]
+    assert ">= 5 x" in lines[4] and lines[4].rstrip().endswith("MISS")
+    assert summary_line([result]) == "1 PASS, 1 MISS of 2 targets"
+
+
+def test_json_holds_figures_verdicts_and_details(tmp_path):
+    result = BenchResult("zipf", "stream")
+    result.add("hit rate", 0.75, target=Target("==", 0.75), goal="5")
+    result.details = {"samples": [1.0, 2.0]}
+    path = write_json(tmp_path / "zipf.json", {"result": result.to_dict()})
+    loaded = json.loads(path.read_text())["result"]
+    assert loaded["figures"][0]["verdict"] == "PASS"
+    assert loaded["figures"][0]["target"] == "== 0.75"
+    assert loaded["details"] == {"samples": [1.0, 2.0]}
+
+
+def test_interleaved_rotates_the_order_and_skips_warmup():
+    calls = []
+    samples = interleaved({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, repeats=3, warmup=1,
+                          before={"a": lambda: calls.append("before-a")})
+    assert calls == ["before-a", "a", "b", "b", "before-a", "a", "before-a", "a", "b", "b", "before-a", "a"]
+    assert [len(v) for v in samples.values()] == [3, 3]
+
+
+def test_bench_commands_register_all_and_each_benchmark():
+    parser = argparse.ArgumentParser(prog="ragcache")
+    add_bench_commands(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["bench", "all", "--quick", "--out", "somewhere"])
+    assert args.quick and str(args.out) == "somewhere" and args.benchmarks == list(BENCHMARKS)
+    for name in BENCHMARKS:
+        assert parser.parse_args(["bench", name]).benchmarks == [name]
+    assert {"zipf", "l2", "misses", "concurrency", "scale", "http", "search"} <= set(BENCHMARKS)
