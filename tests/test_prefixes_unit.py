@@ -33,7 +33,7 @@ from ragcache.prefixes import (
     render_text,
     template_head,
 )
-from ragcache.prefixes.policy import Backoff, WarmBudget, judge_residency, next_interval
+from ragcache.prefixes.policy import Backoff, Schedule, WarmBudget, judge_residency, next_schedule
 from services.prefixes_api import router
 
 BLOCK = 4
@@ -111,13 +111,20 @@ def registry(vllm, clock, tmp_path) -> PrefixRegistry:
 # ----- policy ---------------------------------------------------------------------------------------
 
 
-def test_interval_shrinks_after_eviction_grows_while_resident_within_bounds():
-    assert next_interval(8.0, WarmOutcome.EVICTED, CONFIG) == 4.0
-    assert next_interval(8.0, WarmOutcome.RESIDENT, CONFIG) == 12.0
-    assert next_interval(3.0, WarmOutcome.EVICTED, CONFIG) == 2.0  # floor
-    assert next_interval(12.0, WarmOutcome.RESIDENT, CONFIG) == 16.0  # ceiling
+def test_interval_grows_while_resident_and_stays_below_a_gap_that_evicted():
+    s = Schedule(8.0)
+    s = next_schedule(s, WarmOutcome.RESIDENT, 8.0, CONFIG)
+    assert s == Schedule(12.0)
+    s = next_schedule(s, WarmOutcome.RESIDENT, 12.0, CONFIG)
+    assert s == Schedule(16.0)  # the configured ceiling
+    s = next_schedule(s, WarmOutcome.EVICTED, 15.0, CONFIG)  # evicted within a 15 s gap
+    assert s == Schedule(7.5, 15.0)
+    s = next_schedule(s, WarmOutcome.RESIDENT, 7.5, CONFIG)
+    assert s == Schedule(7.65, 15.3)  # grows only to half the (slowly relaxing) evicting gap
+    s = next_schedule(s, WarmOutcome.EVICTED, 3.0, CONFIG)
+    assert s == Schedule(2.0, 3.0)  # 1.5 s would be under the 2 s floor
     for outcome in (WarmOutcome.PRIME, WarmOutcome.ERROR, WarmOutcome.SKIPPED):
-        assert next_interval(8.0, outcome, CONFIG) == 8.0
+        assert next_schedule(s, outcome, 100.0, CONFIG) == s
 
 
 def test_residency_needs_every_full_block_of_the_prompt():
@@ -229,7 +236,8 @@ def test_warm_outcomes_drive_the_interval(registry, vllm, clock):
         outcomes.append(result.outcome)
         intervals.append(registry.prefix_stats("p").rewarm_interval_s)
     assert outcomes == [WarmOutcome.RESIDENT, WarmOutcome.RESIDENT, WarmOutcome.EVICTED, WarmOutcome.RESIDENT]
-    assert intervals == [12.0, 16.0, 8.0, 12.0]
+    # Evicted within a 16 s gap: from then on the interval stays near half of it (16 x 1.02 / 2).
+    assert intervals == [12.0, 16.0, 8.0, 8.16]
     stats = registry.prefix_stats("p")
     assert (stats.num_warms, stats.num_resident, stats.num_evicted, stats.residency_rate) == (5, 3, 1, 0.75)
     assert registry.tick() == []  # not due yet

@@ -16,7 +16,8 @@ class PrefixRegistryConfig:
 
     The re-warm interval of each prefix adapts between ``min_rewarm_interval_s`` and
     ``max_rewarm_interval_s``: it shrinks by ``shrink_factor`` after a warm finds the prefix evicted and
-    grows by ``grow_factor`` while warms keep finding it resident. ``warm_budget_per_minute`` caps the
+    grows by ``grow_factor`` while warms keep finding it resident, staying below the shortest gap that
+    has seen an eviction (see :func:`ragcache.prefixes.policy.next_schedule`). ``warm_budget_per_minute`` caps the
     warm requests this process sends to vLLM in any minute (a token bucket), whatever the intervals say.
     """
 
@@ -25,6 +26,7 @@ class PrefixRegistryConfig:
     max_rewarm_interval_s: float = 120.0
     shrink_factor: float = 0.5
     grow_factor: float = 1.5
+    ceiling_relax_factor: float = 1.02
     warm_budget_per_minute: int = 120
     # A target that fails is retried after a back-off that doubles from min to max.
     backoff_min_s: float = 1.0
@@ -47,8 +49,8 @@ class PrefixRegistryConfig:
     def __post_init__(self) -> None:
         if not 0 < self.min_rewarm_interval_s <= self.max_rewarm_interval_s:
             raise ConfigError("need 0 < min_rewarm_interval_s <= max_rewarm_interval_s")
-        if not 0 < self.shrink_factor <= 1 <= self.grow_factor:
-            raise ConfigError("need 0 < shrink_factor <= 1 <= grow_factor")
+        if not 0 < self.shrink_factor <= 1 <= self.grow_factor or self.ceiling_relax_factor < 1:
+            raise ConfigError("need 0 < shrink_factor <= 1 <= grow_factor and ceiling_relax_factor >= 1")
         if self.warm_budget_per_minute < 1:
             raise ConfigError("warm_budget_per_minute must be at least 1")
         if not 0 < self.backoff_min_s <= self.backoff_max_s:

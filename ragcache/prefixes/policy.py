@@ -8,25 +8,43 @@ deadline directly; each warm measures it instead (resident or evicted) and the i
 from __future__ import annotations
 
 import collections
+import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from .config import PrefixRegistryConfig
 from .model import WarmOutcome
 
-__all__ = ["next_interval", "judge_residency", "WarmBudget", "Backoff"]
+__all__ = ["Schedule", "next_schedule", "judge_residency", "WarmBudget", "Backoff"]
 
 
-def next_interval(current_s: float, outcome: WarmOutcome, config: PrefixRegistryConfig) -> float:
-    """The re-warm interval after a warm with ``outcome``, kept within the configured bounds.
+@dataclass(frozen=True)
+class Schedule:
+    """The re-warm interval, and the shortest gap between two warms that has seen an eviction."""
 
-    Shrink multiplicatively after an eviction (we were too slow), grow after a hit (we may be warming
-    more often than needed); anything else (prime, error, skipped) says nothing about eviction.
+    interval_s: float
+    eviction_gap_s: float = math.inf  # no eviction seen yet
+
+
+def next_schedule(schedule: Schedule, outcome: WarmOutcome, gap_s: float, config: PrefixRegistryConfig) -> Schedule:
+    """The schedule after a warm with ``outcome`` that came ``gap_s`` seconds after the previous one.
+
+    An eviction lowers the ceiling to the gap that allowed it and halves (``shrink_factor``) the
+    interval below that gap. While the prefix stays resident the interval grows by ``grow_factor``,
+    but only up to ``shrink_factor`` x the ceiling: growing past a gap already known to evict would
+    trade hits for a few saved warms and oscillate around the eviction horizon. The ceiling itself
+    relaxes slowly (``ceiling_relax_factor`` per resident warm) so the interval can follow traffic
+    that calms down. Prime, error and skipped warms say nothing about eviction and change nothing.
     """
+    interval, ceiling = schedule.interval_s, schedule.eviction_gap_s
     if outcome is WarmOutcome.EVICTED:
-        current_s *= config.shrink_factor
+        ceiling = min(ceiling, gap_s)
+        interval = min(interval, gap_s) * config.shrink_factor
     elif outcome is WarmOutcome.RESIDENT:
-        current_s *= config.grow_factor
-    return min(max(current_s, config.min_rewarm_interval_s), config.max_rewarm_interval_s)
+        ceiling *= config.ceiling_relax_factor
+        interval = min(interval * config.grow_factor, ceiling * config.shrink_factor)
+    interval = min(max(interval, config.min_rewarm_interval_s), config.max_rewarm_interval_s)
+    return Schedule(interval, ceiling)
 
 
 def judge_residency(num_prompt_tokens: int, num_cached_tokens: int, block_size: int) -> bool:

@@ -36,7 +36,7 @@ from .model import (
     WarmResult,
     content_hash,
 )
-from .policy import Backoff, WarmBudget, judge_residency, next_interval
+from .policy import Backoff, Schedule, WarmBudget, judge_residency, next_schedule
 from .state import WarmState
 from .store import PrefixStore, make_store
 from .text import find_volatile, render_messages, render_text, template_head
@@ -262,14 +262,18 @@ class PrefixRegistry:
     def _finish(self, prefix: Prefix, state: WarmState, result: WarmResult) -> WarmResult:
         """Count ``result`` and schedule the next warm (caller holds the lock)."""
         state.count(result.outcome, self._wall_clock())
-        state.rewarm_interval_s = next_interval(state.rewarm_interval_s, result.outcome, self.config)
+        now = self._clock()
+        if result.outcome in (WarmOutcome.PRIME, WarmOutcome.RESIDENT, WarmOutcome.EVICTED):
+            gap_s = now - state.last_sent_at if state.last_sent_at is not None else state.schedule.interval_s
+            state.schedule = next_schedule(state.schedule, result.outcome, gap_s, self.config)
+            state.last_sent_at = now
         if result.outcome is WarmOutcome.SKIPPED:
             # Stay due: the warm goes out as soon as the budget or the back-off allows.
             state.next_due_at = min(state.next_due_at, self._clock())
         elif result.outcome is WarmOutcome.ERROR:
             state.next_due_at = self._health_of(prefix.target.base_url).retry_at
         else:
-            state.next_due_at = self._clock() + state.rewarm_interval_s
+            state.next_due_at = now + state.schedule.interval_s
         return result
 
     def _lmcache_pin(self, prefix: Prefix, head: str, state: WarmState) -> None:
@@ -339,7 +343,7 @@ class PrefixRegistry:
         state = self._states.get(prefix.name)
         if state is None or state.version != prefix.version:
             num_uses = state.num_uses if state is not None else 0
-            state = WarmState(version=prefix.version, rewarm_interval_s=self.config.initial_rewarm_interval_s,
+            state = WarmState(version=prefix.version, schedule=Schedule(self.config.initial_rewarm_interval_s),
                               next_due_at=self._clock(), num_uses=num_uses)
             self._states[prefix.name] = state
         return state

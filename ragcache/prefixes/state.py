@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .model import PrefixStats, WarmOutcome
+from .policy import Schedule
 
 __all__ = ["WarmState"]
 
@@ -14,8 +15,11 @@ class WarmState:
     """Mutable book-keeping for one prefix version; owned by the registry and guarded by its lock."""
 
     version: int
-    rewarm_interval_s: float
+    schedule: Schedule
     next_due_at: float = 0.0
+    # Monotonic time of the last warm that reached vLLM: the gap to the next one is what eviction
+    # had to beat.
+    last_sent_at: float | None = None
     # False until a warm has loaded the prefix once; the first warm (a "prime") proves nothing about
     # eviction, so it is not counted for or against residency.
     primed: bool = False
@@ -64,7 +68,7 @@ class WarmState:
             residency_rate=self.residency_rate,
             last_outcome=self.last_outcome,
             last_warm_at=self.last_warm_at,
-            rewarm_interval_s=self.rewarm_interval_s,
+            rewarm_interval_s=self.schedule.interval_s,
             num_uses=self.num_uses,
             lmcache_pinned_tokens=self.lmcache_pinned_tokens,
         )
