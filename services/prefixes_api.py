@@ -1,9 +1,10 @@
 """HTTP routes of the KV-prefix registry; they only adapt :class:`ragcache.prefixes.PrefixRegistry`.
 
 The app puts the registry at ``app.state.prefixes``. Requests and answers are the library's own frozen
-dataclasses (FastAPI validates and serialises them), so the HTTP shape cannot drift from the library's. Library errors propagate to the app's error
-handlers (InvalidInputError -> 422, NotFoundError -> 404, TierUnavailableError -> 503). The routes are
-plain ``def``: registering and warming wait on vLLM, so they run in the thread pool, not the loop.
+dataclasses (FastAPI validates and serialises them), so the HTTP shape cannot drift from the library's.
+Library errors propagate to the app's error handlers (InvalidInputError -> 422, NotFoundError -> 404,
+TierUnavailableError -> 503). The routes are plain ``def``: registering and warming wait on vLLM,
+so they run in the thread pool, not the loop.
 """
 
 from __future__ import annotations

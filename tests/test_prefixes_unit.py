@@ -183,7 +183,8 @@ def test_render_puts_the_prefix_first_byte_for_byte(registry):
     for slots in ({"context": "a", "question": "b"}, {"context": "{x}", "question": "ünï"}):
         out = render_text(prefix, slots)
         assert out.encode()[: len(head.encode())] == head.encode()
-    assert render_text(prefix, {"context": "C", "question": "Q?"}) == "Sys: be exact {json}.\nContext: C\nQuestion: Q?\n"
+    expected = "Sys: be exact {json}.\nContext: C\nQuestion: Q?\n"
+    assert render_text(prefix, {"context": "C", "question": "Q?"}) == expected
     with pytest.raises(InvalidInputError, match="question"):
         render_text(prefix, {"context": "C"})
     system = registry.register(PrefixSpec("s", "Raw {not a slot}", TARGET)).prefix
@@ -315,8 +316,10 @@ def test_vllm_client_converts_every_failure():
         raise httpx.ReadTimeout("slow", request=request)
 
     client = VLLMClient(httpx.Client(transport=httpx.MockTransport(handler)))
-    for call in (lambda: client.complete_one(TARGET, "x", PromptForm.COMPLETION), lambda: client.count_tokens(TARGET, "x"),
-                 lambda: client.prefix_cache_counters(TARGET.base_url)):
+    calls = (lambda: client.complete_one(TARGET, "x", PromptForm.COMPLETION),
+             lambda: client.count_tokens(TARGET, "x"),
+             lambda: client.prefix_cache_counters(TARGET.base_url))
+    for call in calls:
         with pytest.raises(TargetUnavailableError) as info:
             call()
         assert isinstance(info.value, RagCacheError) and info.value.__cause__ is not None

@@ -13,9 +13,9 @@ registers the same prefix with ``pinned=False``. Both runs get fresh churn of th
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import random
-import statistics
 import tempfile
 import time
 from dataclasses import asdict, dataclass
@@ -58,6 +58,8 @@ class RunResult:
     latencies_hit_s: tuple[float, ...]
     latencies_miss_s: tuple[float, ...]
     num_warms: int
+    # vLLM's own token-level hit rate over the run (its /metrics counters; includes the warms).
+    vllm_hit_rate: float | None = None
 
     @property
     def hit_rate(self) -> float:
@@ -89,7 +91,7 @@ def _complete(http: httpx.Client, target: Target, prompt: str | list[int]) -> di
 
 
 def run_churn(http: httpx.Client, target: Target, prefix_text: str, churn: ChurnConfig, *,
-              block_size: int, pinned: bool, warms: int = 0) -> RunResult:
+              block_size: int, pinned: bool) -> RunResult:
     """Send the churn and user requests; a user request hits when every full block of it that lies
     inside the prefix came from the cache."""
     rng = random.Random(churn.seed)
@@ -110,19 +112,23 @@ def run_churn(http: httpx.Client, target: Target, prefix_text: str, churn: Churn
             lat_hit.append(latency)
         else:
             lat_miss.append(latency)
-    return RunResult(pinned, churn.num_rounds, hits, tuple(lat_hit), tuple(lat_miss), warms)
+    return RunResult(pinned, churn.num_rounds, hits, tuple(lat_hit), tuple(lat_miss), num_warms=0)
 
 
 def run_scenario(registry: PrefixRegistry, http: httpx.Client, target: Target, prefix_text: str,
                  churn: ChurnConfig, *, pinned: bool, block_size: int) -> RunResult:
     """Register the prefix (pinned or not) in ``registry``, run the churn, and report."""
     name = "bench-pinned" if pinned else "bench-unpinned"
+    before = registry.scrape(target.base_url)
     registry.register(PrefixSpec(name, prefix_text, target, pinned=pinned))
     result = run_churn(http, target, prefix_text, churn, block_size=block_size, pinned=pinned)
     num_warms = registry.prefix_stats(name).num_warms
+    after = registry.scrape(target.base_url)
     registry.delete(name)
-    return RunResult(pinned, result.num_requests, result.num_hits, result.latencies_hit_s,
-                     result.latencies_miss_s, num_warms)
+    vllm_hit_rate = None
+    if before is not None and after is not None and after.queries > before.queries:
+        vllm_hit_rate = round((after.hits - before.hits) / (after.queries - before.queries), 3)
+    return dataclasses.replace(result, num_warms=num_warms, vllm_hit_rate=vllm_hit_rate)
 
 
 def _ms(values: tuple[float, ...], q: float) -> float | None:
@@ -135,11 +141,12 @@ def _ms(values: tuple[float, ...], q: float) -> float | None:
 def summarize(pinned: RunResult, unpinned: RunResult, churn: ChurnConfig, extra: dict[str, Any]) -> dict[str, Any]:
     """The JSON report: hit rates, and latency of pinned-hit vs evicted requests (median, p90)."""
     return {
-        "churn": asdict(churn),
+        "churn": {k: v for k, v in asdict(churn).items() if k != "seed"},
         **extra,
         "hit_rate_pinned": round(pinned.hit_rate, 3),
         "hit_rate_unpinned": round(unpinned.hit_rate, 3),
         "num_warms_pinned": pinned.num_warms,
+        "vllm_token_hit_rate": {"pinned": pinned.vllm_hit_rate, "unpinned": unpinned.vllm_hit_rate},
         "latency_ms_pinned_hit": {"p50": _ms(pinned.latencies_hit_s, 0.5), "p90": _ms(pinned.latencies_hit_s, 0.9),
                                   "n": len(pinned.latencies_hit_s)},
         "latency_ms_evicted": {"p50": _ms(unpinned.latencies_miss_s, 0.5), "p90": _ms(unpinned.latencies_miss_s, 0.9),
@@ -156,7 +163,8 @@ def print_table(report: dict[str, Any]) -> None:
     print(f"{'':24}{'hit rate':>10}{'p50 ms':>10}{'p90 ms':>10}{'n':>6}")
     print(f"{'pinned (keep-warm)':24}{report['hit_rate_pinned']:>10}{hit['p50']!s:>10}{hit['p90']!s:>10}{hit['n']:>6}")
     print(f"{'unpinned (evicted)':24}{report['hit_rate_unpinned']:>10}{ev['p50']!s:>10}{ev['p90']!s:>10}{ev['n']:>6}")
-    print(f"warm requests sent for the pinned prefix: {report['num_warms_pinned']}")
+    print(f"warm requests sent for the pinned prefix: {report['num_warms_pinned']}; vLLM's own token hit rate "
+          f"(/metrics, churn included): {report['vllm_token_hit_rate']}")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -232,7 +232,8 @@ class PrefixRegistry:
         if prefix.num_tokens is None and prefix.form is PromptForm.COMPLETION:
             self._fill_token_count(prefix, usage.num_prompt_tokens)
         if primed:
-            resident = judge_residency(usage.num_prompt_tokens, usage.num_cached_tokens, self._block_size(prefix.target))
+            block_size = self._block_size(prefix.target)
+            resident = judge_residency(usage.num_prompt_tokens, usage.num_cached_tokens, block_size)
             outcome = WarmOutcome.RESIDENT if resident else WarmOutcome.EVICTED
         else:
             outcome = WarmOutcome.PRIME

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import time
 
 import pytest
@@ -132,9 +133,12 @@ def test_vllm_restart_is_detected_and_prefix_rewarmed(registry, vllm_server, htt
     restarted_at = time.time()
     vllm_server.start()
     _wait_for(lambda: _target(registry, target).up, 60, "the target to be reported up again")
+    def rewarmed(name: str) -> bool:
+        stats = registry.prefix_stats(name)
+        return (stats.last_warm_at or 0) > restarted_at and stats.last_outcome is not WarmOutcome.ERROR
+
     for name in ("survivor", "registered-while-down"):
-        _wait_for(lambda: (registry.prefix_stats(name).last_warm_at or 0) > restarted_at
-                  and registry.prefix_stats(name).last_outcome is not WarmOutcome.ERROR, 30, f"{name} re-warmed")
+        _wait_for(functools.partial(rewarmed, name), 30, f"{name} re-warmed")
     num_tokens = count_tokens(http, target, prefix_text)
     usage = _user_request(http, target, prefix_text + "After the restart?")
     assert judge_residency(num_tokens, usage["prompt_tokens_details"]["cached_tokens"], BLOCK_SIZE)
