@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from .model import PrefixStats, WarmOutcome
@@ -54,21 +55,7 @@ class WarmState:
         return self.num_resident / judged if judged else None
 
     def snapshot(self, name: str, num_tokens: int | None, pinned: bool) -> PrefixStats:
-        """A frozen copy for callers."""
-        return PrefixStats(
-            name=name,
-            version=self.version,
-            num_tokens=num_tokens,
-            pinned=pinned,
-            num_warms=self.num_warms,
-            num_resident=self.num_resident,
-            num_evicted=self.num_evicted,
-            num_errors=self.num_errors,
-            num_skipped=self.num_skipped,
-            residency_rate=self.residency_rate,
-            last_outcome=self.last_outcome,
-            last_warm_at=self.last_warm_at,
-            rewarm_interval_s=self.schedule.interval_s,
-            num_uses=self.num_uses,
-            lmcache_pinned_tokens=self.lmcache_pinned_tokens,
-        )
+        """A frozen copy for callers (every counter of the same name, plus the current interval)."""
+        shared = {f.name: getattr(self, f.name) for f in dataclasses.fields(PrefixStats) if hasattr(self, f.name)}
+        return PrefixStats(**shared, name=name, num_tokens=num_tokens, pinned=pinned,
+                           rewarm_interval_s=self.schedule.interval_s)
