@@ -105,7 +105,8 @@ def test_two_replicas_share_the_registry_through_redis(registry, redis_client, h
 
 def test_pinned_prefix_stays_resident_under_churn_unpinned_is_evicted(registry, http, target, prefix_text):
     registry.start()
-    churn = ChurnConfig(num_rounds=12, churn_per_round=5, churn_tokens=1024, churn_interval_s=0.15)
+    # 20 rounds: the first few re-warms are spent learning how long the prefix survives this churn.
+    churn = ChurnConfig(num_rounds=20, churn_per_round=5, churn_tokens=1024, churn_interval_s=0.15)
     unpinned = run_scenario(registry, http, target, prefix_text, churn, pinned=False, block_size=BLOCK_SIZE)
     pinned = run_scenario(registry, http, target, prefix_text, ChurnConfig(**{**churn.__dict__, "seed": 1}),
                           pinned=True, block_size=BLOCK_SIZE)
