@@ -14,12 +14,15 @@ import importlib
 from typing import TYPE_CHECKING
 
 from ragcache.errors import (
+    AuthenticationError,
     ConfigError,
     ConflictError,
     InvalidInputError,
     InvalidTextError,
     NotFoundError,
     RagCacheError,
+    ServiceError,
+    ServiceUnavailableError,
     TierUnavailableError,
 )
 
@@ -51,6 +54,9 @@ __all__ = [
     "ConflictError",
     "ConfigError",
     "TierUnavailableError",
+    "AuthenticationError",
+    "ServiceUnavailableError",
+    "ServiceError",
 ]
 
 

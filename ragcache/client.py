@@ -42,7 +42,15 @@ from typing import Any, Callable, Mapping, Sequence
 import httpx
 import numpy as np
 
-from ragcache.errors import ConflictError, InvalidInputError, NotFoundError, RagCacheError
+from ragcache.errors import (
+    AuthenticationError,
+    ConflictError,
+    InvalidInputError,
+    NotFoundError,
+    RagCacheError,
+    ServiceError,
+    ServiceUnavailableError,
+)
 from ragcache.results import CollectionInfo, IngestResult, SearchHit, SearchResult, SearchTimings
 
 __all__ = [
@@ -59,18 +67,6 @@ DEFAULT_BASE_URL = "http://127.0.0.1:8000"
 RETRY_STATUSES = frozenset({502, 503})
 # The search answer of the service is the library's SearchResult, field for field.
 SearchResponse = SearchResult
-
-
-class AuthenticationError(RagCacheError):
-    """The service wants an API key (401) or refuses this one (403)."""
-
-
-class ServiceUnavailableError(RagCacheError):
-    """The service could not be reached, timed out, or answered 502/503/504 (after the retries)."""
-
-
-class ServiceError(RagCacheError):
-    """The service failed in another way (a 5xx, an unexpected status, or an answer that is not its JSON)."""
 
 
 @dataclass(frozen=True)

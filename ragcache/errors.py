@@ -6,8 +6,12 @@
     ├── NotFoundError (LookupError)    an unknown model, collection, space or prefix
     ├── ConflictError                  a request that contradicts stored state (e.g. another space)
     ├── ConfigError                    settings that cannot work
-    └── TierUnavailableError           a cache level or store failed (refused, timed out, gone);
-                                       the cache turns it into a miss, callers never see it from embed()
+    ├── TierUnavailableError           a cache level or store failed (refused, timed out, gone);
+    │                                  the cache turns it into a miss, callers never see it from embed()
+    └── raised by the HTTP client (ragcache.client) only:
+        ├── AuthenticationError        the service wants an API key (401) or refuses this one (403)
+        ├── ServiceUnavailableError    unreachable, timed out, or 502/503/504 after the retries
+        └── ServiceError               any other failure of the service (5xx, an answer that is not its JSON)
 
 Foreign exceptions (redis, pymilvus, torch) are converted where they happen, with ``raise ... from exc``,
 so the cause stays visible in tracebacks while callers only ever handle this tree.
@@ -23,6 +27,9 @@ __all__ = [
     "ConflictError",
     "ConfigError",
     "TierUnavailableError",
+    "AuthenticationError",
+    "ServiceUnavailableError",
+    "ServiceError",
 ]
 
 
@@ -64,3 +71,15 @@ class TierUnavailableError(RagCacheError):
     def __init__(self, tier: str, message: str) -> None:
         super().__init__(f"{tier}: {message}")
         self.tier = tier
+
+
+class AuthenticationError(RagCacheError):
+    """The service wants an API key (401) or refuses this one (403)."""
+
+
+class ServiceUnavailableError(RagCacheError):
+    """The service could not be reached, timed out, or answered 502/503/504 (after the retries)."""
+
+
+class ServiceError(RagCacheError):
+    """The service failed in another way (a 5xx, an unexpected status, or an answer that is not its JSON)."""
