@@ -15,7 +15,7 @@ from fastapi.testclient import TestClient
 from prometheus_client import CollectorRegistry, generate_latest
 
 from ragcache.errors import InvalidInputError, NotFoundError, RagCacheError
-from ragcache.prefix_client import PrefixClient
+from ragcache.prefix_client import AsyncPrefixClient, PrefixClient
 from ragcache.prefixes import (
     FilePrefixStore,
     PrefixRegistry,
@@ -56,6 +56,7 @@ class FakeVLLM:
         self.down = False
         self.prompts: list[str] = []
         self.queries = self.hits = 0
+        self.pins: list[dict] = []
 
     def evict_all(self) -> None:
         self.cached.clear()
@@ -69,6 +70,9 @@ class FakeVLLM:
                     f'# TYPE vllm:cache_config_info gauge\nvllm:cache_config_info{{block_size="{BLOCK}"}} 1\n')
             return httpx.Response(200, text=body)
         data = json.loads(request.content)
+        if request.url.path == "/pin":  # an LMCache controller on the same fake host
+            self.pins.append(data)
+            return httpx.Response(200, json={"event_id": "e1", "num_tokens": len(data["tokens"])})
         num_tokens = len(data["prompt"].split()) + 1
         if request.url.path == "/tokenize":
             return httpx.Response(200, json={"count": num_tokens, "tokens": list(range(num_tokens))})
@@ -281,6 +285,14 @@ def test_vllm_down_keeps_entries_backs_off_and_reprimes_on_recovery(registry, vl
     assert [p.name for p in registry.list()] == ["p", "q"]
 
 
+def test_lmcache_controller_pins_the_prefix_tokens_once_per_prime(registry, vllm, clock):
+    registry.register(PrefixSpec("p", SYSTEM, TARGET, lmcache_controller_url="http://vllm.test/"))
+    registry.warm("p")  # a re-warm does not pin again
+    assert vllm.pins == [{"tokens": list(range(16)), "instance_id": "lmcache_default_instance",
+                          "location": "LocalCPUBackend"}]
+    assert registry.prefix_stats("p").lmcache_pinned_tokens == 16
+
+
 def test_register_warns_about_volatile_spans_and_sub_block_prefixes(registry):
     result = registry.register(PrefixSpec("v", "Date: 2025-01-31. Answer.", TARGET))
     assert result.warnings[0] == "volatile date '2025-01-31' at characters 6-16"
@@ -372,6 +384,20 @@ def test_routes_register_list_warm_stats_delete(service):
     assert service.get("/prefixes/rag/stats").json()["num_warms"] == 2
     assert service.delete("/prefixes/rag").status_code == 204
     assert service.get("/prefixes/rag").status_code == 404
+
+
+async def test_async_client_has_the_same_operations(registry):
+    app = FastAPI()
+    app.state.prefixes = registry
+    app.include_router(router)
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://ragcache.test") as http:
+        client = AsyncPrefixClient(http)
+        answer = await client.register_prefix("a", SYSTEM + " {q}", TARGET, is_template=True)
+        assert answer["prefix"]["version"] == 1
+        assert await client.render("a", q="why?") == SYSTEM + " why?"
+        assert (await client.get_prefix("a")).num_tokens == 16
+        assert (await client.prefix_stats("a"))["num_uses"] == 1
 
 
 def test_client_renders_locally_and_reports_uses_in_batches(service, clock):
