@@ -179,34 +179,61 @@ def bench_zipf(ctx: BenchContext) -> BenchResult:
 
 
 def _race(ctx: BenchContext, result: BenchResult) -> dict:
+    """Every system on the same stream prefix, request by request: request i goes to each system in turn
+    (the order rotating), so all of them run under the same background load. Each cache starts empty."""
     num_batches = ctx.sizes.race_batches
     prefix = [ctx.batch(i) for i in range(num_batches)]
     num_texts = sum(len(b) for b in prefix)
     distinct = len({t for b in prefix for t in b})
     space_id = ctx.encoder.space.space_id
-    bare = BareModel(ctx.model)
-    bare.embed(prefix[0])  # warm-up
-    bare_batches = min(ctx.sizes.bare_batches, num_batches)
-    bare_s, bare_latencies = _run_stream(bare.embed, ctx, bare_batches)
-    race = {"prefix_batches": num_batches, "texts": num_texts, "distinct": distinct, "systems": {}}
-    race["systems"]["no cache"] = {"texts_per_s": bare_batches * BATCH_SIZE / bare_s, "p50_ms": median(bare_latencies) * 1000,
-                                   "note": f"first {bare_batches} requests (its rate does not depend on repeats)"}
-    runners = {
-        "LangChain": lambda: LangChainCache(ctx.model, ctx.redis_url, namespace=space_id),
-        "RedisVL": lambda: RedisVLCache(ctx.model, ctx.redis_url, MODEL_NAME),
-        "ragcache": lambda: ctx.fresh_cache(),
+    ctx.redis_client.flushdb()
+    cache = ctx.fresh_cache()
+
+    def ragcache_embed(texts):
+        cache.embed(texts)
+        cache.flush()  # its write-behind must not spill into the next system's timing
+
+    systems = {
+        "no cache": BareModel(ctx.model).embed,
+        "LangChain": LangChainCache(ctx.model, ctx.redis_url, namespace=space_id).embed,
+        "RedisVL": RedisVLCache(ctx.model, ctx.redis_url, MODEL_NAME).embed,
+        "ragcache": ragcache_embed,
     }
-    for name, make in runners.items():
-        ctx.redis_client.flushdb()
-        system = make()
-        seconds, latencies = _run_stream(system.embed, ctx, num_batches)
-        race["systems"][name] = {"texts_per_s": num_texts / seconds, "p50_ms": median(latencies) * 1000}
-        system.close()
+    names = list(systems)
+    BareModel(ctx.model).embed(ctx.unseen_texts(BATCH_SIZE, skip=3000))  # warm the model
+    seconds = {name: [] for name in names}
+    for index, batch in enumerate(prefix):
+        shift = index % len(names)
+        for name in names[shift:] + names[:shift]:
+            started = time.perf_counter()
+            systems[name](batch)
+            seconds[name].append(time.perf_counter() - started)
+    # The same requests again: every text is now cached in every cache, so only serving differs.
+    warm = {name: [] for name in names if name != "no cache"}
+    for index, batch in enumerate(prefix):
+        shift = index % len(warm)
+        for name in list(warm)[shift:] + list(warm)[:shift]:
+            started = time.perf_counter()
+            systems[name](batch)
+            warm[name].append(time.perf_counter() - started)
+    cache.close()
+    race = {"prefix_batches": num_batches, "texts": num_texts, "distinct": distinct, "systems": {
+        name: {"texts_per_s": num_texts / sum(values), "p50_ms": median(values) * 1000, "seconds": values}
+        for name, values in seconds.items()},
+        "second_pass": {name: {"texts_per_s": num_texts / sum(values), "p50_ms": median(values) * 1000}
+                        for name, values in warm.items()}}
     for name, figures in race["systems"].items():
-        result.add(f"stream race: {name}", figures["texts_per_s"], "texts/s",
-                   note=f"p50 {figures['p50_ms']:.1f} ms/request" + (f"; {figures['note']}" if "note" in figures else ""))
-    result.add("stream race: ragcache / no cache", race["systems"]["ragcache"]["texts_per_s"] / race["systems"]["no cache"]["texts_per_s"], "x",
-               note=f"first {num_batches} requests: {num_texts} texts, {distinct} distinct, each system computes each once")
+        result.add(f"stream race: {name}", figures["texts_per_s"], "texts/s", note=f"p50 {figures['p50_ms']:.1f} ms/request")
+    rates = {name: figures["texts_per_s"] for name, figures in race["systems"].items()}
+    result.add("stream race: ragcache / no cache", rates["ragcache"] / rates["no cache"], "x",
+               note=f"first {num_batches} requests: {num_texts} texts, {distinct} distinct; each cache computes each distinct text")
+    result.add("stream race: ragcache / best other cache", rates["ragcache"] / max(rates["LangChain"], rates["RedisVL"]), "x",
+               note="a cold stream is dominated by computing its distinct texts, the same work for every cache")
+    second = {name: figures["texts_per_s"] for name, figures in race["second_pass"].items()}
+    for name, rate in second.items():
+        result.add(f"second pass (all cached): {name}", rate, "texts/s", note=f"p50 {race['second_pass'][name]['p50_ms']:.2f} ms/request")
+    result.add("second pass: ragcache / no cache", second["ragcache"] / rates["no cache"], "x")
+    result.add("second pass: ragcache / best other cache", second["ragcache"] / max(second["LangChain"], second["RedisVL"]), "x")
     return race
 
 
@@ -342,16 +369,29 @@ def bench_scale(ctx: BenchContext) -> BenchResult:
             chunk = keys[start : start + 50_000]
             tier.put_many(chunk, torch.randn(len(chunk), dim))
         rss = _rss_bytes() - rss_before
-        cost = _lookup_cost(tier.get_many, keys.__getitem__, size, rng, repeats)
-        details["L1"][size] = {"lookup_us": cost * 1e6, "budget_bytes": tier.capacity_bytes, "slab_bytes": tier.slab_bytes,
+        # Fresh key strings for every lookup, as the cache builds them (a stored key object would let the
+        # dict compare by identity and skip reading the stored key).
+        fresh_key = lambda i: _synthetic_keys(space.space_id, i, i + 1)[0]  # noqa: E731
+        cost = _lookup_cost(tier.get_many, fresh_key, size, rng, repeats)
+        plain = DictFloor()
+        plain.seed(keys, np.zeros((size, dim), dtype=np.float32))
+        dict_samples = []
+        for _ in range(repeats):
+            sample = [fresh_key(int(i)) for i in rng.integers(0, size, BATCH_SIZE)]
+            started = time.perf_counter()
+            plain.fetch(sample)
+            dict_samples.append(time.perf_counter() - started)
+        details["L1"][size] = {"lookup_us": cost * 1e6, "plain_dict_us": median(dict_samples) * 1e6,
+                               "budget_bytes": tier.capacity_bytes, "slab_bytes": tier.slab_bytes,
                                "rss_growth_bytes": rss, "map_bytes_per_entry": (rss - tier.slab_bytes) / size}
-        del tier, keys
+        del tier, keys, plain
         gc.collect()
     l1 = details["L1"]
     for size in sizes:
-        result.add(f"L1 lookup at {size:,}", l1[size]["lookup_us"], "us")
+        result.add(f"L1 lookup at {size:,}", l1[size]["lookup_us"], "us", note=f"plain dict + np.stack: {l1[size]['plain_dict_us']:.1f} us")
     result.add(f"L1 cost {sizes[-1]:,} / {sizes[0]:,}", l1[sizes[-1]]["lookup_us"] / l1[sizes[0]]["lookup_us"], "x",
-               target=Target("<=", 1.5), goal="7")
+               target=Target("<=", 1.5), goal="7",
+               note=f"plain dict: {l1[sizes[-1]]['plain_dict_us'] / l1[sizes[0]]['plain_dict_us']:.2f}x over the same sizes")
     big = l1[sizes[-1]]
     result.add(f"L1 slab at {sizes[-1]:,} / budget", big["slab_bytes"] / big["budget_bytes"], "x", target=Target("<=", 1.0), goal="7",
                note=f"budget {big['budget_bytes'] / 2**20:,.0f} MiB; key map on the host adds {big['map_bytes_per_entry']:.0f} B/entry "
@@ -378,9 +418,13 @@ def bench_scale(ctx: BenchContext) -> BenchResult:
     for size in l3_sizes:
         started = time.perf_counter()
         keys_fill = _synthetic_keys(space.space_id, filled, size)
-        for start in range(0, len(keys_fill), 5_000):
-            chunk = keys_fill[start : start + 5_000]
-            milvus_tier.put_many(chunk, torch.randn(len(chunk), dim))
+        milvus_tier._ensure_collection()
+        for start in range(0, len(keys_fill), 2_000):
+            # A plain insert of new keys (the fill is set-up, not what is measured), 2,000 rows at a time:
+            # Milvus Lite 2.5 takes 5,000+ rows per call ~30x slower per row (measured: ~150 vs ~4,700 rows/s).
+            chunk = keys_fill[start : start + 2_000]
+            rows = torch.randn(len(chunk), dim).numpy()
+            ctx.milvus.insert(milvus_tier.collection, [{"key": k[-32:], "vector": v} for k, v in zip(chunk, rows)])
         fill_rate = (size - filled) / (time.perf_counter() - started)
         filled = size
         cost = _lookup_cost(milvus_tier.get_many, lambda i: _synthetic_keys(space.space_id, i, i + 1)[0], size, rng, 30)
