@@ -93,6 +93,27 @@ class EmbeddingCache:
         """One vector per text, in input order (duplicates included), as numpy (or a torch tensor)."""
         return self.embed_detailed(texts, normalize=normalize, as_tensor=as_tensor).vectors
 
+    def embed_resident(self, texts: Sequence[str], *, normalize: bool = False) -> EmbedResult | None:
+        """The result when the first level (L1) holds every text, else None with nothing recorded.
+
+        Never blocks on I/O or the model, so an event loop may call it directly and hand only the
+        remaining requests to a worker thread.
+        """
+        if isinstance(texts, str) or not isinstance(texts, Sequence):
+            raise InvalidInputError("texts must be a list of strings", field="inputs")
+        started = self._clock()
+        keys = self.space.keys(self.space.prepare(texts))
+        hits = self.tiers[0].get_many(keys)
+        if len(hits.index) != len(keys):
+            return None
+        latency_s = self._clock() - started
+        self._recorders[0].record(hits=len(keys), misses=0, latency_s=latency_s)
+        self._requests.record(hits=len(keys), misses=0, latency_s=latency_s)
+        vectors = hits.vectors
+        if normalize:
+            vectors = torch.nn.functional.normalize(vectors.float(), dim=-1).to(self.dtype)
+        return EmbedResult(_to_numpy(vectors), np.zeros(len(keys), dtype=np.int8), self.level_names)
+
     def embed_detailed(self, texts: Sequence[str], *, normalize: bool = False, as_tensor: bool = False) -> EmbedResult:
         """Like ``embed``, plus the level that served each input."""
         if isinstance(texts, str) or not isinstance(texts, Sequence):

@@ -43,6 +43,13 @@ def served_headers(result: EmbedResult) -> dict[str, str]:
 
 
 async def embed_through_cache(cache: EmbeddingCache, texts: list[str], *, normalize: bool, truncate: bool, field: str) -> EmbedResult:
+    # All in L1 (the common case for repeated texts): answer on the event loop, no thread hop. Only when
+    # truncating: a cached vector says nothing about whether its text would pass the length check.
+    if truncate:
+        resident = cache.embed_resident(texts, normalize=normalize)
+        if resident is not None:
+            return resident
+
     def work() -> EmbedResult:
         if not truncate:
             try:

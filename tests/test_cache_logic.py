@@ -179,3 +179,15 @@ def test_model_failure_reaches_the_caller_and_the_cache_keeps_working():
         cache.embed(["a"])
     encoder.fail = False
     assert cache.embed(["a"]).shape == (1, DIM)
+
+
+def test_embed_resident_answers_only_when_l1_holds_everything():
+    encoder = HashEncoder(DIM)
+    cache = EmbeddingCache(encoder, levels((10,)), write_behind=False)
+    assert cache.embed_resident(["a", "b"]) is None
+    assert cache.stats().texts == 0  # a refused fast path records nothing
+    expected = cache.embed(["a", "b"])
+    resident = cache.embed_resident(["b", "a", "b"])
+    np.testing.assert_array_equal(resident.vectors, expected[[1, 0, 1]])
+    assert resident.served == {"L1": 3, "compute": 0}
+    assert cache.stats().levels[0].hits == 3 and encoder.num_texts == 2
