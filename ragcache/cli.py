@@ -19,10 +19,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        return args.run(args) or 0
+        outcome = args.run(args)
     except RagCacheError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    # Benchmarks return their figures (already printed as a table); only an int is an exit status.
+    return outcome if isinstance(outcome, int) else 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -103,8 +105,8 @@ def run_ingest(args) -> int:
     with _client(args) as client, tqdm(unit="doc", desc=f"ingest -> {args.collection}") as progress:
         while batch := list(islice(documents, args.batch)):
             result = client.add_documents(args.collection, batch)
-            totals["received"] += result["num_received"] if isinstance(result, dict) else result.num_received
-            totals["computed"] += result["num_computed"] if isinstance(result, dict) else result.num_computed
+            totals["received"] += result.num_received
+            totals["computed"] += result.num_computed
             progress.update(len(batch))
     print(f"{totals['received']} documents in {args.collection!r} ({totals['computed']} embeddings computed, the rest from cache)")
     return 0

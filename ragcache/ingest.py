@@ -18,20 +18,24 @@ def chunk_text(text: str, max_chars: int = 1200) -> list[str]:
     chunks: list[str] = []
     current = ""
     for paragraph in (p.strip() for p in text.split("\n\n")):
-        if not paragraph:
-            continue
-        while len(paragraph) > max_chars:
-            cut = paragraph.rfind(" ", 0, max_chars)
-            cut = cut if cut > 0 else max_chars
-            chunks.append(paragraph[:cut].strip())
-            paragraph = paragraph[cut:].strip()
-        if current and len(current) + 2 + len(paragraph) > max_chars:
-            chunks.append(current)
-            current = ""
-        current = f"{current}\n\n{paragraph}" if current else paragraph
+        for piece in _split_long(paragraph, max_chars):
+            if current and len(current) + 2 + len(piece) > max_chars:
+                chunks.append(current)
+                current = ""
+            current = f"{current}\n\n{piece}" if current else piece
     if current:
         chunks.append(current)
     return chunks
+
+
+def _split_long(paragraph: str, max_chars: int) -> list[str]:
+    pieces = []
+    while len(paragraph) > max_chars:
+        cut = paragraph.rfind(" ", 0, max_chars)
+        cut = cut if cut > 0 else max_chars
+        pieces.append(paragraph[:cut].strip())
+        paragraph = paragraph[cut:].strip()
+    return pieces + [paragraph] if paragraph else pieces
 
 
 def _files(path: Path) -> list[Path]:

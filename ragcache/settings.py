@@ -45,6 +45,11 @@ class Settings(BaseSettings):
     compute_batch_size: int = Field(32, gt=0)
     compute_max_wait_ms: float = Field(2.0, ge=0, description="how long a model batch waits to fill")
 
+    # -- the KV-prefix registry (keep-warm of vLLM prefix-cache entries) ---------------------------------
+    prefix_warm_budget_per_minute: int = Field(120, gt=0, description="most warm requests sent to vLLM a minute")
+    prefix_min_rewarm_interval_s: float = Field(1.0, gt=0)
+    prefix_max_rewarm_interval_s: float = Field(120.0, gt=0)
+
     # -- the service ---------------------------------------------------------------------------------------
     host: str = "127.0.0.1"
     port: int = 8000

@@ -43,7 +43,13 @@ class ServiceState:
         knowledge = KnowledgeBase(stores.milvus, redis=stores.redis) if stores.milvus is not None else None
         # Prefixes live in Redis so every replica shares them; without Redis, in a file under data_dir.
         prefixes = PrefixRegistry.create(
-            PrefixRegistryConfig(file_path=settings.data_dir / "prefixes.json"), redis_client=stores.redis
+            PrefixRegistryConfig(
+                file_path=settings.data_dir / "prefixes.json",
+                warm_budget_per_minute=settings.prefix_warm_budget_per_minute,
+                min_rewarm_interval_s=settings.prefix_min_rewarm_interval_s,
+                max_rewarm_interval_s=settings.prefix_max_rewarm_interval_s,
+            ),
+            redis_client=stores.redis,
         )
         prefixes.start()
         return cls(settings, stores, caches, knowledge, prefixes)
