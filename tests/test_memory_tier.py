@@ -88,3 +88,16 @@ def test_concurrent_threads_never_see_a_wrong_vector():
         thread.join()
     assert errors == []
     assert len(tier) == 64
+
+
+def test_device_auto_is_cuda_when_present_else_cpu():
+    from ragcache.tiers.memory import resolve_device
+
+    expected = "cuda" if torch.cuda.is_available() else "cpu"
+    assert resolve_device("auto").type == expected
+    assert MemoryTier(1024, DIM, torch.float32, device="auto").slab.device.type == expected
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="CUDA is not available"):
+            resolve_device("cuda")
+    with pytest.raises(ConfigError, match="unknown device"):
+        resolve_device("tpu9")
