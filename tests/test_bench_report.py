@@ -77,3 +77,13 @@ def test_bench_commands_register_all_and_each_benchmark():
     for name in BENCHMARKS:
         assert parser.parse_args(["bench", name]).benchmarks == [name]
     assert {"zipf", "l2", "misses", "concurrency", "scale", "http", "search"} <= set(BENCHMARKS)
+
+
+def test_markdown_table_from_json():
+    from ragcache.bench.report import markdown_from_json
+
+    result = BenchResult("http", "service")
+    result.add("/embed computed / L1", 765.5, "x", target=Target(">=", 100), goal="1", note="a|b")
+    lines = markdown_from_json({"results": [result.to_dict()]}).splitlines()
+    assert lines[0].startswith("| bench | goal |")
+    assert lines[2] == "| http | 1 | /embed computed / L1 | 765.5 x | >= 100 x | **PASS** | a\\|b |"

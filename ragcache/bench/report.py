@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 __all__ = [
-    "Target", "Figure", "BenchResult", "format_table", "interleaved", "machine_info", "median", "measure", "summary_line", "write_json",
+    "Target", "Figure", "BenchResult", "format_table", "interleaved", "machine_info", "markdown_from_json", "median", "measure", "summary_line", "write_json",
 ]
 
 PASS = "PASS"
@@ -69,7 +69,7 @@ class Figure:
 
     def to_dict(self) -> dict:
         data = asdict(self)
-        data["target"] = None if self.target is None else self.target.describe(self.unit)
+        data["target"] = None if self.target is None else self.target.describe(f" {self.unit}" if self.unit else "")
         data["verdict"] = self.verdict or None
         return data
 
@@ -242,3 +242,20 @@ def interleaved(
             if round_index >= warmup:
                 samples[name].append(elapsed)
     return samples
+
+
+def markdown_from_json(payload: dict) -> str:
+    """The figures of an ``all.json`` (or one benchmark's JSON) as a Markdown table, for BENCHMARKS.md."""
+    results = payload.get("results") or [payload["result"]]
+    lines = ["| bench | goal | figure | value | target | verdict | note |", "|---|---|---|---|---|---|---|"]
+    for result in results:
+        for figure in result["figures"]:
+            value = _format_number(figure["value"]) + (f" {figure['unit']}" if figure["unit"] else "")
+            cells = [result["name"], figure["goal"], figure["name"], value, figure["target"] or "",
+                     f"**{figure['verdict']}**" if figure["verdict"] else "", figure["note"]]
+            lines.append("| " + " | ".join(str(cell).replace("|", "\\|") for cell in cells) + " |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":  # python -m ragcache.bench.report bench-results/all.json > table.md
+    print(markdown_from_json(json.loads(Path(sys.argv[1]).read_text())))
