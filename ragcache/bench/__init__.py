@@ -88,11 +88,14 @@ def _print_plain(outcome) -> int:
 
 
 def _run_command(args: argparse.Namespace) -> int:
-    results = run_benchmarks(args.benchmarks, quick=args.quick, out=args.out, seed=args.seed)
+    command = f"ragcache bench {args.bench_command}" + (" --quick" if args.quick else "") + f" --out {args.out}"
+    if args.seed:
+        command += f" --seed {args.seed}"
+    results = run_benchmarks(args.benchmarks, quick=args.quick, out=args.out, seed=args.seed, command=command)
     return 0 if results else 1
 
 
-def run_benchmarks(names: list[str], *, quick: bool, out: Path, seed: int = 0) -> list:
+def run_benchmarks(names: list[str], *, quick: bool, out: Path, seed: int = 0, command: str = "") -> list:
     """Run benchmarks in one process (one model, one Redis), print each table as it finishes, the whole
     table at the end, and write ``<out>/<name>.json`` per benchmark plus ``<out>/all.json`` for several."""
     from ragcache.bench.context import BenchContext
@@ -102,7 +105,7 @@ def run_benchmarks(names: list[str], *, quick: bool, out: Path, seed: int = 0) -
     results: list[BenchResult] = []
     machine = machine_info()
     mode = "quick" if quick else "full"
-    command = "ragcache bench " + (" ".join(sys.argv[sys.argv.index("bench") + 1 :]) if "bench" in sys.argv else " ".join(names))
+    command = command or "ragcache bench " + " ".join(names)
     with BenchContext(quick=quick, seed=seed) as ctx:
         for name in names:
             benchmark = BENCHMARKS[name]
