@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import base64
+import threading
+from collections import OrderedDict
 from functools import partial
 
 import numpy as np
@@ -11,6 +13,7 @@ from fastapi import APIRouter, Request
 
 from ragcache.cache import EmbedResult, EmbeddingCache
 from ragcache.errors import InvalidInputError
+from ragcache.keys import text_hashes
 from services.errors import HTTPError
 from services.responses import JSONResponse
 from services.schemas import EmbedRequest, OpenAIEmbeddingsRequest
@@ -62,6 +65,53 @@ async def embed_through_cache(cache: EmbeddingCache, texts: list[str], *, normal
     return await to_thread.run_sync(work)
 
 
+def base64_rows(vectors: np.ndarray) -> list[str]:
+    """One base64 string per row. A row of 384 float32 is 1,536 bytes, a multiple of 3, so the rows' encodings
+    are exact slices of one encoding of the whole matrix: one C call instead of one per row (~4x faster)."""
+    row_bytes = vectors.shape[1] * vectors.itemsize
+    if row_bytes % 3:
+        return [base64.b64encode(row.tobytes()).decode("ascii") for row in vectors]
+    encoded = base64.b64encode(np.ascontiguousarray(vectors).tobytes()).decode("ascii")
+    width = row_bytes // 3 * 4
+    return [encoded[start : start + width] for start in range(0, len(encoded), width)]
+
+
+class TokenCounts:
+    """Token counts of recently seen texts, keyed by their xxh3-128 (not the texts: those can be large).
+    OpenAI's ``usage`` needs them, and tokenizing 32 paragraphs costs ~2.5 ms, more than everything else an
+    L1 hit costs; a repeated text is counted once."""
+
+    def __init__(self, count_tokens, max_entries: int = 100_000):
+        self._count_tokens = count_tokens
+        self._counts: OrderedDict[str, int] = OrderedDict()
+        self._max_entries = max_entries
+        self._lock = threading.Lock()
+
+    def total(self, texts: list[str]) -> int:
+        hashes = text_hashes(texts)
+        with self._lock:
+            known = {h: self._counts[h] for h in hashes if h in self._counts}
+        missing = {h: text for h, text in zip(hashes, texts) if h not in known}
+        if missing:
+            counted = dict(zip(missing, self._count_tokens(list(missing.values()))))
+            known.update(counted)
+            with self._lock:
+                self._counts.update(counted)
+                while len(self._counts) > self._max_entries:
+                    self._counts.popitem(last=False)  # oldest first: a plain FIFO is enough for a memo
+        return sum(known[h] for h in hashes)
+
+
+def token_counts_of(request: Request, cache: EmbeddingCache) -> TokenCounts:
+    """The token-count memo of ``cache``'s space (made on first use, on the event loop: no race)."""
+    counters = getattr(request.app.state, "token_counts", None)
+    if counters is None:
+        counters = request.app.state.token_counts = {}
+    if cache.space.space_id not in counters:
+        counters[cache.space.space_id] = TokenCounts(cache.encoder.count_tokens)
+    return counters[cache.space.space_id]
+
+
 @router.post("/embed", summary="Embed texts (text-embeddings-inference compatible)")
 async def embed(body: EmbedRequest, request: Request) -> JSONResponse:
     """A JSON list of vectors, one per input; response headers ``X-Cache-*`` tell which level served them."""
@@ -87,10 +137,10 @@ async def openai_embeddings(body: OpenAIEmbeddingsRequest, request: Request) -> 
             field="dimensions",
         )
     result = await embed_through_cache(cache, texts, normalize=False, truncate=state.settings.truncate, field="input")
-    num_tokens = sum(await to_thread.run_sync(partial(cache.encoder.count_tokens, texts)))
+    num_tokens = await to_thread.run_sync(partial(token_counts_of(request, cache).total, texts))
     vectors = np.asarray(result.vectors, dtype="<f4")
     if body.encoding_format == "base64":
-        embeddings = [base64.b64encode(row.tobytes()).decode("ascii") for row in vectors]
+        embeddings = base64_rows(vectors)
     else:
         embeddings = list(vectors)
     return JSONResponse(

@@ -112,6 +112,7 @@ def test_openai_client_float_and_base64(server, encoder):
         assert [d.index for d in response.data] == [0, 1]
         assert_same_vectors([d.embedding for d in response.data], expected)
     assert default.usage.prompt_tokens == sum(encoder.count_tokens(texts)) == default.usage.total_tokens
+    assert floats.usage.prompt_tokens == default.usage.prompt_tokens  # the second time from the token memo
     with pytest.raises(openai.UnprocessableEntityError, match="dimensions"):
         client.embeddings.create(model="all-MiniLM-L6-v2", input="x", dimensions=128)
     with pytest.raises(openai.NotFoundError, match="served models"):

@@ -18,6 +18,7 @@ from ragcache.tiers.base import TierHits
 __all__ = ["MilvusTier", "milvus_failures"]
 
 TEXT_HASH_LENGTH = 32
+MAX_ROWS_PER_CALL = 2000
 
 try:  # grpc errors can escape pymilvus on a dropped connection; they are failures of the level too.
     import grpc
@@ -91,7 +92,10 @@ class MilvusTier:
         data = [{"key": text_hash, "vector": row} for text_hash, row in zip(self._text_hashes(keys), rows)]
         try:
             self._ensure_collection()
-            self.client.upsert(self.collection, data)
+            # Milvus Lite 2.5 takes one call of 5,000+ rows ~30x slower per row than calls of 2,000
+            # (measured: ~150 vs ~4,700 rows/s), so a large batch (an ingest, a warm-up) goes in chunks.
+            for start in range(0, len(data), MAX_ROWS_PER_CALL):
+                self.client.upsert(self.collection, data[start : start + MAX_ROWS_PER_CALL])
         except milvus_failures as exc:
             raise TierUnavailableError(self.name, f"Milvus failed: {exc}") from exc
 
