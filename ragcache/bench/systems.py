@@ -52,8 +52,12 @@ class LangChainCache:
 
     def __init__(self, model, redis_url: str, namespace: str, batch_size: int = BATCH_SIZE):
         import redis
-        from langchain_classic.embeddings import CacheBackedEmbeddings
         from langchain_community.storage import RedisStore
+
+        try:  # LangChain >= 1.0 moved it to langchain-classic
+            from langchain_classic.embeddings import CacheBackedEmbeddings
+        except ImportError:
+            from langchain.embeddings import CacheBackedEmbeddings
 
         self.client = redis.Redis.from_url(redis_url)
         self.store = RedisStore(client=self.client, namespace="lc")
