@@ -53,31 +53,33 @@ def decode_values(values: Sequence[bytes | None], dtype: torch.dtype, dim: int) 
     """Validate and decode a batch of stored values.
 
     Returns (positions of valid values, their vectors stacked, positions of corrupt values). ``None``
-    values (absent keys) are in neither list.
+    values (absent keys) are in neither list. The header checks run on the whole batch at once (one join,
+    numpy comparisons); only the checksum is computed value by value.
     """
     row_bytes = dim * torch.empty((), dtype=dtype).element_size()
     expected_len = HEADER.size + row_bytes
-    expected_head = HEADER.pack(MAGIC, FORMAT_VERSION, DTYPE_CODES[dtype], dim, 0)[:8]
-    checksum_of = xxhash.xxh3_64_intdigest
-    valid: list[int] = []
-    corrupt: list[int] = []
-    payloads: list[bytes] = []
-    for position, value in enumerate(values):
-        if value is None:
-            continue
-        if (
-            len(value) == expected_len
-            and value[:8] == expected_head
-            and HEADER.unpack_from(value)[4] == checksum_of(memoryview(value)[HEADER.size :])
-        ):
-            valid.append(position)
-            payloads.append(value)
-        else:
-            corrupt.append(position)
-    if not valid:
-        return valid, torch.empty((0, dim), dtype=dtype), corrupt
-    # One join and one strided copy decode the whole batch: no per-vector numpy objects.
-    table = np.frombuffer(b"".join(payloads), dtype=np.uint8).reshape(len(payloads), expected_len)
+    present = [position for position, value in enumerate(values) if value is not None]
+    sized = [position for position in present if len(values[position]) == expected_len]
+    corrupt = [position for position in present if len(values[position]) != expected_len]
+    if not sized:
+        return [], torch.empty((0, dim), dtype=dtype), corrupt
+    joined = b"".join([values[position] for position in sized])
+    table = np.frombuffer(joined, dtype=np.uint8).reshape(len(sized), expected_len)
+    expected_head = np.frombuffer(HEADER.pack(MAGIC, FORMAT_VERSION, DTYPE_CODES[dtype], dim, 0)[:8], dtype=np.uint8)
+    head_ok = (table[:, :8] == expected_head).all(axis=1)
+    stored_checksums = table[:, 8:16].copy().view("<u8").ravel()
+    view, checksum_of = memoryview(joined), xxhash.xxh3_64_intdigest
+    computed = np.fromiter(
+        (checksum_of(view[start + HEADER.size : start + expected_len]) for start in range(0, len(joined), expected_len)),
+        dtype=np.uint64,
+        count=len(sized),
+    )
+    ok = head_ok & (stored_checksums == computed)
+    valid = sized
+    if not ok.all():
+        valid = [position for position, good in zip(sized, ok) if good]
+        corrupt = sorted(corrupt + [position for position, good in zip(sized, ok) if not good])
+        table = table[ok]
     raw = table[:, HEADER.size :].copy().view(NUMPY_STORAGE[dtype])  # copy: contiguous and writable
     vectors = torch.from_numpy(raw)
     if dtype == torch.bfloat16:
