@@ -192,22 +192,11 @@ class KnowledgeBase:
     ) -> SearchResult:
         """The ``top_k`` documents nearest to ``query``, optionally filtered by a Milvus boolean expression
         (e.g. ``metadata["lang"] == "en"``)."""
-        name = check_collection_name(collection)
-        query = check_query(query)
-        top_k = check_top_k(top_k, self.max_top_k)
-        expression = check_filter(filter)
-        meta = self._lookup(name)
-        _check_space(meta, cache.space)
+        meta, query_key, params, expression = self._prepare_search(collection, query, cache, top_k, filter, self._lookup)
         started = self._clock()
-
-        query_key = cache.space.keys(cache.space.prepare([query]))[0]
-        params = json.dumps([top_k, expression])
         cached, version = (None, None) if self.results is None else self.results.get(meta.uid, query_key, params)
-        if cached is not None:
-            hits = _hits_from_json(cached)
-            if hits is not None:
-                elapsed_ms = _ms(self._clock() - started)
-                return SearchResult(hits, None, SearchTimings(0.0, elapsed_ms, elapsed_ms), "hit")
+        if cached is not None and (hit := self._cached_result(cached, started)) is not None:
+            return hit
 
         embed_started = self._clock()
         embedded = cache.embed_detailed([query])
@@ -220,6 +209,46 @@ class KnowledgeBase:
         embed_ms, search_ms = _ms(search_started - embed_started), _ms(finished - search_started)
         timings = SearchTimings(embed=embed_ms, search=search_ms, total=_ms(finished - started))
         return SearchResult(hits, level, timings, "off" if version is None else "miss")
+
+    async def search_cached(
+        self,
+        collection: str,
+        query: str,
+        *,
+        cache: EmbeddingCache,
+        top_k: int = 10,
+        filter: str | None = None,  # noqa: A002 - the public name of the parameter, as in the HTTP API
+    ) -> SearchResult | None:
+        """The cached result of ``search`` with these arguments, found without blocking (for an event loop);
+        None when there is none (or it cannot be had without blocking): then call ``search``."""
+        if self.results is None:
+            return None
+        prepared = self._prepare_search(collection, query, cache, top_k, filter, self._collections.get)
+        if prepared[0] is None:
+            return None  # not yet known in this process: finding it asks Milvus, which blocks
+        meta, query_key, params, _ = prepared
+        started = self._clock()
+        cached = await self.results.aget(meta.uid, query_key, params)
+        return None if cached is None else self._cached_result(cached, started)
+
+    def _prepare_search(self, collection, query, cache, top_k, filter, find):  # noqa: A002
+        """Validated search arguments: (collection record or None, query key, params, filter expression)."""
+        name = check_collection_name(collection)
+        query = check_query(query)
+        top_k = check_top_k(top_k, self.max_top_k)
+        expression = check_filter(filter)
+        meta = find(name)
+        if meta is not None:
+            _check_space(meta, cache.space)
+        query_key = cache.space.keys(cache.space.prepare([query]))[0]
+        return meta, query_key, json.dumps([top_k, expression]), expression
+
+    def _cached_result(self, cached, started: float) -> SearchResult | None:
+        hits = _hits_from_json(cached)
+        if hits is None:
+            return None
+        elapsed_ms = _ms(self._clock() - started)
+        return SearchResult(hits, None, SearchTimings(0.0, elapsed_ms, elapsed_ms), "hit")
 
     def _nearest(
         self, meta: _Collection, vector: np.ndarray, top_k: int, expression: str | None

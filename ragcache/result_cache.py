@@ -15,6 +15,7 @@ same name shares nothing with its predecessor.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import secrets
 import threading
@@ -22,6 +23,7 @@ from typing import Any
 
 import orjson
 import redis
+import redis.asyncio
 import xxhash
 
 from ragcache.tiers.base import TierHealth
@@ -33,6 +35,14 @@ log = logging.getLogger(__name__)
 KEY_PREFIX = "rc:kb"
 
 
+def _async_twin(client: redis.Redis) -> redis.asyncio.Redis:
+    """An asyncio client for the blocking client's server, with its options (those the asyncio client
+    knows). Created on first use, inside the event loop that will use it."""
+    accepted = inspect.signature(redis.asyncio.Redis.__init__).parameters
+    options = {k: v for k, v in client.connection_pool.connection_kwargs.items() if k in accepted}
+    return redis.asyncio.Redis(**options)
+
+
 class ResultCache:
     """Cached search results (plain JSON-able values) of knowledge-base collections."""
 
@@ -42,6 +52,7 @@ class ResultCache:
         self._health = TierHealth()
         self._pending: set[str] = set()  # collection uids whose last bump failed
         self._lock = threading.Lock()
+        self._async_client: redis.asyncio.Redis | None = None
 
     def get(self, collection_uid: str, query_key: str, params: str) -> tuple[Any | None, int | None]:
         """(cached value or None, the version it was looked up at or None when the cache is unusable).
@@ -64,6 +75,29 @@ class ResultCache:
             return orjson.loads(raw), version
         except orjson.JSONDecodeError:
             return None, version
+
+    async def aget(self, collection_uid: str, query_key: str, params: str) -> Any | None:
+        """The cached value, looked up without blocking the event loop (an asyncio client on the same
+        server); None when there is none, or whenever the answer would need a blocking step (the collection
+        has no version yet, or owes a bump): the caller then takes the ordinary path, which handles those.
+        """
+        if not self._health.should_try() or collection_uid in self._pending:
+            return None
+        if self._async_client is None:
+            self._async_client = _async_twin(self.client)
+        try:
+            version = await self._async_client.get(self._version_key(collection_uid))
+            if version is None:
+                return None
+            raw = await self._async_client.get(self._result_key(collection_uid, int(version), query_key, params))
+        except (redis.RedisError, ValueError, OSError) as exc:
+            self._failed(exc)
+            return None
+        self._succeeded()
+        try:
+            return None if raw is None else orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            return None
 
     def put(self, collection_uid: str, version: int, query_key: str, params: str, value: Any) -> None:
         """Store ``value`` (JSON-able) under the version ``get`` returned."""

@@ -18,6 +18,7 @@ from ragcache.prefixes.metrics import register_prefix_metrics
 from ragcache.settings import Settings
 from services import prefixes_api, routes_embed, routes_ops, routes_retrieval
 from services.errors import HTTPError, install_error_handlers
+from services.schemas import ERROR_RESPONSES
 from services.state import ServiceState
 
 OPEN_PATHS = {"/health", "/docs", "/openapi.json", "/redoc"}
@@ -60,7 +61,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.metrics_registry = CollectorRegistry()
     install_error_handlers(app)
     for module in (routes_embed, routes_retrieval, prefixes_api, routes_ops):
-        app.include_router(module.router)
+        app.include_router(module.router, responses=ERROR_RESPONSES)
     return app
 
 

@@ -49,6 +49,11 @@ async def list_collections(request: Request) -> JSONResponse:
 @router.post("/search", summary="The documents nearest to a query")
 async def search(body: SearchRequest, request: Request) -> JSONResponse:
     state: ServiceState = request.app.state.ragcache
-    cache = state.cache_for(body.model)
-    run = partial(knowledge_of(state).search, body.collection, body.query, cache=cache, top_k=body.top_k, filter=body.filter)
-    return JSONResponse(await to_thread.run_sync(run))
+    cache, knowledge = state.cache_for(body.model), knowledge_of(state)
+    arguments = dict(cache=cache, top_k=body.top_k, filter=body.filter)
+    # A repeated query's result list comes from Redis without leaving the event loop; the rest (embedding,
+    # Milvus) blocks, so it runs in a worker thread.
+    cached = await knowledge.search_cached(body.collection, body.query, **arguments)
+    if cached is not None:
+        return JSONResponse(cached)
+    return JSONResponse(await to_thread.run_sync(partial(knowledge.search, body.collection, body.query, **arguments)))

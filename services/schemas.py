@@ -65,3 +65,18 @@ class ErrorDetail(BaseModel):
 
 class ErrorResponse(BaseModel):
     error: ErrorDetail
+
+
+# Every route can answer these; the OpenAPI schema names the one error body they all share.
+ERROR_RESPONSES = {
+    status: {"model": ErrorResponse, "description": description}
+    for status, description in [
+        (400, "the body is not valid JSON"),
+        (401, "missing or wrong API key (when the server has one)"),
+        (404, "unknown model, collection or prefix"),
+        (409, "the collection belongs to another embedding space"),
+        (413, "too many texts, or a text over the token limit with truncate=false"),
+        (422, "a field is missing, of the wrong type, or invalid; `field` names it"),
+        (503, "a store the request needs is down"),
+    ]
+}

@@ -191,7 +191,10 @@ def test_stats_metrics_health_info(http):
     assert http.get("/health").json() == {"status": "ok", "levels_down": []}
     info = http.get("/info").json()
     assert info["models"][0]["dim"] == 384 and info["versions"]["torch"].startswith("2.13")
-    assert http.get("/openapi.json").json()["paths"]["/embed"]["post"]
+    openapi = http.get("/openapi.json").json()
+    embed_responses = openapi["paths"]["/embed"]["post"]["responses"]
+    assert embed_responses["422"]["content"]["application/json"]["schema"]["$ref"].endswith("/ErrorResponse")
+    assert {"400", "404", "413"} <= set(embed_responses)
 
 
 def test_concurrent_requests_for_one_uncached_text_compute_it_once(server):
@@ -272,3 +275,15 @@ def test_langchain_adapter_against_the_server(server, encoder):
     vectors = embeddings.embed_documents(["alpha", "beta"])
     assert_same_vectors(vectors, encoder.encode(["alpha", "beta"]).numpy())
     assert len(embeddings.embed_query("alpha")) == 384
+
+
+def test_repeated_search_is_served_from_the_result_cache_until_an_ingest(http):
+    name = "rc_" + uuid.uuid4().hex[:8]
+    http.post("/documents", json={"collection": name, "documents": [{"id": "a", "text": "alpha particles"}]})
+    body = {"collection": name, "query": "alpha", "top_k": 3}
+    first, second = http.post("/search", json=body).json(), http.post("/search", json=body).json()
+    assert (first["result_cache"], second["result_cache"]) == ("miss", "hit")
+    assert second["hits"] == first["hits"] and second["embedding_level"] is None
+    http.post("/documents", json={"collection": name, "documents": [{"id": "b", "text": "alpha decay"}]})
+    third = http.post("/search", json=body).json()
+    assert third["result_cache"] == "miss" and {hit["id"] for hit in third["hits"]} == {"a", "b"}
