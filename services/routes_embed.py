@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import base64
-import threading
-from collections import OrderedDict
 from functools import partial
 
 import numpy as np
@@ -13,11 +11,11 @@ from fastapi import APIRouter, Request
 
 from ragcache.cache import EmbedResult, EmbeddingCache
 from ragcache.errors import InvalidInputError
-from ragcache.keys import text_hashes
 from services.errors import HTTPError
 from services.responses import JSONResponse
 from services.schemas import EmbedRequest, OpenAIEmbeddingsRequest
 from services.state import ServiceState
+from services.tokens import token_counts_of
 
 router = APIRouter(tags=["embeddings"])
 
@@ -74,42 +72,6 @@ def base64_rows(vectors: np.ndarray) -> list[str]:
     encoded = base64.b64encode(np.ascontiguousarray(vectors).tobytes()).decode("ascii")
     width = row_bytes // 3 * 4
     return [encoded[start : start + width] for start in range(0, len(encoded), width)]
-
-
-class TokenCounts:
-    """Token counts of recently seen texts, keyed by their xxh3-128 (not the texts: those can be large).
-    OpenAI's ``usage`` needs them, and tokenizing 32 paragraphs costs ~2.5 ms, more than everything else an
-    L1 hit costs; a repeated text is counted once."""
-
-    def __init__(self, count_tokens, max_entries: int = 100_000):
-        self._count_tokens = count_tokens
-        self._counts: OrderedDict[str, int] = OrderedDict()
-        self._max_entries = max_entries
-        self._lock = threading.Lock()
-
-    def total(self, texts: list[str]) -> int:
-        hashes = text_hashes(texts)
-        with self._lock:
-            known = {h: self._counts[h] for h in hashes if h in self._counts}
-        missing = {h: text for h, text in zip(hashes, texts) if h not in known}
-        if missing:
-            counted = dict(zip(missing, self._count_tokens(list(missing.values()))))
-            known.update(counted)
-            with self._lock:
-                self._counts.update(counted)
-                while len(self._counts) > self._max_entries:
-                    self._counts.popitem(last=False)  # oldest first: a plain FIFO is enough for a memo
-        return sum(known[h] for h in hashes)
-
-
-def token_counts_of(request: Request, cache: EmbeddingCache) -> TokenCounts:
-    """The token-count memo of ``cache``'s space (made on first use, on the event loop: no race)."""
-    counters = getattr(request.app.state, "token_counts", None)
-    if counters is None:
-        counters = request.app.state.token_counts = {}
-    if cache.space.space_id not in counters:
-        counters[cache.space.space_id] = TokenCounts(cache.encoder.count_tokens)
-    return counters[cache.space.space_id]
 
 
 @router.post("/embed", summary="Embed texts (text-embeddings-inference compatible)")
