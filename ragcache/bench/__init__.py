@@ -43,6 +43,7 @@ BENCHMARKS: dict[str, Benchmark] = {
         Benchmark("misses", "ragcache.bench.library", "bench_misses", "all misses: cache layer vs bare model (4)"),
         Benchmark("concurrency", "ragcache.bench.library", "bench_concurrency", "single flight and batching of concurrent misses (6)"),
         Benchmark("scale", "ragcache.bench.library", "bench_scale", "lookup cost at 10k..1M entries per level, L1 memory (7)"),
+        Benchmark("levels", "ragcache.bench.levels", "bench_levels", "one embed call served entirely by L1, L2, L3 or computed"),
         Benchmark("http", "ragcache.bench.http", "bench_http", "the service: /embed L1 vs computed (1), texts/s under load (2)"),
         Benchmark("search", "ragcache.bench.http", "bench_search", "/search on 100k documents: repeated vs first query (8)"),
     )
