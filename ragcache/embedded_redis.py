@@ -16,6 +16,7 @@ from pathlib import Path
 import redis
 
 from ragcache.errors import ConfigError, TierUnavailableError
+from ragcache.processes import stop_process
 
 __all__ = ["EmbeddedRedis", "find_redis_server", "free_port"]
 
@@ -84,13 +85,7 @@ class EmbeddedRedis:
         raise TierUnavailableError("L2", f"embedded redis-server did not answer on port {self.port}")
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        stop_process(self.process)
         if self.process.stderr:
             self.process.stderr.close()
         if self._tempdir is not None:

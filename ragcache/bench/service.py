@@ -18,6 +18,7 @@ from pathlib import Path
 import httpx
 
 from ragcache.embedded_redis import free_port
+from ragcache.processes import stop_process
 
 __all__ = ["ServiceProcess", "LoadResult", "run_load"]
 
@@ -69,13 +70,7 @@ class ServiceProcess:
 
     def stop(self) -> None:
         self.client.close()
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=40)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        stop_process(self.process, timeout_s=40)
         self._log.close()
 
 
