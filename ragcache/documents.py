@@ -160,6 +160,24 @@ def _check_metadata(metadata: object, field_name: str) -> None:
         json.dumps(metadata, allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise InvalidInputError(f"{field_name} is not valid JSON: {exc}", field=field_name) from exc
+    _check_integers(metadata, field_name)
+
+
+INT64_RANGE = range(-(1 << 63), 1 << 63)
+
+
+def _check_integers(value: object, field_name: str) -> None:
+    """Milvus' JSON field holds 64-bit integers only; a larger one would fail the whole batch inside Milvus."""
+    if isinstance(value, bool):
+        return
+    if isinstance(value, int) and value not in INT64_RANGE:
+        raise InvalidInputError(f"{field_name} holds {value}, outside the 64-bit integer range: send it as a string", field=field_name)
+    if isinstance(value, dict):
+        for item in value.values():
+            _check_integers(item, field_name)
+    elif isinstance(value, list):
+        for item in value:
+            _check_integers(item, field_name)
 
 
 def check_ids(ids: object) -> list[str]:

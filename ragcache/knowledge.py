@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import numpy as np
+import xxhash
 from pymilvus import DataType, MilvusClient
 
 from ragcache.cache import EmbeddingCache
@@ -56,10 +57,12 @@ METRIC = "COSINE"
 # AUTOINDEX: on Milvus Lite 2.5 it answered top-10 over 100k x 384 in 4.9 ms against FLAT's 17 ms
 # (DESIGN.md); on a Milvus server it picks the server's recommended index.
 DEFAULT_INDEX_TYPE = "AUTOINDEX"
-DESCRIPTION_FORMAT = "ragcache.knowledge/1"
+# Format 2: the primary key is a hash of the document id (see _pk); format 1 used the id itself.
+DESCRIPTION_FORMAT = "ragcache.knowledge/2"
 # Rows per upsert/get call: at most 256 x 64 KB texts = 16 MB per gRPC message, under Milvus' 64 MB limit.
 BATCH_ROWS = 256
 STORE = "knowledge"
+PK_LENGTH = 32
 
 
 @dataclass(frozen=True)
@@ -147,7 +150,7 @@ class KnowledgeBase:
         embedded = cache.embed_detailed([document.text for document in checked])
         vectors = np.asarray(embedded.vectors, dtype=np.float32)  # Milvus stores float32 vectors
         rows = [
-            {"id": document.id, "text": document.text, "metadata": document.metadata, "vector": vector}
+            {"pk": _pk(document.id), "id": document.id, "text": document.text, "metadata": document.metadata, "vector": vector}
             for document, vector in zip(checked, vectors)
         ]
         try:
@@ -176,7 +179,7 @@ class KnowledgeBase:
         existing = self._existing_ids(meta, checked)
         if existing:
             try:
-                self._call(meta, self.milvus.delete, meta.milvus_name, ids=existing)
+                self._call(meta, self.milvus.delete, meta.milvus_name, ids=[_pk(doc_id) for doc_id in existing])
             finally:
                 self._invalidate(meta)
         return len(existing)
@@ -261,12 +264,12 @@ class KnowledgeBase:
             anns_field="vector",
             limit=top_k,
             filter=expression or "",
-            output_fields=["text", "metadata"],
+            output_fields=["id", "text", "metadata"],
             search_params={"metric_type": METRIC},
             filter_given=expression is not None,
         )[0]
         return tuple(
-            SearchHit(row["id"], float(row["distance"]), row["entity"]["text"], row["entity"].get("metadata") or {})
+            SearchHit(row["entity"]["id"], float(row["distance"]), row["entity"]["text"], row["entity"].get("metadata") or {})
             for row in rows
         )
 
@@ -317,7 +320,8 @@ class KnowledgeBase:
         schema = self.milvus.create_schema(
             auto_id=False, enable_dynamic_field=False, description=json.dumps(description)
         )
-        schema.add_field("id", DataType.VARCHAR, is_primary=True, max_length=MAX_ID_BYTES)
+        schema.add_field("pk", DataType.VARCHAR, is_primary=True, max_length=PK_LENGTH)
+        schema.add_field("id", DataType.VARCHAR, max_length=MAX_ID_BYTES)
         schema.add_field("text", DataType.VARCHAR, max_length=MAX_TEXT_BYTES)
         schema.add_field("metadata", DataType.JSON)
         schema.add_field("vector", DataType.FLOAT_VECTOR, dim=space.dim)
@@ -338,7 +342,7 @@ class KnowledgeBase:
         found: set[str] = set()
         for start in range(0, len(ids), BATCH_ROWS):
             batch = ids[start : start + BATCH_ROWS]
-            rows = self._call(meta, self.milvus.get, meta.milvus_name, ids=batch, output_fields=["id"])
+            rows = self._call(meta, self.milvus.get, meta.milvus_name, ids=[_pk(doc_id) for doc_id in batch], output_fields=["id"])
             found.update(row["id"] for row in rows)
         return [doc_id for doc_id in ids if doc_id in found]
 
@@ -370,6 +374,13 @@ def _check_space(meta: _Collection, space: EmbeddingSpace) -> None:
             f"({space.model}, {space.dim}-d); vectors of two spaces cannot be compared. Use the model and "
             "settings the collection was built with, or ingest into another collection"
         )
+
+
+def _pk(document_id: str) -> str:
+    """The primary key of a document: xxh3-128 of its id. Milvus Lite builds the expressions behind upsert,
+    get and delete from primary keys without escaping them, so an id with a quote or a non-ASCII character
+    broke those calls; the hash is always plain hex, and the id itself is stored in its own field."""
+    return xxhash.xxh3_128_hexdigest(document_id.encode("utf-8"))
 
 
 def _parse_description(name: str, milvus_name: str, described: dict) -> _Collection:

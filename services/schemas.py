@@ -6,6 +6,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
+from ragcache.documents import COLLECTION_NAME_PATTERN
+
 
 class Body(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -32,26 +34,33 @@ class OpenAIEmbeddingsRequest(BaseModel):
     user: StrictStr | None = None
 
 
+# The library checks the same rule (ragcache.documents); stating it here puts it in the OpenAPI schema.
+COLLECTION = Field(
+    pattern=f"^{COLLECTION_NAME_PATTERN.pattern}$",
+    description="a letter, then up to 62 letters, digits, '_' or '-'",
+)
+
+
 class DocumentIn(Body):
-    id: StrictStr
+    id: StrictStr = Field(min_length=1)
     text: StrictStr
     metadata: dict[str, Any] = Field(default_factory=dict)
 
 
 class AddDocumentsRequest(Body):
-    collection: StrictStr
-    documents: list[DocumentIn]
+    collection: StrictStr = COLLECTION
+    documents: list[DocumentIn] = Field(min_length=1)
     model: StrictStr | None = None
 
 
 class DeleteDocumentsRequest(Body):
-    collection: StrictStr
-    ids: list[StrictStr]
+    collection: StrictStr = COLLECTION
+    ids: list[StrictStr] = Field(min_length=1)
 
 
 class SearchRequest(Body):
     query: StrictStr
-    collection: StrictStr
+    collection: StrictStr = COLLECTION
     top_k: StrictInt = Field(10, ge=1, le=1000)
     filter: StrictStr | None = Field(None, description='Milvus boolean expression, e.g. metadata["lang"] == "en"')
     model: StrictStr | None = None

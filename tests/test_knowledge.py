@@ -254,3 +254,24 @@ def test_milvus_failures_become_tier_unavailable(tmp_path, cache):
     ):
         with pytest.raises(TierUnavailableError, match="Milvus failed"):
             call()
+
+
+def test_ids_with_quotes_backslashes_and_any_unicode_round_trip(kb, cache):
+    name = "odd-ids"
+    odd = ["it's", 'say "hi"', "back\\slash", "naïve 🤖", "a,b]' or 1==1", "ñ|Á𝄞4'"]
+    kb.add_documents(name, [{"id": doc_id, "text": f"document {doc_id}"} for doc_id in odd], cache=cache)
+    again = kb.add_documents(name, [{"id": doc_id, "text": f"document {doc_id} again"} for doc_id in odd], cache=cache)
+    assert (again.num_inserted, again.num_replaced) == (0, len(odd))
+    found = {hit.id for hit in kb.search(name, "document", cache=cache, top_k=20).hits}
+    assert set(odd) <= found
+    assert kb.delete_documents(name, odd[:3]) == 3
+    assert kb.collection_info(name).num_documents == len(found) - 3
+
+
+def test_metadata_integers_beyond_64_bits_are_rejected_naming_the_document(kb, cache):
+    from ragcache.errors import InvalidInputError
+
+    documents = [{"id": "ok", "text": "fine"}, {"id": "big", "text": "x", "metadata": {"n": [1, {"deep": 1 << 70}]}}]
+    with pytest.raises(InvalidInputError, match="64-bit") as info:
+        kb.add_documents("big-ints", documents, cache=cache)
+    assert info.value.field == "documents[1].metadata"
