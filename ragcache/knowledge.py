@@ -386,8 +386,14 @@ def _pk(document_id: str) -> str:
 def _parse_description(name: str, milvus_name: str, described: dict) -> _Collection:
     try:
         record = json.loads(described.get("description") or "")
-        if record.get("format") != DESCRIPTION_FORMAT:
-            raise ValueError(record.get("format"))
+        found = record.get("format")
+        if isinstance(found, str) and found.startswith("ragcache.knowledge/") and found != DESCRIPTION_FORMAT:
+            raise ConflictError(
+                f"collection {name!r} was written by another ragcache version ({found}, this one reads "
+                f"{DESCRIPTION_FORMAT}): ingest into a new collection, or drop it and ingest again"
+            )
+        if found != DESCRIPTION_FORMAT:
+            raise ValueError(found)
         return _Collection(name, milvus_name, record["space_id"], record["model"], int(record["dim"]), record["uid"])
     except (ValueError, TypeError, KeyError, AttributeError) as exc:
         raise ConflictError(f"Milvus collection {milvus_name!r} exists but is not a ragcache knowledge base") from exc
