@@ -27,7 +27,7 @@ def load_encoder(settings: Settings, model: str | None = None) -> ModelEncoder:
     )
 
 
-def build_cache(settings: Settings, stores: Stores, encoder: ModelEncoder) -> EmbeddingCache:
+def build_cache(settings: Settings, stores: Stores, encoder: ModelEncoder, *, on_close=None) -> EmbeddingCache:
     """L1 (device slab) -> L2 (Redis, unless off) -> L3 (Milvus, unless off) -> the encoder's model."""
     space = encoder.space
     dtype = TORCH_DTYPES[space.dtype]
@@ -52,6 +52,7 @@ def build_cache(settings: Settings, stores: Stores, encoder: ModelEncoder) -> Em
         compute_max_wait_s=settings.compute_max_wait_ms / 1000,
         window_s=settings.stats_window_s,
         device=encoder.device,
+        on_close=on_close,
     )
 
 
@@ -64,9 +65,7 @@ def open_cache(settings: Settings | None = None) -> EmbeddingCache:
     settings = settings or Settings.load()
     stores = Stores.open(settings)
     try:
-        cache = build_cache(settings, stores, load_encoder(settings))
+        return build_cache(settings, stores, load_encoder(settings), on_close=stores.close)
     except BaseException:
         stores.close()
         raise
-    cache._on_close = stores.close
-    return cache

@@ -121,3 +121,10 @@ def test_normalize_on_output_and_as_tensor(encoder, redis_url, milvus_client):
     tensor = cache.embed(texts, as_tensor=True)
     assert isinstance(tensor, torch.Tensor) and tensor.shape == (2, encoder.dim)
     cache.close()
+
+
+def test_an_unknown_model_is_a_clear_config_error_without_network():
+    from ragcache.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="cannot load model 'no-org/no-such-model' offline"):
+        ModelEncoder("no-org/no-such-model")

@@ -7,7 +7,6 @@ or by path.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from dataclasses import dataclass
@@ -90,7 +89,6 @@ class ModelEncoder:
         text_normalization: str | None = None,
         batch_size: int = 32,
     ):
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for a hub at run time
         from sentence_transformers import SentenceTransformer  # slow import (~8 s): only when a model is needed
 
         if dtype not in TORCH_DTYPES:
@@ -98,7 +96,8 @@ class ModelEncoder:
         path = resolve_model_path(model)
         self.device = resolve_device(device)
         try:
-            self.model = SentenceTransformer(path, device=str(self.device), revision=revision)
+            # local_files_only: never reach for a hub at run time (a name loads from the local HF cache).
+            self.model = SentenceTransformer(path, device=str(self.device), revision=revision, local_files_only=True)
         except (OSError, ValueError) as exc:
             raise ConfigError(f"cannot load model {model!r} offline: {exc}") from exc
         self.dtype = TORCH_DTYPES[dtype]
