@@ -63,6 +63,7 @@ def add_bench_commands(subparsers) -> argparse.ArgumentParser:
         _add_common(parser)
         parser.set_defaults(run=_run_command, benchmarks=[benchmark.name])
     _add_prefixes(commands)
+    _add_gpu_l1(commands)
     return bench
 
 
@@ -70,6 +71,7 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="smaller workloads (bench all --quick: < 10 min on 2 cores)")
     parser.add_argument("--out", type=Path, default=Path("bench-results"), help="folder for the JSON results")
     parser.add_argument("--seed", type=int, default=0, help="seed of the Zipf stream")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
 def _add_prefixes(commands) -> None:
@@ -82,6 +84,21 @@ def _add_prefixes(commands) -> None:
     parser.set_defaults(run=lambda args: _print_plain(module.run(args)))
 
 
+def _add_gpu_l1(commands) -> None:
+    """``bench gpu-l1``: the device L1 checked against the CPU one and timed (its own flags: ``--device``)."""
+    parser = commands.add_parser("gpu-l1", help="L1 on a CUDA device: bit-exact vs CPU, no host round trip, lookup cost")
+    add_gpu_l1_arguments(parser)
+    parser.set_defaults(run=lambda args: importlib.import_module("ragcache.bench.gpu_l1").run(args))
+
+
+def add_gpu_l1_arguments(parser: argparse.ArgumentParser) -> None:
+    # Here, not in gpu_l1: building the CLI must not import torch.
+    parser.add_argument("--device", default="cuda", help="cuda, cuda:N, or cpu (default: cuda)")
+    parser.add_argument("--entries", type=int, default=100_000, help="vectors resident in each slab")
+    parser.add_argument("--repeats", type=int, default=50, help="timed repeats per size (median reported)")
+    parser.add_argument("--out", type=Path, default=Path("bench-results/gpu_l1.json"))
+
+
 def _print_plain(outcome) -> int:
     if outcome is not None:
         print(outcome)
@@ -92,25 +109,28 @@ def _run_command(args: argparse.Namespace) -> int:
     command = f"ragcache bench {args.bench_command}" + (" --quick" if args.quick else "") + f" --out {args.out}"
     if args.seed:
         command += f" --seed {args.seed}"
-    results = run_benchmarks(args.benchmarks, quick=args.quick, out=args.out, seed=args.seed, command=command)
+    results = run_benchmarks(args.benchmarks, quick=args.quick, out=args.out, seed=args.seed, command=command, quiet=args.quiet)
     return 0 if results else 1
 
 
-def run_benchmarks(names: list[str], *, quick: bool, out: Path, seed: int = 0, command: str = "") -> list:
+def run_benchmarks(names: list[str], *, quick: bool, out: Path, seed: int = 0, command: str = "", quiet: bool = False) -> list:
     """Run benchmarks in one process (one model, one Redis), print each table as it finishes, the whole
-    table at the end, and write ``<out>/<name>.json`` per benchmark plus ``<out>/all.json`` for several."""
+    table at the end, and write ``<out>/<name>.json`` per benchmark plus ``<out>/all.json`` for several.
+    A progress bar over the benchmarks goes to stderr (``quiet`` turns it off)."""
     from ragcache.bench.context import BenchContext
     from ragcache.bench.report import BenchResult, format_table, machine_info, summary_line, write_json
+    from ragcache.progress import progress_bar
 
     started = time.perf_counter()
     results: list[BenchResult] = []
     machine = machine_info()
     mode = "quick" if quick else "full"
     command = command or "ragcache bench " + " ".join(names)
-    with BenchContext(quick=quick, seed=seed) as ctx:
+    with BenchContext(quick=quick, seed=seed) as ctx, progress_bar(desc="bench", unit="benchmark", total=len(names), quiet=quiet) as bar:
         for name in names:
             benchmark = BENCHMARKS[name]
-            print(f"\n== {name}: {benchmark.help}", flush=True)
+            bar.set_postfix_str(name)
+            _say(f"\n== {name}: {benchmark.help}")
             t0 = time.perf_counter()
             try:
                 result = benchmark.load()(ctx)
@@ -120,8 +140,8 @@ def run_benchmarks(names: list[str], *, quick: bool, out: Path, seed: int = 0, c
                 result.add("error", f"{type(exc).__name__}: {exc}"[:200])
             result.seconds = time.perf_counter() - t0
             results.append(result)
-            print(format_table([result]), flush=True)
-            print(f"({result.seconds:.1f} s)", flush=True)
+            _say(format_table([result]) + f"\n({result.seconds:.1f} s)")
+            bar.update(1)
             write_json(out / f"{name}.json", {"mode": mode, "command": command, "machine": machine, "result": result.to_dict()})
     elapsed = time.perf_counter() - started
     if len(results) > 1:
@@ -130,6 +150,14 @@ def run_benchmarks(names: list[str], *, quick: bool, out: Path, seed: int = 0, c
                                       "summary": summary_line(results), "results": [r.to_dict() for r in results]})
     print(f"\n{summary_line(results)}; {elapsed:.0f} s; JSON in {out}/")
     return results
+
+
+def _say(text: str) -> None:
+    """Print above the progress bar (tqdm.write clears and redraws it), at once even into a pipe."""
+    from tqdm import tqdm
+
+    tqdm.write(text, file=sys.stdout)
+    sys.stdout.flush()
 
 
 def main(argv: list[str] | None = None) -> int:

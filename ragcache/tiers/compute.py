@@ -132,7 +132,7 @@ class ModelEncoder:
         return self.space.dim
 
     def encode(self, texts: Sequence[str]) -> torch.Tensor:
-        """Vectors for ``texts`` (already ``prepare``d by the space), on the CPU, in the space's dtype."""
+        """Vectors for ``texts`` (already ``prepare``d by the space), on the model's device, in the space's dtype."""
         unique = list(dict.fromkeys(texts))
         with self._lock:
             started = time.perf_counter()
@@ -150,7 +150,9 @@ class ModelEncoder:
             self._num_batches += 1
             self._compute_s += elapsed
             self._batch_sizes = (self._batch_sizes + [len(unique)])[-256:]
-        vectors = vectors.to(device="cpu", dtype=self.dtype)
+        # Kept on the model's device: the cache and a GPU L1 take them there without a host round trip;
+        # the L2/L3 writers copy to the host themselves, off the request path.
+        vectors = vectors.to(dtype=self.dtype)
         if len(unique) == len(texts):
             return vectors
         row_of = {text: row for row, text in enumerate(unique)}
