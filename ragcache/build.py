@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ragcache.cache import EmbeddingCache
+from ragcache.flight import RedisFlight
 from ragcache.settings import Settings
 from ragcache.stores import Stores
 from ragcache.tiers.compute import TORCH_DTYPES, ModelEncoder
@@ -27,11 +28,15 @@ def load_encoder(settings: Settings, model: str | None = None) -> ModelEncoder:
     )
 
 
-def build_cache(settings: Settings, stores: Stores, encoder: ModelEncoder, *, on_close=None) -> EmbeddingCache:
-    """L1 (device slab) -> L2 (Redis, unless off) -> L3 (Milvus, unless off) -> the encoder's model."""
+def build_cache(
+    settings: Settings, stores: Stores, encoder: ModelEncoder, *, on_close=None, l1: MemoryTier | None = None
+) -> EmbeddingCache:
+    """L1 (device slab) -> L2 (Redis, unless off) -> L3 (Milvus, unless off) -> the encoder's model.
+
+    ``l1``: an existing slab to share (keys differ by space, so one memory budget serves several spaces)."""
     space = encoder.space
     dtype = TORCH_DTYPES[space.dtype]
-    tiers: list = [MemoryTier(settings.l1_bytes, space.dim, dtype, device=encoder.device)]
+    tiers: list = [l1 if l1 is not None else MemoryTier(settings.l1_bytes, space.dim, dtype, device=encoder.device)]
     if stores.redis is not None:
         tiers.append(
             RedisTier(
@@ -53,7 +58,16 @@ def build_cache(settings: Settings, stores: Stores, encoder: ModelEncoder, *, on
         window_s=settings.stats_window_s,
         device=encoder.device,
         on_close=on_close,
+        flight=_flight(settings, stores),
     )
+
+
+def _flight(settings: Settings, stores: Stores) -> RedisFlight | None:
+    """Cross-replica single flight: locks in the same Redis that holds L2 (docs/replicas.md). Not with the
+    embedded Redis: it belongs to this one process, so there is no other replica to share work with."""
+    if stores.redis is None or stores.embedded_redis is not None or not settings.single_flight:
+        return None
+    return RedisFlight(stores.redis, ttl_ms=settings.single_flight_ttl_ms, wait_s=settings.single_flight_wait_ms / 1000)
 
 
 def open_cache(settings: Settings | None = None) -> EmbeddingCache:

@@ -13,7 +13,8 @@ import numpy as np
 import torch
 
 from ragcache.batching import ComputeBatcher
-from ragcache.errors import InvalidInputError, TierUnavailableError
+from ragcache.errors import ConfigError, InvalidInputError, TierUnavailableError
+from ragcache.flight import Flight
 from ragcache.keys import EmbeddingSpace
 from ragcache.stats import CacheStats, LevelRecorder
 from ragcache.tiers.base import Tier, TierHealth, TierHits
@@ -24,6 +25,8 @@ __all__ = ["EmbeddingCache", "EmbedResult", "Encoder"]
 log = logging.getLogger(__name__)
 
 COMPUTE = "compute"
+# What a level may report of itself in ``level_states`` (attributes of the tier, when it has them).
+_TIER_FIGURES = ("num_corrupt", "used_bytes", "capacity_bytes")
 
 
 class Encoder(Protocol):
@@ -71,7 +74,10 @@ class EmbeddingCache:
         device: torch.device | str = "cpu",
         clock: Callable[[], float] = time.perf_counter,
         on_close: Callable[[], None] | None = None,
+        flight: Flight | None = None,
     ):
+        if flight is not None and len(tiers) < 2:
+            raise ConfigError("single flight across processes needs a shared level (L2) after L1 to publish vectors in")
         self.encoder = encoder
         self.space = encoder.space
         self.tiers = list(tiers)
@@ -85,6 +91,7 @@ class EmbeddingCache:
         self._batcher = ComputeBatcher(encoder.encode, max_batch=compute_max_batch, max_wait_s=compute_max_wait_s)
         self._write_behind = WriteBehind(self._store) if write_behind and len(self.tiers) > 1 else None
         self._on_close = on_close
+        self._flight = flight
         self._closed = False
 
     # ---- the read path -------------------------------------------------------------------------------
@@ -153,20 +160,70 @@ class EmbeddingCache:
             missing = missing[still]
         if vectors is None:
             vectors = torch.empty((len(unique_keys), self.space.dim), dtype=self.dtype, device=self.device)
+        num_computed = 0
         if len(missing):
-            missing_keys = [unique_keys[i] for i in missing]
-            computed = self._batcher.compute(missing_keys, [unique_texts[i] for i in missing])
-            vectors.index_copy_(0, torch.from_numpy(missing).to(self.device), computed.to(self.device, self.dtype))
-            self._write_up(len(self.tiers), missing_keys, computed)
+            if self._flight is None:
+                num_computed = self._compute_into(vectors, missing, unique_keys, unique_texts)
+            else:
+                num_computed = self._compute_once_across_processes(vectors, levels, missing, unique_keys, unique_texts)
 
-        num_served = len(keys) - len(missing)
-        self._requests.record(hits=num_served, misses=len(missing), latency_s=self._clock() - started)
+        # A vector another replica computed while this one waited counts as a hit: nothing was computed here.
+        num_served = len(keys) - num_computed
+        self._requests.record(hits=num_served, misses=num_computed, latency_s=self._clock() - started)
         if len(unique_keys) != len(keys):
             index = torch.tensor(inverse, device=self.device)
             vectors, levels = vectors.index_select(0, index), levels[inverse]
         if normalize:
             vectors = torch.nn.functional.normalize(vectors.float(), dim=-1).to(self.dtype)
         return EmbedResult(vectors if as_tensor else _to_numpy(vectors), levels, self.level_names)
+
+    def _compute_into(self, vectors: torch.Tensor, positions: np.ndarray, unique_keys: list[str], unique_texts: list[str], *, num_sync: int = 1) -> int:
+        """Compute the keys at ``positions`` into ``vectors`` and write them up; returns how many."""
+        keys = [unique_keys[i] for i in positions]
+        computed = self._batcher.compute(keys, [unique_texts[i] for i in positions])
+        vectors.index_copy_(0, torch.from_numpy(positions).to(self.device), computed.to(self.device, self.dtype))
+        self._write_up(len(self.tiers), keys, computed, num_sync=num_sync)
+        return len(positions)
+
+    def _compute_once_across_processes(
+        self, vectors: torch.Tensor, levels: np.ndarray, missing: np.ndarray, unique_keys: list[str], unique_texts: list[str]
+    ) -> int:
+        """Compute the missing keys this process wins, wait for the others' vectors, compute what never came.
+
+        Computed vectors go to L2 synchronously (``num_sync=2``) before the claim is released, so a waiting
+        replica finds them there. Won keys are computed *before* waiting: two replicas that each won what the
+        other waits for then never wait on each other.
+        """
+        won = np.array(self._flight.claim([unique_keys[i] for i in missing]), dtype=bool)
+        mine, theirs = missing[won], missing[~won]
+        num_computed = 0
+        if len(mine):
+            try:
+                num_computed += self._compute_into(vectors, mine, unique_keys, unique_texts, num_sync=2)
+            finally:
+                self._flight.release([unique_keys[i] for i in mine])
+        if len(theirs):
+            found = self._flight.wait([unique_keys[i] for i in theirs], self._peek_shared)
+            if found:
+                offsets = sorted(found)
+                arrived, arrived_vectors = theirs[offsets], torch.stack([found[o] for o in offsets])
+                vectors.index_copy_(0, torch.from_numpy(arrived).to(self.device), arrived_vectors.to(self.device, self.dtype))
+                levels[arrived] = 1
+                self._write_up(1, [unique_keys[i] for i in arrived], arrived_vectors)
+            never = np.array([i for o, i in enumerate(theirs) if o not in found], dtype=missing.dtype)
+            if len(never):
+                num_computed += self._compute_into(vectors, never, unique_keys, unique_texts, num_sync=2)
+        return num_computed
+
+    def _peek_shared(self, keys: Sequence[str]) -> TierHits:
+        """L2 lookups while waiting on another replica: uncounted (the walk counted the miss), a failure a miss."""
+        if not self._health[1].should_try():
+            return TierHits.none(self.space.dim, self.dtype)
+        try:
+            return self.tiers[1].get_many(keys)
+        except TierUnavailableError as exc:
+            self._note_failure(1, exc)
+            return TierHits.none(self.space.dim, self.dtype)
 
     def _lookup(self, position: int, keys: list[str]) -> TierHits:
         tier, health, recorder = self.tiers[position], self._health[position], self._recorders[position]
@@ -186,10 +243,11 @@ class EmbeddingCache:
 
     # ---- the write path ------------------------------------------------------------------------------
 
-    def _write_up(self, below: int, keys: list[str], vectors: torch.Tensor) -> None:
-        """Store vectors found at level ``below`` (or computed) in every level above it."""
+    def _write_up(self, below: int, keys: list[str], vectors: torch.Tensor, *, num_sync: int = 1) -> None:
+        """Store vectors found at level ``below`` (or computed) in every level above it; the first
+        ``num_sync`` levels before returning, the others behind."""
         for position in range(below):
-            if position == 0 or self._write_behind is None:
+            if position < num_sync or self._write_behind is None:
                 self._store(position, keys, vectors)
             else:
                 self._write_behind.submit(position, keys, vectors)
@@ -216,9 +274,15 @@ class EmbeddingCache:
     # ---- state -----------------------------------------------------------------------------------------
 
     def level_states(self) -> dict[str, dict]:
-        """Per level: up or down, and the last error while down."""
+        """Per level: up or down, the last error while down, outages so far, and the figures the level keeps
+        of itself (``num_corrupt`` values dropped; ``used_bytes`` against ``capacity_bytes`` for L1)."""
         return {
-            tier.name: {"up": not health.is_down, "last_error": health.last_error if health.is_down else None}
+            tier.name: {
+                "up": not health.is_down,
+                "last_error": health.last_error if health.is_down else None,
+                "num_outages": health.num_outages,
+                **{name: getattr(tier, name) for name in _TIER_FIGURES if hasattr(tier, name)},
+            }
             for tier, health in zip(self.tiers, self._health)
         }
 
