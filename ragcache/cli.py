@@ -7,7 +7,7 @@ import os
 import sys
 from itertools import islice
 
-from ragcache.errors import RagCacheError
+from ragcache.errors import ConfigError, RagCacheError
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 
@@ -55,6 +55,11 @@ def build_parser() -> argparse.ArgumentParser:
             sub.add_argument("--filter", default=None)
         sub.set_defaults(run=globals()[f"run_{name}"])
 
+    milvus = commands.add_parser("milvus-server", help="serve a Milvus Lite database to many processes (replicas) on loopback")
+    milvus.add_argument("--db", required=True, help="the database file (.db), created when absent")
+    milvus.add_argument("--port", type=int, default=19530)
+    milvus.set_defaults(run=run_milvus_server)
+
     try:
         from ragcache.bench import add_bench_commands
     except ImportError:
@@ -87,6 +92,26 @@ def run_serve(args) -> int:
         timeout_graceful_shutdown=30,
     )
     return 0
+
+
+def run_milvus_server(args) -> int:
+    """Milvus Lite on 127.0.0.1:PORT until Ctrl-C or SIGTERM; replicas set RAGCACHE_MILVUS_URI to its URL."""
+    import signal
+
+    from ragcache.embedded_milvus import MilvusLiteServer
+
+    if not args.db.endswith(".db"):
+        raise ConfigError(f"--db {args.db!r}: a Milvus Lite database is a path ending in .db")
+    # SIGTERM (docker stop, systemd) ends the wait below like Ctrl-C, so the child milvus is stopped too.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    server = MilvusLiteServer(args.db, port=args.port)
+    print(f"Milvus Lite serving {server.db_path} at {server.url} (set RAGCACHE_MILVUS_URI={server.url})", flush=True)
+    try:
+        return server.process.wait()
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        server.stop()
 
 
 def _client(args):
