@@ -1,0 +1,83 @@
+"""The service's ``/stats`` as a terminal table, once (``ragcache stats``) or live (``ragcache stats --watch``).
+
+The table is rendered from the JSON the service answers, so it shows what any client sees. Watching adds
+one column: each level's hit rate over the last refresh interval, from the difference between two answers
+(the since-start counters only ever grow, so the difference is exactly what happened in between).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, TextIO
+
+__all__ = ["render_stats", "watch_stats"]
+
+CLEAR_SCREEN = "\x1b[H\x1b[2J"
+
+
+def render_stats(stats: dict[str, Any], previous: dict[str, Any] | None = None, interval_s: float | None = None) -> str:
+    """Per model: totals since start, then one row per level. ``previous`` (an earlier answer, ``interval_s``
+    before) adds the hit rate of each level over that interval; ``-`` where nothing was looked up."""
+    lines: list[str] = []
+    for model, entry in stats["models"].items():
+        overall = entry["since_start"]
+        before = _levels_of(previous, model)
+        lines.append(f"{model}  (space {entry['space']['space_id']})")
+        lines.append(
+            f"  texts {overall['texts']:,}  hit rate {overall['hit_rate']:.3f}  computed {overall['texts_computed']:,}  "
+            f"compute saved {overall['compute_s_saved']:.1f} s"
+        )
+        last = f"last {interval_s:g}s" if interval_s else "last"
+        header = f"  {'level':<6}{'up':<5}{'lookups':>10}{'hits':>10}{'misses':>10}{'errors':>8}{'hit rate':>10}{'served':>9}"
+        lines.append(header + (f"{last:>10}" if previous is not None else "") + f"{'p50 ms':>9}{'p99 ms':>9}")
+        for level in overall["levels"]:
+            name = level["level"]
+            up = "yes" if entry["levels"].get(name, {}).get("up", True) else "NO"
+            served = level["hits"] / overall["texts"] if overall["texts"] else 0.0
+            row = (f"  {name:<6}{up:<5}{level['lookups']:>10,}{level['hits']:>10,}{level['misses']:>10,}{level['errors']:>8,}"
+                   f"{level['hit_rate']:>10.3f}{served:>9.1%}")
+            if previous is not None:
+                row += f"{_interval_rate(level, before.get(name)):>10}"
+            lines.append(row + f"{level['latency_p50_ms']:>9.3f}{level['latency_p99_ms']:>9.3f}")
+    return "\n".join(lines)
+
+
+def watch_stats(
+    fetch: Callable[[], dict[str, Any]],
+    *,
+    interval_s: float,
+    count: int | None,
+    out: TextIO,
+    title: str = "",
+    sleep: Callable[[float], None] = time.sleep,
+) -> int:
+    """Fetch and render every ``interval_s`` seconds, ``count`` times (forever when None); returns how many
+    tables were shown. The screen is cleared between tables only when ``out`` is a terminal."""
+    clear = out.isatty()
+    previous = None
+    shown = 0
+    while count is None or shown < count:
+        if shown:
+            sleep(interval_s)
+        current = fetch()
+        stamp = time.strftime("%H:%M:%S")
+        out.write((CLEAR_SCREEN if clear else "") + f"{title}  {stamp}  (every {interval_s:g} s; Ctrl-C stops)\n")
+        out.write(render_stats(current, previous, interval_s if previous is not None else None) + "\n\n")
+        out.flush()
+        previous = current
+        shown += 1
+    return shown
+
+
+def _levels_of(stats: dict[str, Any] | None, model: str) -> dict[str, dict[str, Any]]:
+    if stats is None or model not in stats["models"]:
+        return {}
+    return {level["level"]: level for level in stats["models"][model]["since_start"]["levels"]}
+
+
+def _interval_rate(level: dict[str, Any], before: dict[str, Any] | None) -> str:
+    before = before or {"hits": 0, "lookups": 0}
+    lookups = level["lookups"] - before["lookups"]
+    if lookups <= 0:
+        return "-"
+    return f"{(level['hits'] - before['hits']) / lookups:.3f}"

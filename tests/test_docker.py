@@ -1,0 +1,163 @@
+"""docker/: every compose file validates with ``docker-compose config``, and says what the stack needs.
+
+No Docker engine runs here; ``docker-compose config`` parses, validates and interpolates a file exactly as
+``up`` would before starting anything. A missing docker-compose fails these tests (it is part of the
+development machine), it never skips them.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from functools import cache
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ragcache.config_docs import env_name
+from ragcache.settings import Settings
+
+DOCKER = Path(__file__).resolve().parent.parent / "docker"
+# Each stack as one would start it: one file, or a file and its override.
+STACKS = {
+    "single": ["compose.yaml"],
+    "cluster": ["compose.cluster.yaml"],
+    "gpu": ["compose.gpu.yaml"],
+    "gpu+lmcache": ["compose.gpu.yaml", "compose.gpu.lmcache.yaml"],
+}
+SETTING_NAMES = {env_name(name) for name in Settings.model_fields}
+RAGCACHE_VARIABLE = re.compile(r"\bRAGCACHE_[A-Z0-9_]+\b")
+
+
+def compose(files: list[str], *args: str, api_key: str | None = "test-key") -> subprocess.CompletedProcess:
+    executable = shutil.which("docker-compose")
+    if executable is None:
+        pytest.fail("docker-compose is not installed (apt-get install docker-compose)")
+    env = {k: v for k, v in os.environ.items() if k != "RAGCACHE_API_KEY"}
+    if api_key is not None:
+        env["RAGCACHE_API_KEY"] = api_key
+    command = [executable]
+    for name in files:
+        command += ["-f", str(DOCKER / name)]
+    return subprocess.run(command + ["config", *args], capture_output=True, text=True, env=env, timeout=120)
+
+
+@cache
+def resolved(stack: str) -> dict:
+    """The stack's configuration as docker-compose resolves it (read-only: shared between tests)."""
+    result = compose(STACKS[stack])
+    assert result.returncode == 0, result.stderr
+    return yaml.safe_load(result.stdout)
+
+
+def test_every_compose_file_is_in_a_stack():
+    assert {p.name for p in DOCKER.glob("compose*.yaml")} == {name for files in STACKS.values() for name in files}
+
+
+@pytest.mark.parametrize("stack", list(STACKS))
+def test_compose_config_validates(stack):
+    result = compose(STACKS[stack], "-q")
+    assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize("stack", list(STACKS))
+def test_compose_refuses_to_start_without_an_api_key(stack):
+    # The service binds 0.0.0.0 in a container: without a key it would be open to the network.
+    result = compose(STACKS[stack], "-q", api_key=None)
+    assert result.returncode != 0
+    assert "RAGCACHE_API_KEY" in result.stderr
+
+
+@pytest.mark.parametrize("stack", list(STACKS))
+def test_stack_shape(stack):
+    services = resolved(stack)["services"]
+    ragcache = services["ragcache"]
+    assert ragcache["environment"]["RAGCACHE_API_KEY"] == "test-key"
+    assert ragcache["environment"]["RAGCACHE_MILVUS_URI"] == "http://milvus:19530"
+    assert {"etcd", "minio", "milvus"} <= set(services)
+    for name, service in services.items():
+        if name != "redis-cluster-init":  # a one-shot job, not a long-running service
+            assert "healthcheck" in service, f"{name} has no health check"
+    assert ragcache["depends_on"]["milvus"]["condition"] == "service_healthy"
+    volumes = resolved(stack)["volumes"]
+    for durable in ("etcd-data", "minio-data", "milvus-data"):
+        assert durable in volumes
+
+
+def test_single_stack_uses_one_redis_with_a_volume():
+    services = resolved("single")["services"]
+    assert services["ragcache"]["environment"]["RAGCACHE_REDIS_URL"] == "redis://redis:6379/0"
+    assert any(volume.startswith("redis-data:") for volume in services["redis"]["volumes"])
+
+
+def test_cluster_stack_has_six_nodes_and_a_one_shot_init():
+    config = resolved("cluster")
+    services = config["services"]
+    nodes = sorted(name for name in services if name.startswith("redis-node-"))
+    assert nodes == [f"redis-node-{i}" for i in range(1, 7)]
+    conf = (DOCKER / "redis-cluster-node.conf").read_text()
+    assert "cluster-enabled yes" in conf
+    for name in nodes:
+        assert any(v.startswith(f"{name}:") for v in services[name]["volumes"])
+        assert "/usr/local/etc/redis/node.conf" in services[name]["command"]
+    init = services["redis-cluster-init"]
+    script = " ".join(init["command"])
+    assert "--cluster create" in script and "--cluster-replicas 1" in script and "--cluster-yes" in script
+    assert init["restart"] == "no"
+    assert set(init["depends_on"]) == set(nodes)
+    ragcache = services["ragcache"]
+    assert ragcache["environment"]["RAGCACHE_REDIS_URL"] == "redis://redis-node-1:6379"
+    assert ragcache["depends_on"]["redis-cluster-init"]["condition"] == "service_completed_successfully"
+
+
+def test_gpu_stack_reserves_gpus_and_enables_prefix_caching():
+    services = resolved("gpu")["services"]
+    for name in ("ragcache", "vllm"):
+        devices = services[name]["deploy"]["resources"]["reservations"]["devices"]
+        assert devices[0]["capabilities"] == ["gpu"]
+    assert "--enable-prefix-caching" in services["vllm"]["command"]
+    assert services["ragcache"]["environment"]["RAGCACHE_DEVICE"] == "cuda"
+    assert services["ragcache"]["build"]["dockerfile"].endswith("Dockerfile.cuda")
+    assert "hf-cache" in resolved("gpu")["volumes"]
+
+
+def test_lmcache_override_configures_the_connector():
+    vllm = resolved("gpu+lmcache")["services"]["vllm"]
+    command = vllm["command"]
+    assert "--enable-prefix-caching" in command
+    connector = command[command.index("--kv-transfer-config") + 1]
+    assert '"kv_connector":"LMCacheConnectorV1"' in connector and '"kv_role":"kv_both"' in connector
+    assert {"LMCACHE_CHUNK_SIZE", "LMCACHE_LOCAL_CPU", "LMCACHE_MAX_LOCAL_CPU_SIZE"} <= set(vllm["environment"])
+    assert vllm["deploy"]["resources"]["reservations"]["devices"], "the override must keep the GPU reservation"
+
+
+def test_every_ragcache_variable_in_docker_files_is_a_setting():
+    used: dict[str, set[str]] = {}
+    for path in sorted(DOCKER.iterdir()):
+        if path.is_file():
+            for name in RAGCACHE_VARIABLE.findall(path.read_text()):
+                used.setdefault(name, set()).add(path.name)
+    for stack in STACKS:
+        for service in resolved(stack)["services"].values():
+            for name in service.get("environment", {}):
+                if name.startswith("RAGCACHE_"):
+                    used.setdefault(name, set()).add(stack)
+    assert len(used) >= 6  # the files do configure the service by environment
+    unknown = {name: sorted(where) for name, where in used.items() if name not in SETTING_NAMES}
+    assert not unknown, f"not settings (ragcache.settings.Settings): {unknown}"
+
+
+def test_dockerfiles_install_torch_first_then_the_project_constrained():
+    for name in ("Dockerfile", "Dockerfile.cuda"):
+        text = (DOCKER / name).read_text()
+        torch_step = text.index("torch==${TORCH_VERSION}")
+        project_step = text.index("pip install -c constraints.txt .")
+        assert torch_step < project_step, name
+        assert "ARG TORCH_VERSION=2.13.0" in text
+        assert "HEALTHCHECK" in text and "/health" in text
+    assert "download.pytorch.org/whl/cpu" in (DOCKER / "Dockerfile").read_text()
+    assert "FROM ${CUDA_IMAGE}" in (DOCKER / "Dockerfile.cuda").read_text()
+    assert "CUDA_IMAGE=nvidia/cuda:" in (DOCKER / "Dockerfile.cuda").read_text()
