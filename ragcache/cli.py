@@ -1,4 +1,4 @@
-"""The command line: ``ragcache serve | ingest | search | stats | bench``."""
+"""The command line: ``ragcache serve | ingest | search | stats | config | bench``."""
 
 from __future__ import annotations
 
@@ -48,12 +48,23 @@ def build_parser() -> argparse.ArgumentParser:
             sub.add_argument("--collection", required=True)
             sub.add_argument("--chunk-chars", type=int, default=1200)
             sub.add_argument("--batch", type=int, default=256, help="documents per request")
+            sub.add_argument("--quiet", action="store_true", help="no progress bar")
         elif name == "search":
             sub.add_argument("query")
             sub.add_argument("--collection", required=True)
             sub.add_argument("--top-k", type=int, default=5)
             sub.add_argument("--filter", default=None)
+        elif name == "stats":
+            sub.add_argument("--watch", action="store_true", help="refresh in place: live hit rates per level")
+            sub.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes (with --watch)")
+            sub.add_argument("--count", type=int, default=None, help="stop after this many refreshes (with --watch)")
         sub.set_defaults(run=globals()[f"run_{name}"])
+
+    config = commands.add_parser("config", help="the settings as this process resolves them, or their reference")
+    config.add_argument("--config", help="settings file (RAGCACHE_* lines, dotenv form)")
+    config.add_argument("--markdown", action="store_true", help="print the reference table of every setting")
+    config.add_argument("--readme", metavar="PATH", help="rewrite the reference table between the markers in PATH")
+    config.set_defaults(run=run_config)
 
     milvus = commands.add_parser("milvus-server", help="serve a Milvus Lite database to many processes (replicas) on loopback")
     milvus.add_argument("--db", required=True, help="the database file (.db), created when absent")
@@ -121,13 +132,12 @@ def _client(args):
 
 
 def run_ingest(args) -> int:
-    from tqdm import tqdm
-
     from ragcache.ingest import iter_documents
+    from ragcache.progress import progress_bar
 
     documents = iter_documents(args.path, max_chars=args.chunk_chars)
     totals = {"received": 0, "computed": 0}
-    with _client(args) as client, tqdm(unit="doc", desc=f"ingest -> {args.collection}") as progress:
+    with _client(args) as client, progress_bar(unit="doc", desc=f"ingest -> {args.collection}", quiet=args.quiet) as progress:
         while batch := list(islice(documents, args.batch)):
             result = client.add_documents(args.collection, batch)
             totals["received"] += result.num_received
@@ -148,18 +158,42 @@ def run_search(args) -> int:
 
 
 def run_stats(args) -> int:
+    from ragcache.stats_view import render_stats, watch_stats
+
+    if args.interval <= 0 or (args.count is not None and args.count < 1):
+        raise RagCacheError("--interval must be > 0 and --count >= 1")
     with _client(args) as client:
-        stats = client.stats()
-    for model, entry in stats["models"].items():
-        overall = entry["since_start"]
-        print(f"{model}  (space {entry['space']['space_id']})")
-        print(f"  texts {overall['texts']}  hit rate {overall['hit_rate']:.3f}  computed {overall['texts_computed']}  "
-              f"compute saved {overall['compute_s_saved']:.1f} s")
-        print(f"  {'level':<6}{'up':<5}{'lookups':>10}{'hits':>10}{'misses':>10}{'errors':>8}{'hit rate':>10}{'p50 ms':>9}{'p99 ms':>9}")
-        for level in overall["levels"]:
-            up = "yes" if entry["levels"][level["level"]]["up"] else "NO"
-            print(f"  {level['level']:<6}{up:<5}{level['lookups']:>10}{level['hits']:>10}{level['misses']:>10}{level['errors']:>8}"
-                  f"{level['hit_rate']:>10.3f}{level['latency_p50_ms']:>9.3f}{level['latency_p99_ms']:>9.3f}")
+        if not args.watch:
+            print(render_stats(client.stats()))
+            return 0
+        try:
+            watch_stats(client.stats, interval_s=args.interval, count=args.count, out=sys.stdout, title=f"ragcache {args.url}")
+        except KeyboardInterrupt:
+            pass  # Ctrl-C is how a watch ends
+    return 0
+
+
+def run_config(args) -> int:
+    from pathlib import Path
+
+    from ragcache.config_docs import effective_env_lines, markdown_table, replace_section
+    from ragcache.settings import Settings
+
+    if args.readme:
+        path = Path(args.readme)
+        try:
+            path.write_text(replace_section(path.read_text(encoding="utf-8"), markdown_table()), encoding="utf-8")
+        except (OSError, ValueError) as exc:
+            raise RagCacheError(f"cannot update {path}: {exc}") from exc
+        print(f"configuration reference in {path} regenerated")
+    elif args.markdown:
+        print(markdown_table(), end="")
+    else:
+        try:
+            settings = Settings.load(args.config)
+        except ValueError as exc:  # pydantic's ValidationError: a RAGCACHE_* value that does not parse
+            raise RagCacheError(f"invalid settings: {exc}") from exc
+        print("\n".join(effective_env_lines(settings)))
     return 0
 
 

@@ -63,6 +63,7 @@ def add_bench_commands(subparsers) -> argparse.ArgumentParser:
         _add_common(parser)
         parser.set_defaults(run=_run_command, benchmarks=[benchmark.name])
     _add_prefixes(commands)
+    _add_load(commands)
     _add_gpu_l1(commands)
     return bench
 
@@ -97,6 +98,15 @@ def add_gpu_l1_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--entries", type=int, default=100_000, help="vectors resident in each slab")
     parser.add_argument("--repeats", type=int, default=50, help="timed repeats per size (median reported)")
     parser.add_argument("--out", type=Path, default=Path("bench-results/gpu_l1.json"))
+
+
+def _add_load(commands) -> None:
+    """``bench load``: a bounded mixed load on the service (``--duration``, ``--clients``); never part of ``all``."""
+    from ragcache.bench import load
+
+    parser = commands.add_parser("load", help="mixed /embed, /v1/embeddings, /search load: zero errors, stable memory")
+    load.add_arguments(parser)
+    parser.set_defaults(run=load.run)
 
 
 def _print_plain(outcome) -> int:
