@@ -17,7 +17,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from ragcache.errors import RagCacheError
+from ragcache.errors import ComputeError, ModelOutOfMemoryError, RagCacheError
 
 __all__ = ["ComputeBatcher"]
 
@@ -73,24 +73,33 @@ class ComputeBatcher:
     def _run(self) -> None:
         while (batch := self._take_batch()) is not None:
             try:
-                vectors = self._encode([text for _, text, _ in batch])
-            except BaseException as exc:  # noqa: BLE001 - handed to every waiting caller, then re-raised there
-                outcome: list = [exc] * len(batch)
-                failed = True
-            else:
-                outcome, failed = list(vectors), False
+                outcome = self._encode_isolating([text for _, text, _ in batch])
+            except BaseException as exc:  # noqa: BLE001 - e.g. KeyboardInterrupt: no caller may wait forever
+                outcome = [exc] * len(batch)
             for (_, _, future), result in zip(batch, outcome):
-                if failed:
+                if isinstance(result, BaseException):
                     future.set_exception(result)
                 else:
                     future.set_result(result)
             with self._cond:
-                for key, _, future in batch:
+                for (key, _, future), result in zip(batch, outcome):
                     self._in_flight.pop(key, None)
-                    if not failed:
+                    if not isinstance(result, BaseException):
                         self._recent[key] = future
                 while len(self._recent) > self.num_recent:
                     self._recent.popitem(last=False)
+
+    def _encode_isolating(self, texts: list[str]) -> list:
+        """A vector or an exception per text. A failed batch is split in halves and each half encoded again,
+        so a text the model cannot take (or a batch too big for memory) fails only the texts that fail alone,
+        not every request that happened to share its batch."""
+        try:
+            return list(self._encode(texts))
+        except Exception as exc:  # noqa: BLE001 - converted, then handed to the waiting callers
+            if len(texts) == 1:
+                return [_as_compute_error(exc)]
+        middle = len(texts) // 2
+        return self._encode_isolating(texts[:middle]) + self._encode_isolating(texts[middle:])
 
     def close(self) -> None:
         """Finish what is pending, then stop the worker."""
@@ -98,3 +107,17 @@ class ComputeBatcher:
             self._closed = True
             self._cond.notify_all()
         self._worker.join(timeout=60)
+
+
+def _as_compute_error(exc: Exception) -> RagCacheError:
+    """The model's failure in the ragcache tree (library errors, e.g. a refused input, pass unchanged)."""
+    if isinstance(exc, RagCacheError):
+        return exc
+    if isinstance(exc, torch.OutOfMemoryError):
+        error: RagCacheError = ModelOutOfMemoryError(
+            f"the model ran out of memory on this text ({exc}); retry, or send fewer or shorter texts"
+        )
+    else:
+        error = ComputeError(f"the model failed on this text: {type(exc).__name__}: {exc}")
+    error.__cause__ = exc
+    return error

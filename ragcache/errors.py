@@ -8,6 +8,8 @@
     ├── ConfigError                    settings that cannot work
     ├── TierUnavailableError           a cache level or store failed (refused, timed out, gone);
     │                                  the cache turns it into a miss, callers never see it from embed()
+    ├── ComputeError                   the model failed on some texts; only the requests holding them fail
+    │   └── ModelOutOfMemoryError      ... because it ran out of memory (worth retrying, or sending less)
     └── raised by the HTTP client (ragcache.client) only:
         ├── AuthenticationError        the service wants an API key (401) or refuses this one (403)
         ├── ServiceUnavailableError    unreachable, timed out, or 502/503/504 after the retries
@@ -27,6 +29,8 @@ __all__ = [
     "ConflictError",
     "ConfigError",
     "TierUnavailableError",
+    "ComputeError",
+    "ModelOutOfMemoryError",
     "AuthenticationError",
     "ServiceUnavailableError",
     "ServiceError",
@@ -71,6 +75,15 @@ class TierUnavailableError(RagCacheError):
     def __init__(self, tier: str, message: str) -> None:
         super().__init__(f"{tier}: {message}")
         self.tier = tier
+
+
+class ComputeError(RagCacheError):
+    """The model failed while computing embeddings; the message names the cause. Other requests batched
+    with the failing texts are computed again without them, so only the requests holding them fail."""
+
+
+class ModelOutOfMemoryError(ComputeError):
+    """The model ran out of (device) memory: transient, worth a retry, or a smaller or shorter batch."""
 
 
 class AuthenticationError(RagCacheError):

@@ -12,9 +12,11 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ragcache.errors import (
+    ComputeError,
     ConfigError,
     ConflictError,
     InvalidInputError,
+    ModelOutOfMemoryError,
     NotFoundError,
     RagCacheError,
     TierUnavailableError,
@@ -28,6 +30,8 @@ STATUS_BY_ERROR: list[tuple[type[Exception], int, str]] = [
     (NotFoundError, 404, "not_found"),
     (ConflictError, 409, "conflict"),
     (TierUnavailableError, 503, "unavailable"),
+    (ModelOutOfMemoryError, 503, "model_out_of_memory"),
+    (ComputeError, 500, "model_failed"),
     (ConfigError, 500, "server_config"),
     (RagCacheError, 500, "internal"),
 ]

@@ -5,6 +5,7 @@ A Milvus Lite file by default (a uri ending in ``.db``), a Milvus server when th
 
 from __future__ import annotations
 
+import logging
 import threading
 from typing import Sequence
 
@@ -19,6 +20,8 @@ __all__ = ["MilvusTier", "milvus_failures"]
 
 TEXT_HASH_LENGTH = 32
 MAX_ROWS_PER_CALL = 2000
+
+log = logging.getLogger(__name__)
 
 try:  # grpc errors can escape pymilvus on a dropped connection; they are failures of the level too.
     import grpc
@@ -43,6 +46,7 @@ class MilvusTier:
         self.dim = dim
         self.dtype = dtype
         self._ready = False
+        self.num_corrupt = 0
         self._ready_lock = threading.Lock()
 
     def _ensure_collection(self) -> None:
@@ -51,6 +55,8 @@ class MilvusTier:
         with self._ready_lock:
             if self._ready:
                 return
+            if self.client.has_collection(self.collection) and self._stored_dim() != self.dim:
+                self._replace_foreign_collection()
             if not self.client.has_collection(self.collection):
                 schema = self.client.create_schema(auto_id=False, enable_dynamic_field=False)
                 schema.add_field("key", DataType.VARCHAR, is_primary=True, max_length=TEXT_HASH_LENGTH)
@@ -61,6 +67,26 @@ class MilvusTier:
                 self.client.create_collection(self.collection, schema=schema, index_params=index_params)
             self.client.load_collection(self.collection)
             self._ready = True
+
+    def _failed(self, exc: BaseException) -> TierUnavailableError:
+        # A restarted Milvus has the collection unloaded: the next call creates/loads it again.
+        self._ready = False
+        return TierUnavailableError(self.name, f"Milvus failed: {exc}")
+
+    def _stored_dim(self) -> int | None:
+        described = self.client.describe_collection(self.collection)
+        for field in described.get("fields", []):
+            if field.get("name") == "vector":
+                return int(field.get("params", {}).get("dim", 0))
+        return None
+
+    def _replace_foreign_collection(self) -> None:
+        # The space id names the dimension, so a collection of this name holding other vectors was written
+        # by something else (or damaged): none of its rows can be served. It is cache data, derived from
+        # texts, so it is dropped and rebuilt rather than left to make every lookup fail.
+        log.warning("L3: collection %s does not hold %d-d vectors; dropping it and starting it again", self.collection, self.dim)
+        self.num_corrupt += int(self.client.get_collection_stats(self.collection).get("row_count", 0))
+        self.client.drop_collection(self.collection)
 
     @staticmethod
     def _text_hashes(keys: Sequence[str]) -> list[str]:
@@ -75,15 +101,30 @@ class MilvusTier:
             self._ensure_collection()
             rows = self.client.get(self.collection, ids=hashes, output_fields=["vector"])
         except milvus_failures as exc:
-            raise TierUnavailableError(self.name, f"Milvus failed: {exc}") from exc
+            raise self._failed(exc) from exc
         if not rows:
             return TierHits.none(self.dim, self.dtype)
         hash_to_position = {text_hash: position for position, text_hash in enumerate(hashes)}
         # Milvus answers in its own order; the contract is ascending positions.
         rows = sorted(rows, key=lambda row: hash_to_position[row["key"]])
-        index = [hash_to_position[row["key"]] for row in rows]
-        vectors = torch.from_numpy(np.asarray([row["vector"] for row in rows], dtype=np.float32))
+        good = [row for row in rows if _is_vector_of(row["vector"], self.dim)]
+        if len(good) != len(rows):
+            self._drop_corrupt([row["key"] for row in rows if not _is_vector_of(row["vector"], self.dim)])
+        if not good:
+            return TierHits.none(self.dim, self.dtype)
+        index = [hash_to_position[row["key"]] for row in good]
+        vectors = torch.from_numpy(np.asarray([row["vector"] for row in good], dtype=np.float32))
         return TierHits(index=index, vectors=vectors.to(self.dtype))
+
+    def _drop_corrupt(self, text_hashes: list[str]) -> None:
+        """Delete rows that are not vectors of this space (wrong length, NaN/inf): counted, never served; the
+        cache computes them again and writes the good vectors back."""
+        self.num_corrupt += len(text_hashes)
+        log.warning("L3: %d row(s) of the wrong dimension or not finite deleted, e.g. %s", len(text_hashes), text_hashes[0])
+        try:
+            self.client.delete(self.collection, ids=text_hashes)
+        except milvus_failures as exc:
+            raise self._failed(exc) from exc
 
     def put_many(self, keys: Sequence[str], vectors: torch.Tensor) -> None:
         if not keys:
@@ -97,7 +138,7 @@ class MilvusTier:
             for start in range(0, len(data), MAX_ROWS_PER_CALL):
                 self.client.upsert(self.collection, data[start : start + MAX_ROWS_PER_CALL])
         except milvus_failures as exc:
-            raise TierUnavailableError(self.name, f"Milvus failed: {exc}") from exc
+            raise self._failed(exc) from exc
 
     def count(self) -> int:
         """Number of vectors stored (Milvus' own row count)."""
@@ -106,3 +147,11 @@ class MilvusTier:
 
     def close(self) -> None:
         """The client belongs to the shared ``Stores``; nothing to release here."""
+
+
+def _is_vector_of(vector, dim: int) -> bool:
+    try:
+        array = np.asarray(vector, dtype=np.float32)
+    except (TypeError, ValueError):
+        return False
+    return array.shape == (dim,) and bool(np.isfinite(array).all())
