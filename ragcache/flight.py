@@ -21,6 +21,7 @@ import logging
 import threading
 import time
 import uuid
+from functools import partial
 from typing import Callable, Protocol, Sequence
 
 import redis
@@ -156,7 +157,8 @@ class RedisFlight:
                     done.append(key)
         if done:
             # A failed release leaves the lock to its TTL: others wait at most that long, then compute.
-            self._pipeline(lambda pipe: _each(pipe.eval, [(_COMPARE_AND_DELETE, 1, _lock_key(key), self.token) for key in done]))
+            # EVAL through execute_command: a Redis Cluster pipeline has no eval() method, but routes EVAL by its key.
+            self._pipeline(lambda pipe: _each(partial(pipe.execute_command, "EVAL"), [(_COMPARE_AND_DELETE, 1, _lock_key(key), self.token) for key in done]))
 
     def _pipeline(self, stage: Callable[[object], None]) -> list | None:
         """Run the commands ``stage`` queues in one pipeline; None when Redis failed or is backed off from."""
