@@ -46,6 +46,7 @@ BENCHMARKS: dict[str, Benchmark] = {
         Benchmark("levels", "ragcache.bench.levels", "bench_levels", "one embed call served entirely by L1, L2, L3 or computed"),
         Benchmark("http", "ragcache.bench.http", "bench_http", "the service: /embed L1 vs computed (1), texts/s under load (2)"),
         Benchmark("search", "ragcache.bench.http", "bench_search", "/search on 100k documents: repeated vs first query (8)"),
+        Benchmark("replicas", "ragcache.bench.replicas", "bench_replicas", "two replicas on one Redis + Milvus server: shared hits, single flight"),
     )
 }
 
