@@ -37,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--workers", type=int, default=1)
     serve.add_argument("--config", help="settings file (RAGCACHE_* lines, dotenv form)")
     serve.add_argument("--log-level", default="info")
+    serve.add_argument("--insecure", action="store_true", help="allow a non-loopback address without API keys")
     serve.set_defaults(run=run_serve)
 
     for name, help_text in [("ingest", "add files to a collection"), ("search", "search a collection"), ("stats", "hit rates as a table")]:
@@ -87,7 +88,13 @@ def run_serve(args) -> int:
 
     if args.config:
         os.environ["RAGCACHE_SETTINGS_FILE"] = args.config  # read again by each worker's app factory
+    if args.insecure:
+        os.environ["RAGCACHE_INSECURE"] = "true"  # read again by each worker's app factory
     settings = Settings.load(args.config)
+    host = args.host or settings.host
+    refusal = settings.bind_refusal(host)
+    if refusal:
+        raise ConfigError(refusal)
     if args.workers > 1 and (settings.redis_url is None or settings.resolved_milvus_uri and settings.resolved_milvus_uri.endswith(".db")):
         raise RagCacheError(
             "--workers > 1 needs shared stores: set RAGCACHE_REDIS_URL to a Redis server and RAGCACHE_MILVUS_URI "
@@ -96,7 +103,7 @@ def run_serve(args) -> int:
     uvicorn.run(
         "services.app:app_from_environment",
         factory=True,
-        host=args.host or settings.host,
+        host=host,
         port=args.port or settings.port,
         workers=args.workers,
         log_level=args.log_level,

@@ -37,6 +37,10 @@ class EmbeddingSpace:
     prompt: str | None = None
     # Explicit, opt-in text normalisation (Unicode NFC/NFKC). Never applied silently: it changes the key.
     text_normalization: str | None = None
+    # A tenant's own cache namespace (services' tenant_cache_namespaces): the same vectors under other keys,
+    # so one tenant's entries never serve another. Left out of the description when None, so that adding
+    # it changed no existing space id.
+    namespace: str | None = None
     space_id: str = field(init=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -53,6 +57,8 @@ class EmbeddingSpace:
     def canonical(self) -> str:
         """The canonical description the space id is hashed from (sorted JSON, no space id)."""
         description = {f.name: getattr(self, f.name) for f in fields(self) if f.init}
+        if self.namespace is None:
+            del description["namespace"]
         return json.dumps(description, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
 
     def describe(self) -> dict:

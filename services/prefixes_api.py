@@ -27,7 +27,7 @@ router = APIRouter(prefix="/prefixes", tags=["prefixes"])
 
 
 class UsesIn(BaseModel):
-    count: int = Field(1, ge=0, description="requests that used the prefix since the last report")
+    count: int = Field(1, ge=0, le=1_000_000_000, description="requests that used the prefix since the last report")
 
 
 def _registry(request: Request) -> PrefixRegistry:

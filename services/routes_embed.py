@@ -11,6 +11,7 @@ from fastapi import APIRouter, Request
 
 from ragcache.cache import EmbedResult, EmbeddingCache
 from ragcache.errors import InvalidInputError
+from services.auth import principal_of
 from services.errors import HTTPError
 from services.responses import JSONResponse
 from services.schemas import EmbedRequest, OpenAIEmbeddingsRequest
@@ -24,14 +25,33 @@ def state_of(request: Request) -> ServiceState:
     return request.app.state.ragcache
 
 
-def as_batch(inputs: str | list[str], field: str, max_batch: int) -> list[str]:
-    """One text or a list, checked against the batch limits. Empty strings are valid texts."""
+def as_batch(inputs: str | list[str], field: str, max_batch: int, max_text_bytes: int) -> list[str]:
+    """One text or a list, checked against the batch and size limits. Empty strings are valid texts."""
     texts = [inputs] if isinstance(inputs, str) else inputs
     if not texts:
         raise InvalidInputError(f"{field} is an empty list: send at least one text", field=field)
     if len(texts) > max_batch:
         raise HTTPError(413, f"{field} has {len(texts)} texts, over this server's limit of {max_batch}: split the batch", field=field)
+    for index, text in enumerate(texts):
+        check_text_size(text, f"{field}[{index}]" if isinstance(inputs, list) else field, max_text_bytes)
     return texts
+
+
+def check_text_size(text: str, field: str, max_text_bytes: int) -> None:
+    """413 for a text over ``max_text_bytes`` UTF-8 bytes: the model would truncate it anyway, but hashing
+    and tokenizing megabytes would cost the server first."""
+    # A code point is at most 4 bytes: most texts are judged by their length alone, without encoding.
+    if len(text) * 4 <= max_text_bytes:
+        return
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if size > max_text_bytes:
+        message = f"{field} has {size} UTF-8 bytes, over this server's limit of {max_text_bytes} (RAGCACHE_MAX_TEXT_BYTES)"
+        raise HTTPError(413, message, field=field)
+
+
+def cache_of(request: Request, model: str | None) -> EmbeddingCache:
+    """The cache this caller embeds through: the model's, or its tenant's own namespace of it."""
+    return request.app.state.tenant_caches.cache_for(model, principal_of(request).tenant)
 
 
 def served_headers(result: EmbedResult) -> dict[str, str]:
@@ -59,8 +79,9 @@ async def embed_through_cache(cache: EmbeddingCache, texts: list[str], *, normal
                 raise HTTPError(413, str(exc), field=exc.field) from exc
         return cache.embed_detailed(texts, normalize=normalize)
 
-    # The cache blocks (Redis, Milvus, the model): it runs in a worker thread, off the event loop.
-    return await to_thread.run_sync(work)
+    # The cache blocks (Redis, Milvus, the model): it runs in a worker thread, off the event loop. At the
+    # request deadline the thread is abandoned, not awaited; what it computes still lands in the cache.
+    return await to_thread.run_sync(work, abandon_on_cancel=True)
 
 
 def base64_rows(vectors: np.ndarray) -> list[str]:
@@ -78,10 +99,10 @@ def base64_rows(vectors: np.ndarray) -> list[str]:
 async def embed(body: EmbedRequest, request: Request) -> JSONResponse:
     """A JSON list of vectors, one per input; response headers ``X-Cache-*`` tell which level served them."""
     state = state_of(request)
-    texts = as_batch(body.inputs, "inputs", state.settings.max_batch)
+    texts = as_batch(body.inputs, "inputs", state.settings.max_batch, state.settings.max_text_bytes)
     if body.prompt_name is not None:
         raise InvalidInputError("prompt_name is not supported: a prompt is part of the server's embedding space", field="prompt_name")
-    cache = state.cache_for(body.model)
+    cache = cache_of(request, body.model)
     truncate = state.settings.truncate if body.truncate is None else body.truncate
     result = await embed_through_cache(cache, texts, normalize=body.normalize, truncate=truncate, field="inputs")
     return JSONResponse(result.vectors, headers=served_headers(result))
@@ -91,15 +112,15 @@ async def embed(body: EmbedRequest, request: Request) -> JSONResponse:
 async def openai_embeddings(body: OpenAIEmbeddingsRequest, request: Request) -> JSONResponse:
     """OpenAI's response shape; ``encoding_format=base64`` carries raw little-endian float32."""
     state = state_of(request)
-    texts = as_batch(body.input, "input", state.settings.max_batch)
-    cache = state.cache_for(body.model)
+    texts = as_batch(body.input, "input", state.settings.max_batch, state.settings.max_text_bytes)
+    cache = cache_of(request, body.model)
     if body.dimensions is not None and body.dimensions != cache.space.dim:
         raise InvalidInputError(
             f"dimensions={body.dimensions} is not available: {cache.space.model} gives {cache.space.dim} dimensions only",
             field="dimensions",
         )
     result = await embed_through_cache(cache, texts, normalize=False, truncate=state.settings.truncate, field="input")
-    num_tokens = await to_thread.run_sync(partial(token_counts_of(request, cache).total, texts))
+    num_tokens = await to_thread.run_sync(partial(token_counts_of(request, cache).total, texts), abandon_on_cancel=True)
     vectors = np.asarray(result.vectors, dtype="<f4")
     if body.encoding_format == "base64":
         embeddings = base64_rows(vectors)

@@ -1,17 +1,25 @@
-"""/documents, /collections and /search over the knowledge base."""
+"""/documents, /collections and /search over the knowledge base, each caller within its tenant.
+
+A tenant's collections are stored under a tenant prefix (services/tenants.py); the routes translate the
+names both ways, so a tenant never sees, nor can name, another tenant's collection.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 from functools import partial
 
 from anyio import to_thread
 from fastapi import APIRouter, Request
 
 from ragcache.knowledge import KnowledgeBase
+from services.auth import principal_of
 from services.errors import HTTPError
 from services.responses import JSONResponse
+from services.routes_embed import cache_of, check_text_size
 from services.schemas import AddDocumentsRequest, DeleteDocumentsRequest, SearchRequest
 from services.state import ServiceState
+from services.tenants import public_collection, public_names, stored_collection
 
 router = APIRouter(tags=["retrieval"])
 
@@ -22,38 +30,56 @@ def knowledge_of(state: ServiceState) -> KnowledgeBase:
     return state.knowledge
 
 
+def blocking(function, *args, **kwargs):
+    """Run a blocking call (Milvus, the model) in a worker thread, abandoned at the request deadline."""
+    return to_thread.run_sync(partial(function, *args, **kwargs), abandon_on_cancel=True)
+
+
 @router.post("/documents", summary="Add or replace documents (upsert by id)")
 async def add_documents(body: AddDocumentsRequest, request: Request) -> JSONResponse:
     state: ServiceState = request.app.state.ragcache
     if len(body.documents) > state.settings.max_batch:
         raise HTTPError(413, f"documents has {len(body.documents)} items, over the limit of {state.settings.max_batch}: split it", field="documents")
-    cache = state.cache_for(body.model)
+    stored = stored_collection(principal_of(request).tenant, body.collection)
+    cache = cache_of(request, body.model)
     documents = [document.model_dump() for document in body.documents]
-    add = partial(knowledge_of(state).add_documents, body.collection, documents, cache=cache)
-    return JSONResponse(await to_thread.run_sync(add))
+    with public_names(stored, body.collection):
+        result = await blocking(knowledge_of(state).add_documents, stored, documents, cache=cache)
+    return JSONResponse(dataclasses.replace(result, collection=body.collection))
 
 
 @router.delete("/documents", summary="Delete documents by id")
 async def delete_documents(body: DeleteDocumentsRequest, request: Request) -> JSONResponse:
-    knowledge = knowledge_of(request.app.state.ragcache)
-    num_deleted = await to_thread.run_sync(knowledge.delete_documents, body.collection, body.ids)
+    state: ServiceState = request.app.state.ragcache
+    if len(body.ids) > state.settings.max_batch:
+        raise HTTPError(413, f"ids has {len(body.ids)} items, over the limit of {state.settings.max_batch}: split it", field="ids")
+    stored = stored_collection(principal_of(request).tenant, body.collection)
+    with public_names(stored, body.collection):
+        num_deleted = await blocking(knowledge_of(state).delete_documents, stored, body.ids)
     return JSONResponse({"collection": body.collection, "num_deleted": num_deleted})
 
 
 @router.get("/collections", summary="Collections with their embedding space and size")
 async def list_collections(request: Request) -> JSONResponse:
-    knowledge = knowledge_of(request.app.state.ragcache)
-    return JSONResponse({"collections": await to_thread.run_sync(knowledge.list_collections)})
+    tenant = principal_of(request).tenant
+    infos = await blocking(knowledge_of(request.app.state.ragcache).list_collections)
+    own = [(info, public_collection(tenant, info.name)) for info in infos]
+    return JSONResponse({"collections": [dataclasses.replace(info, name=name) for info, name in own if name is not None]})
 
 
 @router.post("/search", summary="The documents nearest to a query")
 async def search(body: SearchRequest, request: Request) -> JSONResponse:
     state: ServiceState = request.app.state.ragcache
-    cache, knowledge = state.cache_for(body.model), knowledge_of(state)
+    check_text_size(body.query, "query", state.settings.max_text_bytes)
+    stored = stored_collection(principal_of(request).tenant, body.collection)
+    cache, knowledge = cache_of(request, body.model), knowledge_of(state)
     arguments = dict(cache=cache, top_k=body.top_k, filter=body.filter)
-    # A repeated query's result list comes from Redis without leaving the event loop; the rest (embedding,
-    # Milvus) blocks, so it runs in a worker thread.
-    cached = await knowledge.search_cached(body.collection, body.query, **arguments)
-    if cached is not None:
-        return JSONResponse(cached)
-    return JSONResponse(await to_thread.run_sync(partial(knowledge.search, body.collection, body.query, **arguments)))
+    # The filter is Milvus' expression language over this one collection's fields; it cannot name another
+    # collection, and tenants are kept apart by collection, so no filter reaches another tenant's documents.
+    with public_names(stored, body.collection):
+        # A repeated query's result list comes from Redis without leaving the event loop; the rest
+        # (embedding, Milvus) blocks, so it runs in a worker thread.
+        cached = await knowledge.search_cached(stored, body.query, **arguments)
+        if cached is not None:
+            return JSONResponse(cached)
+        return JSONResponse(await blocking(knowledge.search, stored, body.query, **arguments))

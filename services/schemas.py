@@ -4,9 +4,13 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, field_validator
 
-from ragcache.documents import COLLECTION_NAME_PATTERN
+from ragcache.documents import COLLECTION_NAME_PATTERN, MAX_FILTER_CHARS
+
+# Metadata nests at most this deep: Milvus stores it as JSON, and every layer of the checks below and in
+# Milvus recurses; a caller has no need for more.
+MAX_METADATA_DEPTH = 32
 
 
 class Body(BaseModel):
@@ -44,7 +48,27 @@ COLLECTION = Field(
 class DocumentIn(Body):
     id: StrictStr = Field(min_length=1)
     text: StrictStr
-    metadata: dict[str, Any] = Field(default_factory=dict)
+    metadata: dict[str, Any] = Field(default_factory=dict, description=f"JSON, nested at most {MAX_METADATA_DEPTH} deep")
+
+    @field_validator("metadata")
+    @classmethod
+    def _check_depth(cls, value: dict[str, Any]) -> dict[str, Any]:
+        if _depth(value) > MAX_METADATA_DEPTH:
+            raise ValueError(f"metadata nests deeper than {MAX_METADATA_DEPTH} levels")
+        return value
+
+
+def _depth(value: object) -> int:
+    """How deep objects and lists nest in ``value``, walked without recursion (a hostile depth cannot
+    exhaust the stack here)."""
+    deepest, pending = 0, [(value, 1)]
+    while pending:
+        item, depth = pending.pop()
+        if isinstance(item, (dict, list)):
+            deepest = max(deepest, depth)
+            if depth <= MAX_METADATA_DEPTH:
+                pending.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return deepest
 
 
 class AddDocumentsRequest(Body):
@@ -62,7 +86,9 @@ class SearchRequest(Body):
     query: StrictStr
     collection: StrictStr = COLLECTION
     top_k: StrictInt = Field(10, ge=1, le=1000)
-    filter: StrictStr | None = Field(None, description='Milvus boolean expression, e.g. metadata["lang"] == "en"')
+    filter: StrictStr | None = Field(
+        None, max_length=MAX_FILTER_CHARS, description='Milvus boolean expression, e.g. metadata["lang"] == "en"'
+    )
     model: StrictStr | None = None
 
 
@@ -81,11 +107,14 @@ ERROR_RESPONSES = {
     status: {"model": ErrorResponse, "description": description}
     for status, description in [
         (400, "the body is not valid JSON"),
-        (401, "missing or wrong API key (when the server has one)"),
+        (401, "missing or wrong API key (when the server has keys)"),
+        (403, "the API key lacks the scope this route needs"),
         (404, "unknown model, collection or prefix"),
         (409, "the collection belongs to another embedding space"),
-        (413, "too many texts, or a text over the token limit with truncate=false"),
+        (413, "too many texts, a text or body over the size limit, or a text over the token limit with truncate=false"),
         (422, "a field is missing, of the wrong type, or invalid; `field` names it"),
+        (429, "this key's rate limit is exhausted; Retry-After says when to retry"),
         (503, "a store the request needs is down"),
+        (504, "the request took longer than the server's request timeout"),
     ]
 }

@@ -1,0 +1,274 @@
+"""API keys, scopes and tenants: who may call which route (docs/SECURITY.md has the table and the key file).
+
+A key is looked up by the sha256 of what the client sends, compared against every configured digest with
+``hmac.compare_digest`` (no early exit), so neither the key nor its position leaks through timing; keys are
+never logged. With no key configured at all the service is open (``bind_refusal`` in the settings keeps such
+a service on loopback unless ``--insecure``). The check runs as ASGI middleware, before the body is read:
+a caller without a valid key costs the service no parsing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import math
+import re
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from starlette.routing import compile_path
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from ragcache.errors import ConfigError
+from ragcache.settings import Settings
+from services.errors import error_response
+from services.limits import RateLimiter
+
+__all__ = ["SCOPES", "ROUTE_SCOPES", "OPEN_PATHS", "ApiKey", "Principal", "KeyRing", "AccessMiddleware", "principal_of"]
+
+SCOPES = ("embed", "search", "ingest", "admin")
+ANY_KEY = "any key"  # a route any valid key may call, whatever its scopes
+OPEN_PATHS = frozenset({"/health", "/docs", "/docs/oauth2-redirect", "/openapi.json", "/redoc"})
+TENANT_PATTERN = re.compile(r"[A-Za-z][A-Za-z0-9]{0,15}")
+
+# Every route of the app, by method and path template. A route missing here needs ``admin`` (a new route
+# is closed until someone decides otherwise); tests/test_access.py checks that every route is listed.
+ROUTE_SCOPES: dict[tuple[str, str], str] = {
+    ("POST", "/embed"): "embed",
+    ("POST", "/v1/embeddings"): "embed",
+    ("POST", "/search"): "search",
+    ("GET", "/collections"): "search",
+    ("POST", "/documents"): "ingest",
+    ("DELETE", "/documents"): "admin",
+    ("POST", "/prefixes"): "admin",
+    ("DELETE", "/prefixes/{name}"): "admin",
+    ("POST", "/prefixes/{name}/warm"): "admin",
+    # Clients read a prefix's exact text to build their prompts and report its uses: any key may.
+    ("GET", "/prefixes"): ANY_KEY,
+    ("GET", "/prefixes/{name}"): ANY_KEY,
+    ("GET", "/prefixes/{name}/stats"): ANY_KEY,
+    ("POST", "/prefixes/{name}/uses"): ANY_KEY,
+    # Hit counters are shared by every tenant: watching them change would tell one tenant what another
+    # embeds, so /stats and /metrics are the operator's (Prometheus sends the key as a bearer token).
+    ("GET", "/stats"): "admin",
+    ("GET", "/metrics"): "admin",
+    ("GET", "/info"): ANY_KEY,
+}
+
+
+@dataclass(frozen=True)
+class ApiKey:
+    """One configured key: the sha256 of its text, what it may do, and whom it belongs to."""
+
+    name: str
+    sha256: bytes
+    scopes: frozenset[str]
+    tenant: str | None = None
+    rate_limit_per_s: float | None = None
+    rate_limit_burst: int | None = None
+
+
+@dataclass(frozen=True)
+class Principal:
+    """The caller of one request, as the routes see it (``request.state.principal``)."""
+
+    name: str
+    scopes: frozenset[str]
+    tenant: str | None = None
+
+
+ANONYMOUS = Principal("anonymous", frozenset(SCOPES))
+
+
+def digest(key: str) -> bytes:
+    return hashlib.sha256(key.encode("utf-8", "surrogatepass")).digest()
+
+
+class KeyRing:
+    """The configured keys; empty means an open service."""
+
+    def __init__(self, keys: list[ApiKey]):
+        self.keys = tuple(keys)
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> "KeyRing":
+        """``api_key`` (all scopes), then ``api_keys`` (JSON text), then ``api_keys_file`` (JSON or TOML)."""
+        keys: list[ApiKey] = []
+        if settings.api_key:
+            keys.append(ApiKey("api_key", digest(settings.api_key), frozenset(SCOPES)))
+        if settings.api_keys:
+            keys += parse_keys(_load_json(settings.api_keys, "RAGCACHE_API_KEYS"), "RAGCACHE_API_KEYS")
+        if settings.api_keys_file:
+            keys += parse_keys(_load_file(settings.api_keys_file), str(settings.api_keys_file))
+        names = [key.name for key in keys]
+        if len(set(names)) != len(names):
+            raise ConfigError(f"API key names must be unique, got {names}")
+        return cls(keys)
+
+    def find(self, presented: str) -> ApiKey | None:
+        """The key whose digest matches, comparing against all of them in constant time."""
+        wanted, found = digest(presented), None
+        for key in self.keys:
+            if hmac.compare_digest(wanted, key.sha256):
+                found = key
+        return found
+
+
+def _load_json(text: str, source: str) -> object:
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise ConfigError(f"{source} is not valid JSON: {exc}") from exc
+
+
+def _load_file(path: Path) -> object:
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read the API key file {path}: {exc}") from exc
+    if Path(path).suffix.lower() == ".toml":
+        try:
+            return tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{path} is not valid TOML: {exc}") from exc
+    return _load_json(text, str(path))
+
+
+def parse_keys(document: object, source: str) -> list[ApiKey]:
+    """Keys from ``{"keys": [{name, sha256 | key, scopes, tenant?, rate_limit_per_s?, rate_limit_burst?}]}``."""
+    entries = document.get("keys") if isinstance(document, dict) else None
+    if not isinstance(entries, list):
+        raise ConfigError(f"{source}: expected an object with a list 'keys'")
+    return [_parse_key(entry, f"{source}: keys[{index}]") for index, entry in enumerate(entries)]
+
+
+def _parse_key(entry: object, where: str) -> ApiKey:
+    if not isinstance(entry, dict):
+        raise ConfigError(f"{where} must be an object")
+    unknown = set(entry) - {"name", "sha256", "key", "scopes", "tenant", "rate_limit_per_s", "rate_limit_burst"}
+    if unknown:
+        raise ConfigError(f"{where} has unknown fields {sorted(unknown)}")
+    name = entry.get("name")
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"{where} needs a 'name' (it appears in logs instead of the key)")
+    return ApiKey(
+        name=name,
+        sha256=_key_digest(entry, where),
+        scopes=_scopes(entry.get("scopes"), where),
+        tenant=_tenant(entry.get("tenant"), where),
+        rate_limit_per_s=_positive(entry.get("rate_limit_per_s"), float, where, "rate_limit_per_s"),
+        rate_limit_burst=_positive(entry.get("rate_limit_burst"), int, where, "rate_limit_burst"),
+    )
+
+
+def _key_digest(entry: dict, where: str) -> bytes:
+    hashed, plain = entry.get("sha256"), entry.get("key")
+    if (hashed is None) == (plain is None):
+        raise ConfigError(f"{where} needs exactly one of 'sha256' (hex digest of the key, preferred) or 'key'")
+    if plain is not None:
+        if not isinstance(plain, str) or len(plain) < 16:
+            raise ConfigError(f"{where}: 'key' must be a string of at least 16 characters")
+        return digest(plain)
+    if not isinstance(hashed, str) or not re.fullmatch(r"[0-9a-fA-F]{64}", hashed):
+        raise ConfigError(f"{where}: 'sha256' must be 64 hex digits (python -c \"import hashlib; print(hashlib.sha256(b'KEY').hexdigest())\")")
+    return bytes.fromhex(hashed)
+
+
+def _scopes(value: object, where: str) -> frozenset[str]:
+    if value == "*" or value == ["*"]:
+        return frozenset(SCOPES)
+    if not isinstance(value, list) or not value or not all(scope in SCOPES for scope in value):
+        raise ConfigError(f"{where}: 'scopes' must be a non-empty list of {list(SCOPES)}, or \"*\" for all")
+    return frozenset(value)
+
+
+def _tenant(value: object, where: str) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not TENANT_PATTERN.fullmatch(value):
+        raise ConfigError(f"{where}: 'tenant' must be a letter then up to 15 letters or digits, got {value!r}")
+    return value
+
+
+def _positive(value: object, kind: type, where: str, field: str):
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ConfigError(f"{where}: '{field}' must be a positive number")
+    if kind is int and value != int(value):
+        raise ConfigError(f"{where}: '{field}' must be a whole number")
+    return kind(value)
+
+
+ROUTE_PATTERNS = [(method, compile_path(path)[0], needed) for (method, path), needed in ROUTE_SCOPES.items()]
+
+
+def required_scope(method: str, path: str) -> str:
+    """The scope a request needs, from ``ROUTE_SCOPES``; any key for a path no listed route has (the app
+    answers it 404 or 405, and tests/test_access.py checks that every route of the app is listed)."""
+    for route_method, pattern, needed in ROUTE_PATTERNS:
+        if route_method == method and pattern.match(path):
+            return needed
+    return ANY_KEY
+
+
+class AccessMiddleware:
+    """Authenticate (401), authorise by route (403) and rate-limit per key (429) before anything else runs."""
+
+    def __init__(self, app: ASGIApp, *, keys: KeyRing, limiter: RateLimiter):
+        self.app = app
+        self.keys = keys
+        self.limiter = limiter
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
+            await self.app(scope, receive, send)
+            return
+        refusal, principal, bucket = self._admit(scope)
+        if refusal is None:
+            refusal = self._limit(bucket, principal)
+        if refusal is not None:
+            await refusal(scope, receive, send)
+            return
+        scope.setdefault("state", {})["principal"] = principal
+        await self.app(scope, receive, send)
+
+    def _admit(self, scope: Scope):
+        if not self.keys.keys:
+            client = scope.get("client") or ("unknown", 0)
+            return None, ANONYMOUS, (f"client:{client[0]}", None)
+        key = self.keys.find(_bearer(scope))
+        if key is None:
+            message = "missing or wrong API key: send 'Authorization: Bearer <key>'"
+            return error_response(401, "unauthorized", message, headers={"WWW-Authenticate": "Bearer"}), None, None
+        principal = Principal(key.name, key.scopes, key.tenant)
+        needed = required_scope(scope["method"], scope["path"])
+        if needed != ANY_KEY and needed not in key.scopes:
+            message = f"this API key ({key.name}) lacks the '{needed}' scope that {scope['method']} {scope['path']} needs"
+            return error_response(403, "forbidden", message), None, None
+        return None, principal, (f"key:{key.name}", key)
+
+    def _limit(self, bucket, principal: Principal):
+        name, key = bucket
+        wait_s = self.limiter.take(name, key.rate_limit_per_s if key else None, key.rate_limit_burst if key else None)
+        if wait_s <= 0:
+            return None
+        retry_after = str(max(1, math.ceil(wait_s)))
+        message = f"rate limit of {principal.name} exceeded: retry after {retry_after} s"
+        return error_response(429, "rate_limited", message, headers={"Retry-After": retry_after})
+
+
+def _bearer(scope: Scope) -> str:
+    for name, value in scope.get("headers", ()):
+        if name == b"authorization":
+            text = value.decode("latin-1")
+            scheme, _, token = text.partition(" ")
+            return token.strip() if scheme.lower() == "bearer" else ""
+    return ""
+
+
+def principal_of(request) -> Principal:
+    """Who sent ``request`` (set by ``AccessMiddleware``; everyone is anonymous on an open service)."""
+    return getattr(request.state, "principal", ANONYMOUS)

@@ -1,0 +1,248 @@
+"""API keys, scopes, tenants and the bind refusal, against the real service (real Redis, Milvus Lite, model)."""
+
+import hashlib
+import json
+import uuid
+
+import httpx
+import numpy as np
+import pytest
+
+from ragcache.cli import main
+from ragcache.errors import ConfigError
+from ragcache.settings import Settings
+from services.app import create_app
+from services.auth import OPEN_PATHS, ROUTE_SCOPES, SCOPES, KeyRing, required_scope
+from tests.live_server import LiveServer
+
+LEGACY = "legacy-single-key-0123456789"
+KEYS = {
+    "ops": "ops-key-aaaaaaaaaaaaaaaa",
+    "embedder": "embed-only-bbbbbbbbbbbbbb",
+    "acme": "acme-key-cccccccccccccccc",
+    "globex": "globex-key-dddddddddddddd",
+    "metered": "metered-key-eeeeeeeeeeeee",
+}
+
+
+def key_file(tmp_path):
+    sha = lambda key: hashlib.sha256(key.encode()).hexdigest()  # noqa: E731
+    document = {
+        "keys": [
+            {"name": "ops", "sha256": sha(KEYS["ops"]), "scopes": "*"},
+            {"name": "embedder", "key": KEYS["embedder"], "scopes": ["embed"]},
+            {"name": "acme", "sha256": sha(KEYS["acme"]), "scopes": ["embed", "search", "ingest"], "tenant": "acme"},
+            {"name": "globex", "sha256": sha(KEYS["globex"]), "scopes": ["embed", "search", "ingest"], "tenant": "globex"},
+            # 2 requests, then one token per 100 s: the third is refused however slow the machine is.
+            {"name": "metered", "sha256": sha(KEYS["metered"]), "scopes": ["embed"], "rate_limit_per_s": 0.01, "rate_limit_burst": 2},
+        ]
+    }
+    path = tmp_path / "keys.json"
+    path.write_text(json.dumps(document))
+    return path
+
+
+@pytest.fixture(scope="module")
+def server(redis_server, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("access")
+    settings = Settings(
+        redis_url=redis_server, data_dir=folder, api_key=LEGACY, api_keys_file=key_file(folder), tenant_cache_namespaces=True
+    )
+    with LiveServer(settings) as live:
+        yield live
+
+
+def client(server, name):
+    key = LEGACY if name == "legacy" else KEYS[name]
+    return httpx.Client(base_url=server.url, timeout=120, headers={"Authorization": f"Bearer {key}"})
+
+
+@pytest.fixture(scope="module")
+def clients(server):
+    made = {name: client(server, name) for name in [*KEYS, "legacy"]}
+    yield made
+    for made_client in made.values():
+        made_client.close()
+
+
+def test_every_route_has_a_scope_or_is_open():
+    app = create_app(Settings(redis_url="off", milvus_uri="off"))
+    routes = {(method.upper(), path) for path, item in app.openapi()["paths"].items() for method in item}
+    unlisted = {route for route in routes if route not in ROUTE_SCOPES and route[1] not in OPEN_PATHS}
+    assert not unlisted
+    assert set(ROUTE_SCOPES) <= routes  # the table names no route that is gone
+    assert required_scope("DELETE", "/prefixes/system-v2") == "admin"
+    assert required_scope("POST", "/prefixes/system-v2/uses") == "any key"
+
+
+@pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong-key"}, {"Authorization": f"Basic {KEYS['ops']}"}])
+def test_a_missing_or_wrong_key_is_a_json_401(server, headers):
+    response = httpx.post(server.url + "/embed", json={"inputs": "x"}, headers=headers)
+    assert response.status_code == 401
+    assert response.headers["www-authenticate"] == "Bearer"
+    error = response.json()["error"]
+    assert error["type"] == "unauthorized" and "Authorization: Bearer" in error["message"]
+
+
+def test_a_wrong_key_is_refused_before_its_body_is_read(server):
+    response = httpx.post(server.url + "/embed", content=b"{not json", headers={"content-type": "application/json"})
+    assert response.status_code == 401
+
+
+def test_open_paths_need_no_key(server):
+    assert httpx.get(server.url + "/health").status_code == 200
+    assert httpx.get(server.url + "/openapi.json").json()["info"]["title"] == "ragcache"
+    assert httpx.get(server.url + "/docs").status_code == 200
+    assert httpx.get(server.url + "/metrics").status_code == 401  # the operator's: see docs/SECURITY.md
+
+
+@pytest.mark.parametrize(
+    "method, path, body",
+    [
+        ("POST", "/search", {"collection": "c", "query": "x"}),
+        ("GET", "/collections", None),
+        ("POST", "/documents", {"collection": "c", "documents": [{"id": "a", "text": "a"}]}),
+        ("DELETE", "/documents", {"collection": "c", "ids": ["a"]}),
+        ("POST", "/prefixes", {"name": "p", "text": "t"}),
+        ("DELETE", "/prefixes/p", None),
+        ("GET", "/stats", None),
+        ("GET", "/metrics", None),
+    ],
+)
+def test_a_key_without_the_scope_is_a_json_403(clients, method, path, body):
+    response = clients["embedder"].request(method, path, json=body)
+    assert response.status_code == 403, response.text
+    error = response.json()["error"]
+    assert error["type"] == "forbidden" and "embedder" in error["message"] and f"{method} {path}" in error["message"]
+    assert KEYS["embedder"] not in response.text
+
+
+def test_each_scope_opens_its_routes(clients):
+    assert clients["embedder"].post("/embed", json={"inputs": "x"}).status_code == 200
+    assert clients["embedder"].post("/v1/embeddings", json={"input": "x"}).status_code == 200
+    assert clients["embedder"].get("/info").status_code == 200  # any key
+    assert clients["embedder"].get("/prefixes").status_code == 200  # any key
+    assert clients["acme"].delete("/prefixes/nope").status_code == 403  # admin only
+    for name in ("ops", "legacy"):
+        assert clients[name].get("/stats").status_code == 200
+        assert "ragcache_hits_total" in clients[name].get("/metrics").text
+        assert clients[name].delete("/prefixes/no-such-prefix").status_code == 404  # allowed, then not found
+
+
+def test_a_tenant_sees_and_searches_only_its_own_collections(clients):
+    name = "docs_" + uuid.uuid4().hex[:6]
+    acme_docs = [{"id": "a1", "text": "Acme's secret roadmap: rockets", "metadata": {"owner": "acme"}}]
+    globex_docs = [{"id": "g1", "text": "Globex quarterly numbers", "metadata": {"owner": "globex"}}]
+    assert clients["acme"].post("/documents", json={"collection": name, "documents": acme_docs}).json()["collection"] == name
+    assert clients["globex"].post("/documents", json={"collection": name, "documents": globex_docs}).status_code == 200
+    acme_only = "private_" + uuid.uuid4().hex[:6]
+    assert clients["acme"].post("/documents", json={"collection": acme_only, "documents": acme_docs}).status_code == 200
+
+    for tenant, expected in (("acme", "a1"), ("globex", "g1")):
+        hits = clients[tenant].post("/search", json={"collection": name, "query": "rockets", "top_k": 10}).json()["hits"]
+        assert [hit["id"] for hit in hits] == [expected]
+    listed = {c["name"] for c in clients["globex"].get("/collections").json()["collections"]}
+    assert name in listed and acme_only not in listed and not any("--" in n for n in listed)
+
+    # Another tenant's collection does not exist for globex: 404, and the message names only what it sent.
+    response = clients["globex"].post("/search", json={"collection": acme_only, "query": "rockets"})
+    assert response.status_code == 404
+    assert "acme" not in response.json()["error"]["message"] and acme_only in response.json()["error"]["message"]
+    # The operator (no tenant) sees the stored names.
+    stored = {c["name"] for c in clients["ops"].get("/collections").json()["collections"]}
+    assert {f"acme--{name}", f"globex--{name}", f"acme--{acme_only}"} <= stored
+
+
+@pytest.mark.parametrize(
+    "expression",
+    [
+        'metadata["owner"] == "globex" or metadata["owner"] == "acme"',
+        'metadata["owner"] == "x" or true',
+        'metadata["owner"] == "x") or (1 == 1',
+        'metadata["owner"] == "x\\" or id != \\""',
+        'id != ""',
+        'text like "%"',
+        'kb_acme____docs.text like "%"',
+    ],
+)
+def test_a_filter_cannot_reach_another_tenants_documents(clients, expression):
+    name = "filters_" + uuid.uuid4().hex[:6]
+    clients["acme"].post("/documents", json={"collection": name, "documents": [{"id": "a", "text": "acme secret", "metadata": {"owner": "acme"}}]})
+    clients["globex"].post("/documents", json={"collection": name, "documents": [{"id": "g", "text": "globex text", "metadata": {"owner": "globex"}}]})
+    response = clients["globex"].post("/search", json={"collection": name, "query": "secret", "top_k": 10, "filter": expression})
+    assert response.status_code in (200, 422), response.text
+    if response.status_code == 200:
+        assert {hit["id"] for hit in response.json()["hits"]} <= {"g"}
+    else:
+        assert response.json()["error"]["field"] == "filter"
+
+
+def test_tenant_cache_namespaces_keep_hits_apart(clients):
+    text = f"a text only acme has embedded [{uuid.uuid4().hex}]"
+    first = clients["acme"].post("/embed", json={"inputs": [text]})
+    assert first.headers["x-cache-compute"] == "1"
+    assert clients["acme"].post("/embed", json={"inputs": [text]}).headers["x-cache-l1"] == "1"
+    # globex cannot tell that acme embedded it: a miss everywhere, computed again.
+    other = clients["globex"].post("/embed", json={"inputs": [text]})
+    assert other.headers["x-cache-compute"] == "1" and other.headers["x-cache-l1"] == "0"
+    np.testing.assert_allclose(other.json(), first.json(), atol=1e-5)  # the same model, the same vector
+    shared = clients["embedder"].post("/embed", json={"inputs": [text]})  # no tenant: the shared namespace
+    assert shared.headers["x-cache-compute"] == "1"
+
+
+def test_rate_limit_per_key_is_a_429_with_retry_after(clients):
+    statuses = [clients["metered"].post("/embed", json={"inputs": "x"}) for _ in range(3)]
+    assert [r.status_code for r in statuses] == [200, 200, 429]
+    refused = statuses[-1]
+    assert 1 <= int(refused.headers["retry-after"]) <= 100
+    assert refused.json()["error"]["type"] == "rate_limited" and "metered" in refused.json()["error"]["message"]
+    assert clients["embedder"].post("/embed", json={"inputs": "x"}).status_code == 200  # other keys unaffected
+
+
+def test_key_files_in_toml_and_environment_json(tmp_path):
+    path = tmp_path / "keys.toml"
+    path.write_text(
+        '[[keys]]\nname = "reader"\nkey = "reader-key-0123456789"\nscopes = ["search"]\ntenant = "t1"\n'
+        f'[[keys]]\nname = "writer"\nsha256 = "{hashlib.sha256(b"writer-key").hexdigest()}"\nscopes = ["ingest"]\n'
+    )
+    env_keys = json.dumps({"keys": [{"name": "env", "key": "env-key-0123456789ab", "scopes": ["admin"]}]})
+    ring = KeyRing.from_settings(Settings(api_keys_file=path, api_keys=env_keys, redis_url="off"))
+    assert ring.find("reader-key-0123456789").tenant == "t1"
+    assert ring.find("writer-key").scopes == frozenset({"ingest"})
+    assert ring.find("env-key-0123456789ab").name == "env"
+    assert ring.find("writer-key ") is None and ring.find("") is None
+    assert KeyRing.from_settings(Settings(api_key="k", redis_url="off")).find("k").scopes == frozenset(SCOPES)
+
+
+@pytest.mark.parametrize(
+    "entry, complaint",
+    [
+        ({"name": "a", "key": "short", "scopes": ["embed"]}, "at least 16"),
+        ({"name": "a", "sha256": "zz", "scopes": ["embed"]}, "64 hex"),
+        ({"name": "a", "key": "k" * 16, "sha256": "0" * 64, "scopes": ["embed"]}, "exactly one"),
+        ({"name": "a", "key": "k" * 16, "scopes": ["root"]}, "scopes"),
+        ({"name": "a", "key": "k" * 16, "scopes": ["embed"], "tenant": "a-b"}, "tenant"),
+        ({"name": "a", "key": "k" * 16, "scopes": ["embed"], "rate_limit_per_s": -1}, "rate_limit_per_s"),
+        ({"key": "k" * 16, "scopes": ["embed"]}, "name"),
+        ({"name": "a", "key": "k" * 16, "scopes": ["embed"], "role": "x"}, "unknown"),
+    ],
+)
+def test_a_bad_key_file_stops_the_start_with_a_clear_message(tmp_path, entry, complaint):
+    path = tmp_path / "keys.json"
+    path.write_text(json.dumps({"keys": [entry]}))
+    with pytest.raises(ConfigError, match=complaint):
+        create_app(Settings(api_keys_file=path, redis_url="off"))
+
+
+def test_binding_beyond_loopback_needs_keys_or_insecure(monkeypatch, capsys):
+    for name in ("RAGCACHE_API_KEY", "RAGCACHE_API_KEYS", "RAGCACHE_API_KEYS_FILE", "RAGCACHE_INSECURE"):
+        monkeypatch.delenv(name, raising=False)
+    open_settings = Settings(redis_url="off")
+    assert open_settings.bind_refusal("127.0.0.1") is None and open_settings.bind_refusal("localhost") is None
+    assert "RAGCACHE_API_KEY" in open_settings.bind_refusal("0.0.0.0")
+    assert open_settings.bind_refusal("::") and open_settings.bind_refusal("10.1.2.3")
+    assert Settings(redis_url="off", insecure=True).bind_refusal("0.0.0.0") is None
+    assert Settings(redis_url="off", api_key="k").bind_refusal("0.0.0.0") is None
+    # The command refuses before it starts anything.
+    assert main(["serve", "--host", "0.0.0.0", "--port", "9"]) == 1
+    assert "--insecure" in capsys.readouterr().err
