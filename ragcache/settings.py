@@ -59,7 +59,31 @@ class Settings(BaseSettings):
     max_batch: int = Field(2048, gt=0, description="most texts one request may carry (413 beyond)")
     truncate: bool = Field(True, description="truncate over-long texts; false: reject them with 413")
     stats_window_s: float = Field(300.0, gt=0)
-    api_key: str | None = Field(None, description="when set, requests need 'Authorization: Bearer <key>'")
+    api_key: str | None = Field(None, description="when set, requests need 'Authorization: Bearer <key>' (all scopes)")
+
+    # -- access and limits (docs/SECURITY.md) ----------------------------------------------------------
+    api_keys_file: Path | None = Field(None, description="JSON or TOML file of API keys with scopes and tenants")
+    api_keys: str | None = Field(None, description="the same key list as JSON text, e.g. from a secret store")
+    insecure: bool = Field(False, description="allow a non-loopback bind without any API key")
+    tenant_cache_namespaces: bool = Field(False, description="each tenant its own cache entries (no shared hits)")
+    max_text_bytes: int = Field(65536, gt=0, description="most UTF-8 bytes in one text or query (413 beyond)")
+    max_body_bytes: int = Field(16 * 1024 * 1024, gt=0, description="most bytes in one request body (413 beyond)")
+    rate_limit_per_s: float | None = Field(None, gt=0, description="requests a second per key; unset = no limit")
+    rate_limit_burst: int | None = Field(None, gt=0, description="bucket size; default: 2 x rate, at least 1")
+    request_timeout_s: float = Field(60.0, gt=0, description="a request still unanswered after this gets 504")
+
+    def bind_refusal(self, host: str) -> str | None:
+        """Why the service must not bind ``host`` with these settings, or None: a non-loopback address
+        needs an API key unless ``insecure`` says otherwise (safe by default)."""
+        if self.insecure or self.api_key or self.api_keys or self.api_keys_file:
+            return None
+        if host in ("localhost", "::1") or host.startswith("127."):
+            return None
+        return (
+            f"refusing to listen on {host} without API keys: anyone who can reach it could use and change the "
+            "service. Set RAGCACHE_API_KEY or RAGCACHE_API_KEYS_FILE (docs/SECURITY.md), bind 127.0.0.1, or "
+            "pass --insecure (RAGCACHE_INSECURE=true) to accept an open service"
+        )
 
     @field_validator("redis_url")
     @classmethod
