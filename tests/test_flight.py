@@ -107,19 +107,25 @@ def lock_keys(client) -> list[bytes]:
     return sorted(client.scan_iter(match="*:flight"))
 
 
-def test_one_claim_wins_across_processes_and_only_its_owner_releases_it(redis_client):
-    first, second = RedisFlight(redis_client, ttl_ms=10_000, wait_s=1), RedisFlight(redis_client, ttl_ms=10_000, wait_s=1)
+@pytest.fixture(params=["redis_client", "redis_cluster_client"])
+def any_redis(request):
+    """One redis-server, and a 3-primary Redis Cluster: the locks use single-key commands only."""
+    return request.getfixturevalue(request.param)
+
+
+def test_one_claim_wins_across_processes_and_only_its_owner_releases_it(any_redis):
+    first, second = RedisFlight(any_redis, ttl_ms=10_000, wait_s=1), RedisFlight(any_redis, ttl_ms=10_000, wait_s=1)
     assert first.claim(["k1", "k2"]) == [True, True]
     assert second.claim(["k2", "k3"]) == [False, True]
-    assert lock_keys(redis_client) == [b"k1:flight", b"k2:flight", b"k3:flight"]
-    assert 0 < redis_client.pttl("k1:flight") <= 10_000
+    assert lock_keys(any_redis) == [b"k1:flight", b"k2:flight", b"k3:flight"]
+    assert 0 < any_redis.pttl("k1:flight") <= 10_000
     assert second.is_held(["k1", "k2", "nope"]) == [True, True, False]
 
     second.release(["k2"])  # never claimed by `second`: its release must not delete `first`'s lock
-    assert redis_client.get("k2:flight") == first.token.encode()
+    assert any_redis.get("k2:flight") == first.token.encode()
     first.release(["k1", "k2"])
     second.release(["k3"])
-    assert lock_keys(redis_client) == []
+    assert lock_keys(any_redis) == []
 
 
 def test_claims_of_one_process_are_counted_locally_and_released_by_the_last_holder(redis_client):
