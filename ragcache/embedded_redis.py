@@ -12,6 +12,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+from typing import Sequence
 
 import redis
 
@@ -43,9 +44,19 @@ def free_port() -> int:
 
 
 class EmbeddedRedis:
-    """One redis-server child process. ``data_dir`` set: snapshots there (survives restarts); else memory only."""
+    """One redis-server child process. ``data_dir`` set: snapshots there (survives restarts); else memory only.
 
-    def __init__(self, data_dir: str | Path | None = None, *, port: int | None = None, maxmemory: str | None = None):
+    ``extra_args`` are appended to the command line (e.g. the cluster-mode options ``EmbeddedRedisCluster`` uses).
+    """
+
+    def __init__(
+        self,
+        data_dir: str | Path | None = None,
+        *,
+        port: int | None = None,
+        maxmemory: str | None = None,
+        extra_args: Sequence[str] = (),
+    ):
         self.port = port or free_port()
         self._tempdir = None if data_dir else tempfile.TemporaryDirectory(prefix="ragcache-redis-")
         self.data_dir = Path(data_dir or self._tempdir.name)
@@ -61,6 +72,7 @@ class EmbeddedRedis:
         ]
         if maxmemory:
             args += ["--maxmemory", maxmemory, "--maxmemory-policy", "allkeys-lru"]
+        args += extra_args
         self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         self._wait_ready()
 

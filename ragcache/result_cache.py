@@ -11,11 +11,13 @@ Two details keep stale results out:
   results for it until a later bump succeeds.
 Collections are named by their uid (random per creation), so a dropped and re-created collection of the
 same name shares nothing with its predecessor.
+
+Every command names one key, so on a Redis Cluster the version key and the result keys may (and do) live
+in different slots on different nodes; nothing needs a hash tag.
 """
 
 from __future__ import annotations
 
-import inspect
 import logging
 import secrets
 import threading
@@ -25,7 +27,9 @@ import orjson
 import redis
 import redis.asyncio
 import xxhash
+from redis.cluster import RedisCluster
 
+from ragcache.redis_client import REDIS_ERRORS, asyncio_twin
 from ragcache.tiers.base import TierHealth
 
 __all__ = ["ResultCache"]
@@ -35,24 +39,16 @@ log = logging.getLogger(__name__)
 KEY_PREFIX = "rc:kb"
 
 
-def _async_twin(client: redis.Redis) -> redis.asyncio.Redis:
-    """An asyncio client for the blocking client's server, with its options (those the asyncio client
-    knows). Created on first use, inside the event loop that will use it."""
-    accepted = inspect.signature(redis.asyncio.Redis.__init__).parameters
-    options = {k: v for k, v in client.connection_pool.connection_kwargs.items() if k in accepted}
-    return redis.asyncio.Redis(**options)
-
-
 class ResultCache:
     """Cached search results (plain JSON-able values) of knowledge-base collections."""
 
-    def __init__(self, client: redis.Redis, *, ttl_s: int = 300):
+    def __init__(self, client: redis.Redis | RedisCluster, *, ttl_s: int = 300):
         self.client = client
         self.ttl_s = ttl_s
         self._health = TierHealth()
         self._pending: set[str] = set()  # collection uids whose last bump failed
         self._lock = threading.Lock()
-        self._async_client: redis.asyncio.Redis | None = None
+        self._async_client: redis.asyncio.Redis | redis.asyncio.RedisCluster | None = None
 
     def get(self, collection_uid: str, query_key: str, params: str) -> tuple[Any | None, int | None]:
         """(cached value or None, the version it was looked up at or None when the cache is unusable).
@@ -65,7 +61,7 @@ class ResultCache:
         try:
             version = self._version(collection_uid)
             raw = self.client.get(self._result_key(collection_uid, version, query_key, params))
-        except (redis.RedisError, ValueError) as exc:
+        except (*REDIS_ERRORS, ValueError) as exc:
             self._failed(exc)
             return None, None
         self._succeeded()
@@ -84,13 +80,13 @@ class ResultCache:
         if not self._health.should_try() or collection_uid in self._pending:
             return None
         if self._async_client is None:
-            self._async_client = _async_twin(self.client)
+            self._async_client = asyncio_twin(self.client)
         try:
             version = await self._async_client.get(self._version_key(collection_uid))
             if version is None:
                 return None
             raw = await self._async_client.get(self._result_key(collection_uid, int(version), query_key, params))
-        except (redis.RedisError, ValueError, OSError) as exc:
+        except (*REDIS_ERRORS, ValueError, OSError) as exc:
             self._failed(exc)
             return None
         self._succeeded()
@@ -106,7 +102,7 @@ class ResultCache:
         try:
             key = self._result_key(collection_uid, version, query_key, params)
             self.client.set(key, orjson.dumps(value), ex=self.ttl_s)
-        except redis.RedisError as exc:
+        except REDIS_ERRORS as exc:
             self._failed(exc)
         else:
             self._succeeded()
@@ -116,7 +112,7 @@ class ResultCache:
         try:
             self._version(collection_uid)  # make sure a missing key starts at a random number, not at 0
             self.client.incr(self._version_key(collection_uid))
-        except (redis.RedisError, ValueError) as exc:
+        except (*REDIS_ERRORS, ValueError) as exc:
             with self._lock:
                 self._pending.add(collection_uid)
             self._failed(exc)
@@ -129,7 +125,7 @@ class ResultCache:
         """Forget a dropped collection's version (its uid is never used again; results expire by TTL)."""
         try:
             self.client.delete(self._version_key(collection_uid))
-        except redis.RedisError as exc:
+        except REDIS_ERRORS as exc:
             self._failed(exc)
         with self._lock:
             self._pending.discard(collection_uid)

@@ -33,7 +33,10 @@ class Settings(BaseSettings):
 
     # -- levels ------------------------------------------------------------------------------------------
     l1_bytes: int = Field(256 * 1024 * 1024, gt=0, description="L1 slab budget in bytes")
-    redis_url: str | None = Field(None, description="unset: an embedded Redis is started; 'off': no L2")
+    redis_url: str | None = Field(
+        None,
+        description="unset: an embedded Redis is started; 'off': no L2; a cluster node, or comma-separated seed nodes",
+    )
     redis_ttl_s: int | None = Field(7 * 24 * 3600, gt=0, description="L2 time to live; unset = no expiry")
     redis_refresh_ttl_on_hit: bool = False
     redis_timeout_s: float = Field(0.5, gt=0)
@@ -88,9 +91,15 @@ class Settings(BaseSettings):
     @field_validator("redis_url")
     @classmethod
     def _check_redis_url(cls, value: str | None) -> str | None:
-        if value in (None, "", "off") or value.startswith(("redis://", "rediss://", "unix://")):
+        if value in (None, "", "off") or value.startswith(("redis://", "rediss://", "unix://")) and "," not in value:
             return value or None
-        raise ValueError("redis_url must be redis://..., rediss://..., unix://..., 'off', or unset")
+        seeds = [part.strip() for part in value.split(",")]
+        if all(seed.startswith(("redis://", "rediss://")) for seed in seeds):
+            return ",".join(seeds)  # Redis Cluster seed nodes
+        raise ValueError(
+            "redis_url must be redis://..., rediss://..., unix://..., a comma-separated list of redis:// "
+            "cluster seed nodes, 'off', or unset"
+        )
 
     @classmethod
     def load(cls, path: str | Path | None = None, **overrides) -> "Settings":

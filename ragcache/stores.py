@@ -1,5 +1,5 @@
-"""The connections a process opens once and shares: Redis (L2, the prefix registry, search results) and
-Milvus (L3 and the knowledge base), plus the embedded Redis server when no URL is configured.
+"""The connections a process opens once and shares: Redis or a Redis Cluster (L2, the prefix registry,
+search results) and Milvus (L3 and the knowledge base), plus the embedded Redis server when no URL is configured.
 """
 
 from __future__ import annotations
@@ -8,9 +8,13 @@ from pathlib import Path
 
 import redis
 from pymilvus import MilvusClient
+from redis.backoff import NoBackoff
+from redis.cluster import RedisCluster
+from redis.retry import Retry
 
 from ragcache.embedded_redis import EmbeddedRedis
 from ragcache.errors import ConfigError
+from ragcache.redis_client import open_redis
 from ragcache.settings import Settings
 
 __all__ = ["Stores", "open_milvus"]
@@ -28,10 +32,18 @@ def open_milvus(uri: str) -> MilvusClient:
         raise ConfigError(f"cannot open Milvus at {uri}: {exc}") from exc
 
 
-class Stores:
-    """Shared clients. ``redis`` is None when L2 is off; ``milvus`` is None when L3 is off."""
+def no_retry_on_timeout() -> Retry:
+    """One immediate retry after a connection error (a pooled connection a restarted Redis dropped), none
+    after a timeout: redis-py's default (10 retries with back-off) made one call to a stopped Redis take
+    ~3.5 s, and a retried timeout doubles the wait; a failing Redis must cost a request one timeout at most."""
+    return Retry(NoBackoff(), 1, supported_errors=(redis.ConnectionError,))
 
-    def __init__(self, redis_client: redis.Redis | None, milvus: MilvusClient | None, embedded: EmbeddedRedis | None = None):
+
+class Stores:
+    """Shared clients. ``redis`` is None when L2 is off, a ``RedisCluster`` when the URL names a cluster
+    (see ``ragcache.redis_client``); ``milvus`` is None when L3 is off."""
+
+    def __init__(self, redis_client: redis.Redis | RedisCluster | None, milvus: MilvusClient | None, embedded: EmbeddedRedis | None = None):
         self.redis = redis_client
         self.milvus = milvus
         self.embedded_redis = embedded
@@ -45,12 +57,7 @@ class Stores:
             if url is None:
                 embedded = EmbeddedRedis(settings.data_dir / "redis")
                 url = embedded.url
-            redis_client = redis.Redis.from_url(
-                url,
-                socket_timeout=settings.redis_timeout_s,
-                socket_connect_timeout=settings.redis_timeout_s,
-                health_check_interval=30,
-            )
+            redis_client = open_redis(url, timeout_s=settings.redis_timeout_s, retry=no_retry_on_timeout())
         uri = settings.resolved_milvus_uri
         milvus = open_milvus(uri) if uri else None
         return cls(redis_client, milvus, embedded)

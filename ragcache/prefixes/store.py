@@ -15,6 +15,7 @@ from typing import Protocol
 import redis
 
 from ragcache.errors import TierUnavailableError
+from ragcache.redis_client import REDIS_ERRORS
 
 from .model import Prefix
 
@@ -34,7 +35,10 @@ class PrefixStore(Protocol):
 
 
 class RedisPrefixStore:
-    """All prefixes in one Redis hash (``name -> JSON``), so every replica sees the same registry."""
+    """All prefixes in one Redis hash (``name -> JSON``), so every replica sees the same registry.
+
+    One key, so on a Redis Cluster the whole registry lives on one node (a few KB; every command names
+    that one key, so none crosses slots)."""
 
     def __init__(self, client: redis.Redis, key: str = "rc:prefixes") -> None:
         self._client = client
@@ -43,7 +47,7 @@ class RedisPrefixStore:
     def _call(self, op: str, *args: object) -> object:
         try:
             return getattr(self._client, op)(self._key, *args)
-        except redis.RedisError as exc:
+        except REDIS_ERRORS as exc:
             raise TierUnavailableError("prefix-store", f"redis {op} failed: {exc}") from exc
 
     def get(self, name: str) -> Prefix | None:

@@ -18,8 +18,10 @@ import numpy as np
 import redis
 import torch
 import xxhash
+from redis.cluster import RedisCluster
 
 from ragcache.errors import TierUnavailableError
+from ragcache.redis_client import REDIS_ERRORS, is_cluster
 from ragcache.tiers.base import TierHits
 
 __all__ = ["RedisTier", "encode_value", "decode_values"]
@@ -91,15 +93,17 @@ class RedisTier:
     """Vectors of one embedding space in Redis, with a TTL per entry.
 
     ``get_many`` is one round trip per chunk of ``chunk_size`` keys (MGET, or a pipeline of GETEX when the
-    TTL is refreshed on hit); ``put_many`` is one pipeline of SET ... EX per chunk. Works with Redis Cluster
-    clients too (``mget_nonatomic`` splits a batch by slot).
+    TTL is refreshed on hit); ``put_many`` is one pipeline of SET ... EX per chunk. With a Redis Cluster
+    client it is one round trip per node per chunk: keys hash to slots all over the cluster, so one MGET
+    would fail with CROSSSLOT; ``mget_nonatomic`` sends one MGET per slot, in a cluster pipeline grouped by
+    node (as are the SETs), which writes every node's commands before it reads any node's replies.
     """
 
     name = "L2"
 
     def __init__(
         self,
-        client: redis.Redis,
+        client: redis.Redis | RedisCluster,
         *,
         dim: int,
         dtype: torch.dtype,
@@ -114,6 +118,7 @@ class RedisTier:
         self.refresh_ttl_on_hit = refresh_ttl_on_hit and ttl_s is not None
         self.chunk_size = chunk_size
         self.num_corrupt = 0
+        self._is_cluster = is_cluster(client)
 
     def get_many(self, keys: Sequence[str]) -> TierHits:
         try:
@@ -123,7 +128,7 @@ class RedisTier:
             valid, vectors, corrupt = decode_values(values, self.dtype, self.dim)
             if corrupt:
                 self._drop_corrupt([keys[position] for position in corrupt])
-        except redis.RedisError as exc:
+        except REDIS_ERRORS as exc:
             raise TierUnavailableError(self.name, f"Redis failed: {exc}") from exc
         return TierHits(index=valid, vectors=vectors)
 
@@ -133,8 +138,17 @@ class RedisTier:
             for key in keys:
                 pipe.getex(key, ex=self.ttl_s)
             return pipe.execute()
-        mget = getattr(self.client, "mget_nonatomic", self.client.mget)
-        return mget(keys)
+        if not self._is_cluster:
+            return self.client.mget(keys)
+        # One MGET per slot, in one pipeline grouped by node (a plain pipeline of GETs costs twice the
+        # client time: redis-py resolves each command's node anew). mget_nonatomic fixes the nodes when it
+        # queues, so redis-py's own retry goes back to a node that just refused; the refusal refreshed the
+        # slot map, so one more call reaches the replica promoted in its place. Not after a timeout: a
+        # failing Redis costs a request one timeout, not two.
+        try:
+            return self.client.mget_nonatomic(keys)
+        except redis.ConnectionError:
+            return self.client.mget_nonatomic(keys)
 
     def _drop_corrupt(self, keys: list[str]) -> None:
         self.num_corrupt += len(keys)
@@ -153,7 +167,7 @@ class RedisTier:
                 for key, row in zip(keys[start : start + self.chunk_size], rows[start : start + self.chunk_size]):
                     pipe.set(key, encode_value(row.tobytes(), self.dtype, self.dim), ex=self.ttl_s)
                 pipe.execute()
-        except redis.RedisError as exc:
+        except REDIS_ERRORS as exc:
             raise TierUnavailableError(self.name, f"Redis failed: {exc}") from exc
 
     def close(self) -> None:
