@@ -52,13 +52,31 @@ class Outcome:
 class Workload:
     """Seeded request bodies: texts drawn with a skew (a few hot, most cold) from a growing pool."""
 
-    def __init__(self, *, collection: str = "load", num_hot: int = 300, seed: int = 0, paths: tuple[str, ...] = ("/embed", "/v1/embeddings", "/search")):
+    def __init__(
+        self,
+        *,
+        collection: str = "load",
+        num_hot: int = 300,
+        skew: float = 1.2,
+        new_fraction: float = 0.1,
+        seed: int = 0,
+        paths: tuple[str, ...] = ("/embed", "/v1/embeddings", "/search"),
+    ):
+        """``skew``: the Pareto shape of hot-text popularity (0: every hot text equally often);
+        ``new_fraction``: the share of texts never sent before."""
         self.collection = collection
         self.paths = paths
+        self.skew = skew
+        self.new_fraction = new_fraction
         self._rng = random.Random(seed)
         self._hot = [self.sentence(i) for i in range(num_hot)]
         self._next_new = num_hot
         self._lock = threading.Lock()
+
+    @property
+    def hot_texts(self) -> list[str]:
+        """The texts most requests repeat (send them once first to warm the levels)."""
+        return list(self._hot)
 
     def sentence(self, index: int) -> str:
         words = random.Random(index).choices(WORDS, k=8)
@@ -71,11 +89,13 @@ class Workload:
         with self._lock:
             texts = []
             for _ in range(count):
-                if self._rng.random() < 0.1:  # a new text: a miss at every level, computed
+                if self._rng.random() < self.new_fraction:  # a new text: a miss at every level, computed
                     texts.append(self.sentence(self._next_new))
                     self._next_new += 1
-                else:  # a hot text, Zipf-like: low indexes far more often
-                    texts.append(self._hot[min(int(self._rng.paretovariate(1.2)) - 1, len(self._hot) - 1)])
+                elif self.skew:  # a hot text, Zipf-like: low indexes far more often
+                    texts.append(self._hot[min(int(self._rng.paretovariate(self.skew)) - 1, len(self._hot) - 1)])
+                else:
+                    texts.append(self._rng.choice(self._hot))
             return texts
 
     def next_request(self) -> tuple[str, dict]:

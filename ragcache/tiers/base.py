@@ -58,7 +58,7 @@ class TierHealth:
     """
 
     backoff_initial_s: float = 0.5
-    backoff_max_s: float = 4.0
+    backoff_max_s: float = 2.0
     clock: Callable[[], float] = time.monotonic
     num_failures: int = 0
     num_outages: int = 0
