@@ -12,6 +12,7 @@ from functools import partial
 from anyio import to_thread
 from fastapi import APIRouter, Request
 
+from ragcache.errors import InvalidInputError, TierUnavailableError
 from ragcache.knowledge import KnowledgeBase
 from services.auth import principal_of
 from services.errors import HTTPError
@@ -82,4 +83,20 @@ async def search(body: SearchRequest, request: Request) -> JSONResponse:
         cached = await knowledge.search_cached(stored, body.query, **arguments)
         if cached is not None:
             return JSONResponse(cached)
-        return JSONResponse(await blocking(knowledge.search, stored, body.query, **arguments))
+        try:
+            return JSONResponse(await blocking(knowledge.search, stored, body.query, **arguments))
+        except TierUnavailableError as exc:
+            if body.filter is None or not await searches_without_filter(knowledge, stored, body.query, cache):
+                raise
+            raise InvalidInputError(f"filter could not be evaluated by Milvus: {exc}", field="filter") from exc
+
+
+async def searches_without_filter(knowledge: KnowledgeBase, collection: str, query: str, cache) -> bool:
+    """Whether the search works without its filter. Milvus answers some expressions it parses but cannot
+    run (a constant such as ``1 == 1``) with a generic engine error, not its invalid-parameter code: when
+    the same search without the filter works, the filter was at fault (422), not the store (503)."""
+    try:
+        await blocking(knowledge.search, collection, query, cache=cache, top_k=1, filter=None)
+    except TierUnavailableError:
+        return False
+    return True

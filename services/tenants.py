@@ -54,10 +54,13 @@ def public_names(stored: str, public: str) -> Iterator[None]:
     """Library errors that name the stored collection say the name the caller sent instead."""
     try:
         yield
-    except (NotFoundError, ConflictError) as exc:
+    except (NotFoundError, ConflictError, InvalidInputError) as exc:
         if stored == public:
             raise
-        raise type(exc)(str(exc).replace(repr(stored), repr(public))) from None
+        message = str(exc).replace(repr(stored), repr(public))
+        if isinstance(exc, InvalidInputError):
+            raise InvalidInputError(message, field=exc.field) from None
+        raise type(exc)(message) from None
 
 
 class NamespacedEncoder:
