@@ -24,11 +24,11 @@ class Settings(BaseSettings):
     model: str = Field("sentence-transformers/all-MiniLM-L6-v2", description="default model: name or path")
     extra_models: list[str] = Field(default_factory=list, description="more models served beside `model`")
     model_revision: str | None = Field(None, description="revision; default: a content hash of the model files")
-    dtype: Literal["float32", "float16", "bfloat16"] = "float32"
+    dtype: Literal["float32", "float16", "bfloat16"] = Field("float32", description="compute and storage dtype (part of the key)")
     normalize: bool = Field(False, description="store L2-normalised vectors (requests can still ask for it)")
     max_seq_length: int | None = Field(None, gt=0, description="tokens; default: the model's own")
     prompt: str | None = Field(None, description="instruction prepended to every text (part of the key)")
-    text_normalization: Literal["NFC", "NFKC"] | None = None
+    text_normalization: Literal["NFC", "NFKC"] | None = Field(None, description="Unicode normalisation before hashing (part of the key); unset: the exact bytes")
     device: str = Field("auto", description="auto = CUDA when available, else CPU")
 
     # -- levels ------------------------------------------------------------------------------------------
@@ -38,14 +38,14 @@ class Settings(BaseSettings):
         description="unset: an embedded Redis is started; 'off': no L2; a cluster node, or comma-separated seed nodes",
     )
     redis_ttl_s: int | None = Field(7 * 24 * 3600, gt=0, description="L2 time to live; unset = no expiry")
-    redis_refresh_ttl_on_hit: bool = False
-    redis_timeout_s: float = Field(0.5, gt=0)
+    redis_refresh_ttl_on_hit: bool = Field(False, description="an L2 hit restarts the entry's time to live (sliding expiry)")
+    redis_timeout_s: float = Field(0.5, gt=0, description="connect and read timeout of a Redis call; slower counts as a failure")
     milvus_uri: str = Field("", description="default: <data_dir>/milvus.db (Milvus Lite); 'off': no L3")
-    data_dir: Path = Path("data")
+    data_dir: Path = Field(Path("data"), description="local state: the embedded Redis's snapshots, the default Milvus Lite file")
     write_behind: bool = Field(True, description="store in L2/L3 from a worker thread")
 
     # -- compute -----------------------------------------------------------------------------------------
-    compute_batch_size: int = Field(32, gt=0)
+    compute_batch_size: int = Field(32, gt=0, description="most texts in one model call")
     compute_max_wait_ms: float = Field(2.0, ge=0, description="how long a model batch waits to fill")
     single_flight: bool = Field(True, description="replicas sharing Redis compute a text missed at once only once (docs/replicas.md)")
     single_flight_ttl_ms: int = Field(15000, gt=0, description="lock lifetime: how long a dead holder can keep others waiting")
@@ -53,15 +53,15 @@ class Settings(BaseSettings):
 
     # -- the KV-prefix registry (keep-warm of vLLM prefix-cache entries) ---------------------------------
     prefix_warm_budget_per_minute: int = Field(120, gt=0, description="most warm requests sent to vLLM a minute")
-    prefix_min_rewarm_interval_s: float = Field(1.0, gt=0)
-    prefix_max_rewarm_interval_s: float = Field(120.0, gt=0)
+    prefix_min_rewarm_interval_s: float = Field(1.0, gt=0, description="shortest time between two warms of one prefix")
+    prefix_max_rewarm_interval_s: float = Field(120.0, gt=0, description="longest time between two warms of one prefix")
 
     # -- the service ---------------------------------------------------------------------------------------
-    host: str = "127.0.0.1"
-    port: int = 8000
+    host: str = Field("127.0.0.1", description="address `ragcache serve` binds (beyond loopback only with API keys)")
+    port: int = Field(8000, description="port `ragcache serve` listens on")
     max_batch: int = Field(2048, gt=0, description="most texts one request may carry (413 beyond)")
     truncate: bool = Field(True, description="truncate over-long texts; false: reject them with 413")
-    stats_window_s: float = Field(300.0, gt=0)
+    stats_window_s: float = Field(300.0, gt=0, description="seconds covered by the recent figures of /stats")
     api_key: str | None = Field(None, description="when set, requests need 'Authorization: Bearer <key>' (all scopes)")
 
     # -- access and limits (docs/SECURITY.md) ----------------------------------------------------------
