@@ -408,7 +408,7 @@ def _converted(exc: BaseException, name: str, *, filter_given: bool = False) -> 
     # about the expression; anything else (unreachable, timed out, ...) is the store failing.
     if filter_given and (code == 1100 or "expr" in message.lower()):
         return InvalidInputError(f"filter is not a valid Milvus expression: {message.strip()}", field="filter")
-    return TierUnavailableError(STORE, f"Milvus failed on collection {name!r}: {message.strip()}")
+    return TierUnavailableError(STORE, f"Milvus failed on collection {name!r} (retry when it is back): {message.strip()}")
 
 
 def _hits_from_json(value: Any) -> tuple[SearchHit, ...] | None:
