@@ -55,7 +55,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # The last added runs first: keys and rate limits are checked before a body is read (docs/SECURITY.md).
     app.add_middleware(LimitsMiddleware, max_body_bytes=settings.max_body_bytes, timeout_s=settings.request_timeout_s, untimed_paths=OPEN_PATHS)
     limiter = RateLimiter(settings.rate_limit_per_s, settings.rate_limit_burst)
-    app.add_middleware(AccessMiddleware, keys=KeyRing.from_settings(settings), limiter=limiter)
+    routes = [(method.upper(), path) for path, item in app.openapi()["paths"].items() for method in item]
+    app.add_middleware(AccessMiddleware, keys=KeyRing.from_settings(settings), limiter=limiter, routes=routes)
     return app
 
 

@@ -202,13 +202,14 @@ def _positive(value: object, kind: type, where: str, field: str):
     return kind(value)
 
 
-ROUTE_PATTERNS = [(method, compile_path(path)[0], needed) for (method, path), needed in ROUTE_SCOPES.items()]
+def route_table(routes: list[tuple[str, str]]) -> list[tuple[str, re.Pattern, str]]:
+    """(method, path pattern, scope) for the app's routes: each from ``ROUTE_SCOPES``, ``admin`` if unlisted."""
+    return [(method, compile_path(path)[0], ROUTE_SCOPES.get((method, path), "admin")) for method, path in routes]
 
 
-def required_scope(method: str, path: str) -> str:
-    """The scope a request needs, from ``ROUTE_SCOPES``; any key for a path no listed route has (the app
-    answers it 404 or 405, and tests/test_access.py checks that every route of the app is listed)."""
-    for route_method, pattern, needed in ROUTE_PATTERNS:
+def required_scope(table: list[tuple[str, re.Pattern, str]], method: str, path: str) -> str:
+    """The scope a request needs; any key for a path no route has (the app answers it 404 or 405)."""
+    for route_method, pattern, needed in table:
         if route_method == method and pattern.match(path):
             return needed
     return ANY_KEY
@@ -217,10 +218,11 @@ def required_scope(method: str, path: str) -> str:
 class AccessMiddleware:
     """Authenticate (401), authorise by route (403) and rate-limit per key (429) before anything else runs."""
 
-    def __init__(self, app: ASGIApp, *, keys: KeyRing, limiter: RateLimiter):
+    def __init__(self, app: ASGIApp, *, keys: KeyRing, limiter: RateLimiter, routes: list[tuple[str, str]]):
         self.app = app
         self.keys = keys
         self.limiter = limiter
+        self.table = route_table(routes)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
@@ -244,7 +246,7 @@ class AccessMiddleware:
             message = "missing or wrong API key: send 'Authorization: Bearer <key>'"
             return error_response(401, "unauthorized", message, headers={"WWW-Authenticate": "Bearer"}), None, None
         principal = Principal(key.name, key.scopes, key.tenant)
-        needed = required_scope(scope["method"], scope["path"])
+        needed = required_scope(self.table, scope["method"], scope["path"])
         if needed != ANY_KEY and needed not in key.scopes:
             message = f"this API key ({key.name}) lacks the '{needed}' scope that {scope['method']} {scope['path']} needs"
             return error_response(403, "forbidden", message), None, None

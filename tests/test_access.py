@@ -12,7 +12,7 @@ from ragcache.cli import main
 from ragcache.errors import ConfigError
 from ragcache.settings import Settings
 from services.app import create_app
-from services.auth import OPEN_PATHS, ROUTE_SCOPES, SCOPES, KeyRing, required_scope
+from services.auth import OPEN_PATHS, ROUTE_SCOPES, SCOPES, KeyRing, required_scope, route_table
 from tests.live_server import LiveServer
 
 LEGACY = "legacy-single-key-0123456789"
@@ -71,8 +71,11 @@ def test_every_route_has_a_scope_or_is_open():
     unlisted = {route for route in routes if route not in ROUTE_SCOPES and route[1] not in OPEN_PATHS}
     assert not unlisted
     assert set(ROUTE_SCOPES) <= routes  # the table names no route that is gone
-    assert required_scope("DELETE", "/prefixes/system-v2") == "admin"
-    assert required_scope("POST", "/prefixes/system-v2/uses") == "any key"
+    table = route_table(sorted(routes))
+    assert required_scope(table, "DELETE", "/prefixes/system-v2") == "admin"
+    assert required_scope(table, "POST", "/prefixes/system-v2/uses") == "any key"
+    assert required_scope(table, "GET", "/no-such-route") == "any key"  # the app answers 404
+    assert required_scope(route_table([("POST", "/flush")]), "POST", "/flush") == "admin"  # unlisted: closed
 
 
 @pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong-key"}, {"Authorization": f"Basic {KEYS['ops']}"}])
