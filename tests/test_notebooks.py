@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -65,7 +66,7 @@ def test_committed_notebooks_have_no_outputs():
         nbformat.validate(notebook)
         for cell in notebook.cells:
             if cell.cell_type == "code":
-                assert cell.outputs == [] and cell.execution_count is None, f"{path.name}: outputs committed"
+                assert cell.outputs == [] and cell.execution_count is None, f"{path.name}: outputs committed (run scripts/strip_notebooks.py)"
 
 
 def test_kernel_is_this_interpreter(kernel_dirs, tmp_path):
@@ -99,3 +100,19 @@ def test_rag_client_notebook(kernel_dirs):
     assert "after an ingest: result cache miss, vector from L1" in summary
     assert "prompts on the prefix 6/6" in summary
     assert number(r"service hit rate ([0-9.]+)", summary) > 0
+
+
+def test_strip_script_gives_back_the_committed_notebook(kernel_dirs, tmp_path):
+    # Run a notebook, strip it with the script a contributor uses before committing: byte for byte the original.
+    notebook = nbformat.read(NOTEBOOKS / "rag_client.ipynb", as_version=4)
+    executed = tmp_path / "executed.ipynb"
+    manager = KernelManager(kernel_name=KERNEL_NAME, kernel_spec_manager=KernelSpecManager(kernel_dirs=kernel_dirs))
+    notebook.cells = notebook.cells[:1] + [nbformat.v4.new_code_cell("print(40 + 2)")]
+    NotebookClient(notebook, km=manager, timeout=CELL_TIMEOUT_S).execute()
+    nbformat.write(notebook, executed)
+    assert json.loads(executed.read_text())["cells"][1]["outputs"], "the execution wrote outputs"
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "strip_notebooks.py"), str(executed)], check=True, timeout=120)
+    expected = nbformat.read(NOTEBOOKS / "rag_client.ipynb", as_version=4)
+    expected.cells = expected.cells[:1] + [nbformat.v4.new_code_cell("print(40 + 2)")]
+    expected.cells[1].id = notebook.cells[1].id
+    assert executed.read_text() == nbformat.writes(expected) + "\n"
