@@ -25,6 +25,8 @@ __all__ = ["EmbeddingCache", "EmbedResult", "Encoder"]
 log = logging.getLogger(__name__)
 
 COMPUTE = "compute"
+# Where single flight across processes publishes and waiting replicas look: the first level after L1 (L2).
+SHARED = 1
 # What a level may report of itself in ``level_states`` (attributes of the tier, when it has them).
 _TIER_FIGURES = ("num_corrupt", "used_bytes", "capacity_bytes")
 
@@ -190,16 +192,16 @@ class EmbeddingCache:
     ) -> int:
         """Compute the missing keys this process wins, wait for the others' vectors, compute what never came.
 
-        Computed vectors go to L2 synchronously (``num_sync=2``) before the claim is released, so a waiting
-        replica finds them there. Won keys are computed *before* waiting: two replicas that each won what the
-        other waits for then never wait on each other.
+        Computed vectors go to L2 synchronously (``num_sync=SHARED + 1``) before the claim is released, so a
+        waiting replica finds them there. Won keys are computed *before* waiting: two replicas that each won
+        what the other waits for then never wait on each other.
         """
         won = np.array(self._flight.claim([unique_keys[i] for i in missing]), dtype=bool)
         mine, theirs = missing[won], missing[~won]
         num_computed = 0
         if len(mine):
             try:
-                num_computed += self._compute_into(vectors, mine, unique_keys, unique_texts, num_sync=2)
+                num_computed += self._compute_into(vectors, mine, unique_keys, unique_texts, num_sync=SHARED + 1)
             finally:
                 self._flight.release([unique_keys[i] for i in mine])
         if len(theirs):
@@ -208,21 +210,21 @@ class EmbeddingCache:
                 offsets = sorted(found)
                 arrived, arrived_vectors = theirs[offsets], torch.stack([found[o] for o in offsets])
                 vectors.index_copy_(0, torch.from_numpy(arrived).to(self.device), arrived_vectors.to(self.device, self.dtype))
-                levels[arrived] = 1
-                self._write_up(1, [unique_keys[i] for i in arrived], arrived_vectors)
+                levels[arrived] = SHARED
+                self._write_up(SHARED, [unique_keys[i] for i in arrived], arrived_vectors)
             never = np.array([i for o, i in enumerate(theirs) if o not in found], dtype=missing.dtype)
             if len(never):
-                num_computed += self._compute_into(vectors, never, unique_keys, unique_texts, num_sync=2)
+                num_computed += self._compute_into(vectors, never, unique_keys, unique_texts, num_sync=SHARED + 1)
         return num_computed
 
     def _peek_shared(self, keys: Sequence[str]) -> TierHits:
         """L2 lookups while waiting on another replica: uncounted (the walk counted the miss), a failure a miss."""
-        if not self._health[1].should_try():
+        if not self._health[SHARED].should_try():
             return TierHits.none(self.space.dim, self.dtype)
         try:
-            return self.tiers[1].get_many(keys)
+            return self.tiers[SHARED].get_many(keys)
         except TierUnavailableError as exc:
-            self._note_failure(1, exc)
+            self._note_failure(SHARED, exc)
             return TierHits.none(self.space.dim, self.dtype)
 
     def _lookup(self, position: int, keys: list[str]) -> TierHits:

@@ -258,16 +258,16 @@ def test_a_flight_needs_a_shared_level_after_l1():
         EmbeddingCache(HashEncoder(DIM), [MemoryTier(1 << 16, DIM, torch.float32)], flight=ScriptedFlight([], SharedStore(), []))
 
 
-def test_two_caches_on_one_redis_compute_each_text_once(redis_client):
+def test_two_caches_on_one_redis_compute_each_text_once(any_redis):
     """Two 'replicas' in one process: separate L1, separate models, one Redis for L2 and the locks."""
     texts = [f"text {i}" for i in range(40)]
     encoders = [HashEncoder(DIM, delay_s=0.05), HashEncoder(DIM, delay_s=0.05)]
     caches = [
         EmbeddingCache(
             encoder,
-            [MemoryTier(1 << 16, DIM, torch.float32), RedisTier(redis_client, dim=DIM, dtype=torch.float32, ttl_s=60)],
+            [MemoryTier(1 << 16, DIM, torch.float32), RedisTier(any_redis, dim=DIM, dtype=torch.float32, ttl_s=60)],
             compute_max_batch=8,
-            flight=RedisFlight(redis_client, ttl_ms=10_000, wait_s=10),
+            flight=RedisFlight(any_redis, ttl_ms=10_000, wait_s=10),
         )
         for encoder in encoders
     ]
@@ -289,6 +289,6 @@ def test_two_caches_on_one_redis_compute_each_text_once(redis_client):
     expected = HashEncoder(DIM).encode(texts).numpy()
     for (_, order), vectors in results.items():
         np.testing.assert_array_equal(vectors, expected[list(orders[order])])
-    assert lock_keys(redis_client) == []
+    assert lock_keys(any_redis) == []
     for cache in caches:
         cache.close()
