@@ -49,7 +49,7 @@ def served(response) -> dict[str, int]:
 
 def bench_replicas(ctx: BenchContext) -> BenchResult:
     result = BenchResult("replicas", "two replicas sharing one Redis (L2) and one Milvus server (L3)")
-    num_texts = 256 if ctx.quick else 1024
+    num_texts = 128 if ctx.quick else 1024
     workdir = ctx.workdir / "replicas"
     with MilvusLiteServer(workdir / "l3.db") as milvus:
         for enable_lock in (True, False):
