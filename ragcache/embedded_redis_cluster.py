@@ -9,6 +9,7 @@ of a primary travel as one ADDSLOTS with every slot number.
 
 from __future__ import annotations
 
+import signal
 import socket
 import time
 from typing import Callable
@@ -124,6 +125,14 @@ class EmbeddedRedisCluster:
         node = self._node(port)
         node.process.kill()
         node.process.wait()
+
+    def pause(self, port: int) -> None:
+        """SIGSTOP one node: its kernel still accepts connections, but it answers nothing, like a hung or
+        partitioned machine (every request waits out its timeout). ``resume`` undoes it."""
+        self._node(port).process.send_signal(signal.SIGSTOP)
+
+    def resume(self, port: int) -> None:
+        self._node(port).process.send_signal(signal.SIGCONT)
 
     def stop(self) -> None:
         for node in self.nodes:

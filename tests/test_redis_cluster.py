@@ -21,7 +21,9 @@ from redis.crc import key_slot
 
 from ragcache.build import build_cache
 from ragcache.cache import EmbeddingCache
+from ragcache.embedded_redis import free_port
 from ragcache.embedded_redis_cluster import EmbeddedRedisCluster
+from ragcache.errors import ConfigError, TierUnavailableError
 from ragcache.prefixes.model import Prefix, PromptForm, Target
 from ragcache.prefixes.store import RedisPrefixStore
 from ragcache.redis_client import open_redis
@@ -69,6 +71,15 @@ def test_any_node_or_a_seed_list_opens_a_cluster_client_and_a_plain_server_stays
     stores = Stores.open(settings)
     assert isinstance(stores.redis, RedisCluster) and stores.embedded_redis is None
     stores.close()
+
+
+def test_an_unreachable_seed_list_is_a_config_error_and_an_unreachable_single_url_a_lazy_client():
+    nobody = [f"redis://127.0.0.1:{free_port()}" for _ in range(2)]
+    with pytest.raises(ConfigError, match="Redis Cluster"):
+        open_redis(",".join(nobody), timeout_s=0.2)
+    later = open_redis(nobody[0], timeout_s=0.2)  # L2 is down until this server appears, as with any Redis
+    assert type(later) is redis.Redis
+    later.close()
 
 
 def test_a_cache_opened_from_settings_serves_from_the_cluster(redis_cluster, redis_cluster_client, encoder, tmp_path):
@@ -202,7 +213,31 @@ def test_prefix_registry_store_on_the_cluster(redis_cluster_client):
     assert store.delete("support") and store.get("support") is None and store.list() == []
 
 
-# ---- failover ----------------------------------------------------------------------------------------------------
+# ---- failures ----------------------------------------------------------------------------------------------------
+
+
+def test_a_hung_primary_costs_a_batch_one_timeout_not_one_per_key():
+    with EmbeddedRedisCluster(replicas_per_primary=0, node_timeout_ms=60_000) as cluster:
+        sends: Counter = Counter()
+        client = RedisCluster(url=cluster.url, connection_class=counting_connection(sends), socket_timeout=0.3)
+        tier = RedisTier(client, dim=DIM, dtype=torch.float32)
+        keys, vectors = make_keys(300), torch.randn(300, DIM)
+        tier.put_many(keys, vectors)
+        hung = cluster.primary_ports()[1]
+        cluster.pause(hung)
+        try:
+            sends.clear()
+            with pytest.raises(TierUnavailableError, match="Timeout"):
+                tier.get_many(keys)
+            with pytest.raises(TierUnavailableError, match="Timeout"):
+                tier.put_many(keys, vectors)
+        finally:
+            cluster.resume(hung)
+        # About 100 of the keys live on the hung node; resending them one by one would send ~200 times.
+        assert sends[hung] <= 4, sends
+        hits = tier.get_many(keys)
+        assert hits.index == list(range(300)) and torch.equal(hits.vectors, vectors)
+        client.close()
 
 
 def test_a_killed_primary_fails_no_request_and_l2_serves_again_after_failover(encoder, record_property):

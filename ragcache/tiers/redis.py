@@ -20,6 +20,7 @@ import torch
 import xxhash
 from redis.cluster import RedisCluster
 
+from ragcache import cluster_pipeline
 from ragcache.errors import TierUnavailableError
 from ragcache.redis_client import REDIS_ERRORS, is_cluster
 from ragcache.tiers.base import TierHits
@@ -95,8 +96,8 @@ class RedisTier:
     ``get_many`` is one round trip per chunk of ``chunk_size`` keys (MGET, or a pipeline of GETEX when the
     TTL is refreshed on hit); ``put_many`` is one pipeline of SET ... EX per chunk. With a Redis Cluster
     client it is one round trip per node per chunk: keys hash to slots all over the cluster, so one MGET
-    would fail with CROSSSLOT; ``mget_nonatomic`` sends one MGET per slot, in a cluster pipeline grouped by
-    node (as are the SETs), which writes every node's commands before it reads any node's replies.
+    would fail with CROSSSLOT; one MGET per slot (and one SET per key) go in one pipeline per node, every
+    node's written before any is read (``ragcache.cluster_pipeline``: a failing node costs one timeout).
     """
 
     name = "L2"
@@ -134,39 +135,44 @@ class RedisTier:
 
     def _fetch(self, keys: Sequence[str]) -> list[bytes | None]:
         if self.refresh_ttl_on_hit:
-            pipe = self.client.pipeline(transaction=False)
-            for key in keys:
-                pipe.getex(key, ex=self.ttl_s)
-            return pipe.execute()
+            return self._pipeline([("GETEX", key, "EX", self.ttl_s) for key in keys])
         if not self._is_cluster:
             return self.client.mget(keys)
-        # One MGET per slot, in one pipeline grouped by node (a plain pipeline of GETs costs twice the
-        # client time: redis-py resolves each command's node anew). mget_nonatomic fixes the nodes when it
-        # queues, so redis-py's own retry goes back to a node that just refused; the refusal refreshed the
-        # slot map, so one more call reaches the replica promoted in its place. Not after a timeout: a
-        # failing Redis costs a request one timeout, not two.
-        try:
-            return self.client.mget_nonatomic(keys)
-        except redis.ConnectionError:
-            return self.client.mget_nonatomic(keys)
+        # One MGET per slot (an MGET across slots fails with CROSSSLOT). A batch's keys nearly all hash to
+        # distinct slots, so this is about one command per key, sent in one pipeline per node.
+        slot_to_positions: dict[int, list[int]] = {}
+        for position, key in enumerate(keys):
+            slot_to_positions.setdefault(self.client.keyslot(key), []).append(position)
+        groups = list(slot_to_positions.values())
+        replies = cluster_pipeline.execute(self.client, [("MGET", *(keys[p] for p in group)) for group in groups])
+        values: list[bytes | None] = [None] * len(keys)
+        for group, reply in zip(groups, replies):
+            for position, value in zip(group, reply):
+                values[position] = value
+        return values
+
+    def _pipeline(self, commands: list[tuple]) -> list:
+        """Single-key commands in one round trip (one per node on a cluster); the replies in order."""
+        if self._is_cluster:
+            return cluster_pipeline.execute(self.client, commands)
+        pipe = self.client.pipeline(transaction=False)
+        for command in commands:
+            pipe.execute_command(*command)
+        return pipe.execute()
 
     def _drop_corrupt(self, keys: list[str]) -> None:
         self.num_corrupt += len(keys)
         log.warning("L2: %d corrupt or foreign value(s) deleted, e.g. %s", len(keys), keys[0])
-        # One DELETE per key in a pipeline: a multi-key DELETE would fail across Redis Cluster slots.
-        pipe = self.client.pipeline(transaction=False)
-        for key in keys:
-            pipe.delete(key)
-        pipe.execute()
+        # One DEL per key: a multi-key DEL would fail across Redis Cluster slots.
+        self._pipeline([("DEL", key) for key in keys])
 
     def put_many(self, keys: Sequence[str], vectors: torch.Tensor) -> None:
         rows = _as_le_bytes(vectors.to(self.dtype))
+        expiry = ("EX", self.ttl_s) if self.ttl_s is not None else ()
         try:
             for start in range(0, len(keys), self.chunk_size):
-                pipe = self.client.pipeline(transaction=False)
-                for key, row in zip(keys[start : start + self.chunk_size], rows[start : start + self.chunk_size]):
-                    pipe.set(key, encode_value(row.tobytes(), self.dtype, self.dim), ex=self.ttl_s)
-                pipe.execute()
+                chunk = zip(keys[start : start + self.chunk_size], rows[start : start + self.chunk_size])
+                self._pipeline([("SET", key, encode_value(row.tobytes(), self.dtype, self.dim), *expiry) for key, row in chunk])
         except REDIS_ERRORS as exc:
             raise TierUnavailableError(self.name, f"Redis failed: {exc}") from exc
 
