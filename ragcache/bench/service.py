@@ -24,7 +24,15 @@ __all__ = ["ServiceProcess", "LoadResult", "run_load"]
 
 
 class ServiceProcess:
-    def __init__(self, workdir: Path, *, redis_url: str, extra_env: dict[str, str] | None = None, timeout_s: float = 180.0):
+    def __init__(
+        self,
+        workdir: Path,
+        *,
+        redis_url: str,
+        extra_env: dict[str, str] | None = None,
+        timeout_s: float = 180.0,
+        log_level: str = "warning",
+    ):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         data_dir = workdir / f"service-{self.port}"
@@ -39,7 +47,7 @@ class ServiceProcess:
         self.log_path = data_dir / "service.log"
         self._log = self.log_path.open("wb")
         command = [sys.executable, "-c", "import sys; from ragcache.cli import main; sys.exit(main())",
-                   "serve", "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1", "--log-level", "warning"]
+                   "serve", "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1", "--log-level", log_level]
         self.process = subprocess.Popen(command, env=env, stdout=self._log, stderr=subprocess.STDOUT)
         self.client = httpx.Client(base_url=self.url, timeout=120.0)
         self._wait_healthy(timeout_s)
