@@ -18,6 +18,7 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
+from starlette.responses import Response
 from starlette.routing import compile_path
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -228,37 +229,41 @@ class AccessMiddleware:
         if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
             await self.app(scope, receive, send)
             return
-        refusal, principal, bucket = self._admit(scope)
+        key, refusal = self._authenticate(scope)
         if refusal is None:
-            refusal = self._limit(bucket, principal)
+            refusal = self._limit(scope, key)
         if refusal is not None:
             await refusal(scope, receive, send)
             return
+        principal = ANONYMOUS if key is None else Principal(key.name, key.scopes, key.tenant)
         scope.setdefault("state", {})["principal"] = principal
         await self.app(scope, receive, send)
 
-    def _admit(self, scope: Scope):
+    def _authenticate(self, scope: Scope) -> tuple[ApiKey | None, Response | None]:
+        """The caller's key (None on an open service), or the 401/403 that refuses the request."""
         if not self.keys.keys:
-            client = scope.get("client") or ("unknown", 0)
-            return None, ANONYMOUS, (f"client:{client[0]}", None)
+            return None, None
         key = self.keys.find(_bearer(scope))
         if key is None:
             message = "missing or wrong API key: send 'Authorization: Bearer <key>'"
-            return error_response(401, "unauthorized", message, headers={"WWW-Authenticate": "Bearer"}), None, None
-        principal = Principal(key.name, key.scopes, key.tenant)
+            return None, error_response(401, "unauthorized", message, headers={"WWW-Authenticate": "Bearer"})
         needed = required_scope(self.table, scope["method"], scope["path"])
         if needed != ANY_KEY and needed not in key.scopes:
             message = f"this API key ({key.name}) lacks the '{needed}' scope that {scope['method']} {scope['path']} needs"
-            return error_response(403, "forbidden", message), None, None
-        return None, principal, (f"key:{key.name}", key)
+            return None, error_response(403, "forbidden", message)
+        return key, None
 
-    def _limit(self, bucket, principal: Principal):
-        name, key = bucket
-        wait_s = self.limiter.take(name, key.rate_limit_per_s if key else None, key.rate_limit_burst if key else None)
+    def _limit(self, scope: Scope, key: ApiKey | None) -> Response | None:
+        """The 429 for a caller over its rate: a key's bucket, or on an open service one per client address."""
+        if key is None:
+            caller, name, rate, burst = f"client:{(scope.get('client') or ('unknown',))[0]}", "this client", None, None
+        else:
+            caller, name, rate, burst = f"key:{key.name}", key.name, key.rate_limit_per_s, key.rate_limit_burst
+        wait_s = self.limiter.take(caller, rate, burst)
         if wait_s <= 0:
             return None
         retry_after = str(max(1, math.ceil(wait_s)))
-        message = f"rate limit of {principal.name} exceeded: retry after {retry_after} s"
+        message = f"rate limit of {name} exceeded: retry after {retry_after} s"
         return error_response(429, "rate_limited", message, headers={"Retry-After": retry_after})
 
 

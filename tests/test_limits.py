@@ -9,6 +9,7 @@ import httpx
 import pytest
 
 from ragcache.settings import Settings
+from services.auth import AccessMiddleware, KeyRing
 from services.limits import LimitsMiddleware, RateLimiter
 from tests.live_server import LiveServer
 
@@ -71,6 +72,31 @@ def test_the_deadline_answers_504_and_a_started_answer_is_left_alone():
     answered = asyncio.run(call(slow_app))
     assert answered[0]["status"] == 504 and b"RAGCACHE_REQUEST_TIMEOUT_S" in answered[1]["body"]
     assert [message.get("status") for message in asyncio.run(call(streaming_app))] == [200]
+
+
+def test_an_open_service_limits_each_client_address():
+    async def ok_app(scope, receive, send):
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    middleware = AccessMiddleware(ok_app, keys=KeyRing([]), limiter=RateLimiter(0.01, 1, clock=Clock()), routes=[])
+
+    async def status_for(address):
+        sent = []
+
+        async def receive():
+            return {"type": "http.request", "body": b"", "more_body": False}
+
+        async def send(message):
+            sent.append(message)
+
+        scope = {"type": "http", "path": "/embed", "method": "POST", "headers": [], "client": (address, 5000)}
+        await middleware(scope, receive, send)
+        return sent[0]["status"], dict(sent[0]["headers"]).get(b"retry-after")
+
+    assert asyncio.run(status_for("10.0.0.1")) == (200, None)
+    assert asyncio.run(status_for("10.0.0.1")) == (429, b"100")
+    assert asyncio.run(status_for("10.0.0.2")) == (200, None)
 
 
 @pytest.fixture(scope="module")
