@@ -4,8 +4,8 @@ redis-py's ``ClusterPipeline`` groups commands by node the same way, but when a 
 batch it sends that node's commands again one at a time, each waiting out its own timeout: with one primary
 hung (SIGSTOP: it accepts connections and never answers), one ``get_many`` of 300 keys took 22 s here. This
 module costs a failing node one timeout per batch and raises, and the cache turns that into a miss. It also
-spends about a third of ``ClusterPipeline``'s client time per command, which does not resolve a routing
-policy for every command.
+spends less client time per command (no routing policy resolved for each): for 1,000 keys, 9.6 ms of CPU
+against 13.5 ms (``ragcache bench cluster``).
 
 The slot map is the cluster client's own (``nodes_manager``), and so are the connection pools. Replies that
 redirect (MOVED, ASK: a slot on the move) are sent again through the client's ``ClusterPipeline``, which
