@@ -23,13 +23,15 @@ def render_stats(stats: dict[str, Any], previous: dict[str, Any] | None = None, 
         overall = entry["since_start"]
         before = _levels_of(previous, model)
         lines.append(f"{model}  (space {entry['space']['space_id']})")
-        lines.append(
-            f"  texts {overall['texts']:,}  hit rate {overall['hit_rate']:.3f}  computed {overall['texts_computed']:,}  "
-            f"compute saved {overall['compute_s_saved']:.1f} s"
-        )
         last = f"last {interval_s:g}s" if interval_s else "last"
+        totals = (f"  texts {overall['texts']:,}  hit rate {overall['hit_rate']:.3f}  computed {overall['texts_computed']:,}  "
+                  f"compute saved {overall['compute_s_saved']:.1f} s")
+        if previous is not None:
+            earlier = previous["models"].get(model, {}).get("since_start")
+            totals += f"  |  {last}: {_interval_texts(overall, earlier)} texts, hit rate {_interval_rate(_as_level(overall), _as_level(earlier))}"
+        lines.append(totals)
         header = f"  {'level':<6}{'up':<5}{'lookups':>10}{'hits':>10}{'misses':>10}{'errors':>8}{'hit rate':>10}{'served':>9}"
-        lines.append(header + (f"{last:>10}" if previous is not None else "") + f"{'p50 ms':>9}{'p99 ms':>9}")
+        lines.append(header + (f"{last:>12}" if previous is not None else "") + f"{'p50 ms':>9}{'p99 ms':>9}")
         for level in overall["levels"]:
             name = level["level"]
             up = "yes" if entry["levels"].get(name, {}).get("up", True) else "NO"
@@ -37,7 +39,7 @@ def render_stats(stats: dict[str, Any], previous: dict[str, Any] | None = None, 
             row = (f"  {name:<6}{up:<5}{level['lookups']:>10,}{level['hits']:>10,}{level['misses']:>10,}{level['errors']:>8,}"
                    f"{level['hit_rate']:>10.3f}{served:>9.1%}")
             if previous is not None:
-                row += f"{_interval_rate(level, before.get(name)):>10}"
+                row += f"{_interval_rate(level, before.get(name)):>12}"
             lines.append(row + f"{level['latency_p50_ms']:>9.3f}{level['latency_p99_ms']:>9.3f}")
     return "\n".join(lines)
 
@@ -73,6 +75,16 @@ def _levels_of(stats: dict[str, Any] | None, model: str) -> dict[str, dict[str, 
     if stats is None or model not in stats["models"]:
         return {}
     return {level["level"]: level for level in stats["models"][model]["since_start"]["levels"]}
+
+
+def _as_level(overall: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The whole cache's counters in a level's terms: every text asked for is a lookup."""
+    return None if overall is None else {"hits": overall["hits"], "lookups": overall["texts"]}
+
+
+def _interval_texts(overall: dict[str, Any], before: dict[str, Any] | None) -> str:
+    texts = overall["texts"] - (before["texts"] if before else 0)
+    return f"{texts:,}" if texts >= 0 else "-"  # negative: the service restarted in between
 
 
 def _interval_rate(level: dict[str, Any], before: dict[str, Any] | None) -> str:

@@ -54,7 +54,7 @@ def test_render_real_stats_and_the_interval_column(live):
     assert "last" not in once  # one answer: no interval to speak of
 
     table = render_stats(after, before, interval_s=2)
-    assert "last 2s" in table
+    assert "last 2s: 6 texts, hit rate 1.000" in table
     # Between the two answers L1 was asked 6 times and held all 6.
     assert level_row(table, "L1")[8] == "1.000"
     # L2 was not asked at all in between (every text was in L1).
