@@ -96,7 +96,7 @@ class RedisTier:
     ``get_many`` is one round trip per chunk of ``chunk_size`` keys (MGET, or a pipeline of GETEX when the
     TTL is refreshed on hit); ``put_many`` is one pipeline of SET ... EX per chunk. With a Redis Cluster
     client it is one round trip per node per chunk: keys hash to slots all over the cluster, so one MGET
-    would fail with CROSSSLOT; one MGET per slot (and one SET per key) go in one pipeline per node, every
+    would fail with CROSSSLOT; one MGET (and one SET) per key go in one pipeline per node, every
     node's written before any is read (``ragcache.cluster_pipeline``: a failing node costs one timeout).
     """
 
@@ -138,18 +138,9 @@ class RedisTier:
             return self._pipeline([("GETEX", key, "EX", self.ttl_s) for key in keys])
         if not self._is_cluster:
             return self.client.mget(keys)
-        # One MGET per slot (an MGET across slots fails with CROSSSLOT). A batch's keys nearly all hash to
-        # distinct slots, so this is about one command per key, sent in one pipeline per node.
-        slot_to_positions: dict[int, list[int]] = {}
-        for position, key in enumerate(keys):
-            slot_to_positions.setdefault(self.client.keyslot(key), []).append(position)
-        groups = list(slot_to_positions.values())
-        replies = cluster_pipeline.execute(self.client, [("MGET", *(keys[p] for p in group)) for group in groups])
-        values: list[bytes | None] = [None] * len(keys)
-        for group, reply in zip(groups, replies):
-            for position, value in zip(group, reply):
-                values[position] = value
-        return values
+        # One MGET per key (an MGET across slots fails with CROSSSLOT; MGET, not GET, so that a key holding
+        # another type reads as absent, as it does in one MGET), in one pipeline per node.
+        return [reply[0] for reply in cluster_pipeline.execute(self.client, [("MGET", key) for key in keys])]
 
     def _pipeline(self, commands: list[tuple]) -> list:
         """Single-key commands in one round trip (one per node on a cluster); the replies in order."""
