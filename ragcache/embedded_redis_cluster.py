@@ -17,7 +17,7 @@ from typing import Callable
 import redis
 
 from ragcache.embedded_redis import EmbeddedRedis, free_port
-from ragcache.errors import TierUnavailableError
+from ragcache.errors import ConfigError, TierUnavailableError
 
 __all__ = ["EmbeddedRedisCluster", "NUM_SLOTS"]
 
@@ -83,7 +83,7 @@ class EmbeddedRedisCluster:
 
     def __init__(self, num_primaries: int = 3, replicas_per_primary: int = 1, *, node_timeout_ms: int = 1000, timeout_s: float = 30.0):
         if num_primaries < 1 or replicas_per_primary < 0:
-            raise ValueError("a cluster needs at least one primary and a non-negative number of replicas")
+            raise ConfigError("a cluster needs at least one primary and a non-negative number of replicas")
         options = ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", str(node_timeout_ms)]
         self.nodes: list[EmbeddedRedis] = []
         try:
@@ -183,4 +183,4 @@ class EmbeddedRedisCluster:
         for node in self.nodes:
             if node.port == port:
                 return node
-        raise ValueError(f"no node of this cluster listens on port {port}")
+        raise ConfigError(f"no node of this cluster listens on port {port}")

@@ -3,8 +3,8 @@
 ``RAGCACHE_REDIS_URL`` may name any node of a cluster, or list seed nodes separated by commas; either way
 the result is a ``redis.cluster.RedisCluster`` when the server says ``cluster_enabled:1`` (INFO cluster), else
 a plain ``redis.Redis``. Both answer the same single-key commands and pipelines, so the code that uses
-Redis (L2, the search result cache, the prefix registry) takes either. A cluster client groups a pipeline
-by node: a batch costs one round trip per node that holds some of its keys, not one per key.
+Redis (L2, the search result cache, the prefix registry, the single-flight locks) takes either. L2 sends
+its batches on a cluster through ``ragcache.cluster_pipeline``: one round trip per node, not one per key.
 
 A cluster client raises ``RedisClusterException`` (not a ``RedisError``) when no node covers a slot or
 none can be reached; ``REDIS_ERRORS`` names both so that callers turn either into a miss.
@@ -63,7 +63,9 @@ def is_cluster(client: object) -> bool:
 
 def asyncio_twin(client: redis.Redis | RedisCluster) -> redis.asyncio.Redis | redis.asyncio.RedisCluster:
     """An asyncio client for the same server or cluster, with the blocking client's options (those the
-    asyncio client knows). Create it inside the event loop that will use it."""
+    asyncio client knows), and no retries: its callers fall back to the blocking path, which has them.
+    Create it inside the event loop that will use it."""
+    no_retry = AsyncRetry(NoBackoff(), 0)
     if is_cluster(client):
         node_options = client.get_nodes()[0].redis_connection.connection_pool.connection_kwargs
         accepted = set(inspect.signature(redis.asyncio.RedisCluster.__init__).parameters) - {"host", "port", "retry"}
@@ -71,10 +73,10 @@ def asyncio_twin(client: redis.Redis | RedisCluster) -> redis.asyncio.Redis | re
         # The blocking client learns TLS from its connection class; the asyncio one takes a flag.
         options["ssl"] = issubclass(node_options.get("connection_class", redis.Connection), redis.SSLConnection)
         nodes = [redis.asyncio.cluster.ClusterNode(node.host, node.port) for node in client.get_nodes()]
-        return redis.asyncio.RedisCluster(startup_nodes=nodes, retry=_cluster_retry(AsyncRetry), **options)
-    accepted = inspect.signature(redis.asyncio.Redis.__init__).parameters
+        return redis.asyncio.RedisCluster(startup_nodes=nodes, retry=no_retry, **options)
+    accepted = set(inspect.signature(redis.asyncio.Redis.__init__).parameters) - {"retry"}
     options = {k: v for k, v in client.connection_pool.connection_kwargs.items() if k in accepted}
-    return redis.asyncio.Redis(**options)
+    return redis.asyncio.Redis(retry=no_retry, **options)
 
 
 def _probe_cluster(url: str, options: dict) -> bool:
@@ -90,8 +92,8 @@ def _probe_cluster(url: str, options: dict) -> bool:
         probe.close()
 
 
-def _cluster_retry(retry_class: type = Retry):
-    return retry_class(ExponentialWithJitterBackoff(base=0.01, cap=0.1), CLUSTER_RETRIES)
+def _cluster_retry() -> Retry:
+    return Retry(ExponentialWithJitterBackoff(base=0.01, cap=0.1), CLUSTER_RETRIES)
 
 
 def _open_cluster(seeds: list[str], options: dict) -> RedisCluster:
