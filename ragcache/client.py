@@ -18,10 +18,11 @@ Errors are the library's own tree, carrying the server's message and a ``status_
     ├── NotFoundError            404
     ├── ConflictError            409
     ├── AuthenticationError      401, 403                                          (defined here)
-    ├── ServiceUnavailableError  cannot connect, timed out, or 502/503/504           (defined here)
+    ├── ServiceUnavailableError  cannot connect, timed out, 429 or 502/503/504       (defined here)
     └── ServiceError             any other failed answer, or one that is not the expected JSON (defined here)
 
-Connection failures and 502/503 answers are retried ``retries`` times with exponential back-off: nothing
+Connection failures and 429/502/503 answers are retried ``retries`` times with exponential back-off, or
+after the ``Retry-After`` the service sent when that is longer (capped at ``MAX_RETRY_AFTER_S``): nothing
 reached the application, or it asked to be retried. Every endpoint is idempotent (upserts and deletes
 go by id), but a read timeout is not retried (the request may still be running), nor is any 4xx, which is
 the caller's to fix.
@@ -64,7 +65,9 @@ __all__ = [
 ]
 
 DEFAULT_BASE_URL = "http://127.0.0.1:8000"
-RETRY_STATUSES = frozenset({502, 503})
+RETRY_STATUSES = frozenset({429, 502, 503})
+# A Retry-After longer than this is not waited for: the error goes to the caller, who knows its own deadline.
+MAX_RETRY_AFTER_S = 30.0
 # The search answer of the service is the library's SearchResult, field for field.
 SearchResponse = SearchResult
 
@@ -95,7 +98,8 @@ class _Operations:
         transport: httpx.BaseTransport | httpx.AsyncBaseTransport | None = None,
     ):
         """``api_key`` is sent as ``Authorization: Bearer``; ``timeout`` in seconds; ``retries`` after a
-        connection failure or a 502/503, waiting ``backoff_s`` doubled each time; ``model`` is sent with
+        connection failure or a 429/502/503, waiting ``backoff_s`` doubled each time (or the answer's
+        ``Retry-After``, when longer); ``model`` is sent with
         embedding, search and ingest requests (the service's default model when None); ``transport`` replaces the network."""
         if retries < 0 or backoff_s < 0:
             raise InvalidInputError("retries and backoff_s must not be negative", field="retries")
@@ -180,7 +184,11 @@ class _Operations:
             retryable = isinstance(outcome, (httpx.ConnectError, httpx.ConnectTimeout))
         if not retryable or attempt >= self.retries:
             return None
-        return self.backoff_s * 2**attempt
+        delay = self.backoff_s * 2**attempt
+        retry_after = _retry_after_s(outcome) if isinstance(outcome, httpx.Response) else None
+        if retry_after is None:
+            return delay
+        return max(delay, retry_after) if retry_after <= MAX_RETRY_AFTER_S else None
 
     def _transport_error(self, call: _Call, exc: Exception) -> RagCacheError:
         if isinstance(exc, (TypeError, ValueError)):
@@ -267,12 +275,20 @@ def _status_error(response: httpx.Response) -> RagCacheError:
         error = ConflictError(message)
     elif status in (401, 403):
         error = AuthenticationError(message)
-    elif status in (502, 503, 504):
+    elif status in (429, 502, 503, 504):
         error = ServiceUnavailableError(message)
     else:
         error = ServiceError(message)
     error.status_code = status  # type: ignore[attr-defined]
     return error
+
+
+def _retry_after_s(response: httpx.Response) -> float | None:
+    """``Retry-After`` in seconds (the delay form; the HTTP-date form is not sent by ragcache), or None."""
+    try:
+        return max(0.0, float(response.headers["retry-after"]))
+    except (KeyError, ValueError):
+        return None
 
 
 def _error_details(response: httpx.Response) -> tuple[str, str | None]:

@@ -172,6 +172,21 @@ def test_502_and_503_are_retried_and_the_last_message_kept():
     assert str(info.value) == "still warming up" and info.value.status_code == 503
 
 
+def test_429_waits_for_retry_after_then_succeeds():
+    limited = httpx.Response(429, headers={"Retry-After": "0.05"}, json={"error": {"type": "rate_limited", "message": "slow down"}})
+    handler = Recorder(limited, httpx.Response(200, json=embeddings_answer(VECTORS)))
+    with client_for(handler, retries=1) as client:
+        np.testing.assert_array_equal(client.embed(["a", "b"]), VECTORS)
+    assert len(handler.requests) == 2
+
+
+def test_429_after_the_retries_is_service_unavailable_with_its_status():
+    handler = Recorder(error(429, "rate limit of key 'app' exceeded"))
+    with client_for(handler, retries=1) as client, pytest.raises(ServiceUnavailableError, match="rate limit") as info:
+        client.embed(["a"])
+    assert len(handler.requests) == 2 and info.value.status_code == 429
+
+
 @pytest.mark.parametrize("status", [400, 401, 404, 409, 413, 422, 500, 504])
 def test_other_statuses_are_never_retried(status):
     handler = Recorder(error(status))
@@ -192,7 +207,10 @@ def test_backoff_doubles_per_attempt():
     refused = httpx.ConnectError("refused")
     assert [client._retry_delay(attempt, refused) for attempt in range(4)] == [0.1, 0.2, 0.4, None]
     assert client._retry_delay(0, httpx.Response(503)) == 0.1
-    assert client._retry_delay(0, httpx.Response(429)) is None
+    assert client._retry_delay(0, httpx.Response(429)) == 0.1
+    assert client._retry_delay(0, httpx.Response(429, headers={"Retry-After": "2"})) == 2.0
+    assert client._retry_delay(2, httpx.Response(503, headers={"Retry-After": "0.01"})) == 0.4
+    assert client._retry_delay(0, httpx.Response(429, headers={"Retry-After": "3600"})) is None
 
 
 # ---- errors -------------------------------------------------------------------------------------------------
