@@ -108,6 +108,9 @@ def run_serve(args) -> int:
         workers=args.workers,
         log_level=args.log_level,
         timeout_graceful_shutdown=30,
+        # uvicorn's default (5 s) closes idle keep-alive connections so soon that a client (or a load balancer,
+        # whose idle timeout is often 60 s) reusing one at that instant gets a reset; the server must outlast them.
+        timeout_keep_alive=75,
     )
     return 0
 
@@ -190,7 +193,7 @@ def run_config(args) -> int:
         path = Path(args.readme)
         try:
             path.write_text(replace_section(path.read_text(encoding="utf-8"), markdown_table()), encoding="utf-8")
-        except (OSError, ValueError) as exc:
+        except OSError as exc:
             raise RagCacheError(f"cannot update {path}: {exc}") from exc
         print(f"configuration reference in {path} regenerated")
     elif args.markdown:

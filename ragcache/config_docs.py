@@ -20,6 +20,8 @@ from pydantic import BaseModel, SecretStr
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
+from ragcache.errors import ConfigError
+
 __all__ = [
     "BEGIN_MARKER",
     "END_MARKER",
@@ -57,21 +59,23 @@ def markdown_table(settings_class: type[BaseModel] | None = None) -> str:
 
 def replace_section(document: str, table: str) -> str:
     """``document`` with the text between the reference markers replaced by ``table``."""
-    begin = document.find(BEGIN_MARKER)
-    end = document.find(END_MARKER)
-    if begin < 0 or end < begin:
-        raise ValueError(f"the document has no section between {BEGIN_MARKER!r} and {END_MARKER!r}")
-    head = document[: begin + len(BEGIN_MARKER)]
-    return f"{head}\n{table}{document[end:]}"
+    begin, end = _section_bounds(document)
+    return f"{document[:begin]}\n{table}{document[end:]}"
 
 
 def section_of(document: str) -> str:
     """The text between the reference markers (what ``replace_section`` writes there, without the newline)."""
+    begin, end = _section_bounds(document)
+    return document[begin + 1 : end]
+
+
+def _section_bounds(document: str) -> tuple[int, int]:
+    """Where the section starts (just after the begin marker) and ends (at the end marker)."""
     begin = document.find(BEGIN_MARKER)
     end = document.find(END_MARKER)
     if begin < 0 or end < begin:
-        raise ValueError(f"the document has no section between {BEGIN_MARKER!r} and {END_MARKER!r}")
-    return document[begin + len(BEGIN_MARKER) + 1 : end]
+        raise ConfigError(f"the document has no section between {BEGIN_MARKER!r} and {END_MARKER!r}")
+    return begin + len(BEGIN_MARKER), end
 
 
 def effective_env_lines(settings: BaseModel) -> list[str]:
