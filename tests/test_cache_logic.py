@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from ragcache.cache import EmbeddingCache
-from ragcache.errors import InvalidInputError, TierUnavailableError
+from ragcache.errors import ComputeError, InvalidInputError, TierUnavailableError
 from ragcache.tiers import MemoryTier
 from tests.fakes import HashEncoder
 
@@ -175,7 +175,7 @@ def test_model_failure_reaches_the_caller_and_the_cache_keeps_working():
 
     encoder = Flaky(DIM)
     cache = EmbeddingCache(encoder, levels((10,)), write_behind=False)
-    with pytest.raises(RuntimeError, match="out of memory"):
+    with pytest.raises(ComputeError, match="RuntimeError: out of memory"):  # in the ragcache tree, cause named
         cache.embed(["a"])
     encoder.fail = False
     assert cache.embed(["a"]).shape == (1, DIM)
