@@ -12,6 +12,7 @@ import time
 import uuid
 from collections import Counter
 
+import httpx
 import numpy as np
 import pytest
 import redis
@@ -31,6 +32,7 @@ from ragcache.result_cache import ResultCache
 from ragcache.settings import Settings
 from ragcache.stores import Stores
 from ragcache.tiers.redis import RedisTier
+from tests.live_server import LiveServer
 
 DIM = 16
 
@@ -134,18 +136,23 @@ def test_corrupt_values_on_any_node_are_misses_and_deleted(redis_cluster, redis_
     tier = RedisTier(redis_cluster_client, dim=DIM, dtype=torch.float32)
     keys, vectors = make_keys(300), torch.randn(300, DIM)
     tier.put_many(keys, vectors)
-    damaged = keys[::30]
-    for key in damaged:
-        value = redis_cluster_client.get(key)
-        redis_cluster_client.set(key, value[:-1] + bytes([value[-1] ^ 1]))
-    redis_cluster_client.delete(keys[1])
-    redis_cluster_client.hset(keys[1], "field", "another type under our key: absent, as in one MGET")
+    positions_on_node: dict[int, list[int]] = {}
+    for position, key in enumerate(keys):
+        node = redis_cluster_client.nodes_manager.get_node_from_slot(key_slot(key.encode()))
+        positions_on_node.setdefault(node.port, []).append(position)
+    assert len(positions_on_node) == 3
+    damaged = sorted(p for positions in positions_on_node.values() for p in positions[:3])  # three on every node
+    for position in damaged:
+        value = redis_cluster_client.get(keys[position])
+        redis_cluster_client.set(keys[position], value[:-1] + bytes([value[-1] ^ 1]))
+    other_type = positions_on_node[redis_cluster.primary_ports()[0]][-1]
+    redis_cluster_client.delete(keys[other_type])
+    redis_cluster_client.hset(keys[other_type], "field", "another type under our key: absent, as in one MGET")
     hits = tier.get_many(keys)
-    kept = [i for i in range(300) if i % 30 and i != 1]
+    kept = [i for i in range(300) if i not in damaged and i != other_type]
     assert hits.index == kept and torch.equal(hits.vectors, vectors[kept])
-    assert tier.num_corrupt == len(damaged)
-    assert sum(redis_cluster_client.exists(key) for key in damaged) == 0
-    assert len({redis_cluster_client.nodes_manager.get_node_from_slot(key_slot(k.encode())).port for k in damaged}) == 3
+    assert tier.num_corrupt == len(damaged) == 9
+    assert sum(redis_cluster_client.exists(keys[position]) for position in damaged) == 0
 
 
 def test_moved_and_ask_redirections_are_followed(redis_cluster, redis_cluster_client):
@@ -213,6 +220,26 @@ def test_prefix_registry_store_on_the_cluster(redis_cluster_client):
     store.put(prefix)
     assert store.get("support") == prefix and store.list() == [prefix]
     assert store.delete("support") and store.get("support") is None and store.list() == []
+
+
+def test_the_service_embeds_searches_and_registers_prefixes_on_the_cluster(redis_cluster, redis_cluster_client, tmp_path):
+    settings = Settings(redis_url=redis_cluster.urls, data_dir=tmp_path)
+    with LiveServer(settings) as live, httpx.Client(base_url=live.url, timeout=60) as http:
+        texts = ["served by a cluster", "each key on its own node"]
+        assert http.post("/embed", json={"inputs": texts}).status_code == 200
+        cache = live.state.caches[live.state.default_model]
+        cache.flush()  # the write-behind worker has stored them in L2
+        assert redis_cluster_client.exists(*cache.space.keys(texts)) == 2
+
+        http.post("/documents", json={"collection": "on_cluster", "documents": [{"id": "a", "text": "alpha particles"}]})
+        body = {"collection": "on_cluster", "query": "alpha", "top_k": 1}
+        assert [http.post("/search", json=body).json()["result_cache"] for _ in range(2)] == ["miss", "hit"]
+
+        prefix = {"name": "cluster-system", "text": "You answer from the documents.", "pinned": False,
+                  "target": {"base_url": "http://127.0.0.1:9", "model": "tiny"}}
+        assert http.post("/prefixes", json=prefix).status_code == 201
+        assert http.get("/prefixes/cluster-system").json()["text"] == prefix["text"]
+        assert redis_cluster_client.hexists("rc:prefixes", "cluster-system")
 
 
 # ---- failures ----------------------------------------------------------------------------------------------------
