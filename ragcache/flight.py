@@ -21,13 +21,14 @@ import logging
 import threading
 import time
 import uuid
-from functools import partial
 from typing import Callable, Protocol, Sequence
 
 import redis
 import torch
 from redis.exceptions import RedisClusterException
 
+from ragcache import cluster_pipeline
+from ragcache.redis_client import is_cluster
 from ragcache.tiers.base import TierHealth, TierHits
 
 __all__ = ["Flight", "RedisFlight", "wait_for_holders"]
@@ -130,7 +131,7 @@ class RedisFlight:
             won = [key in self._num_holders for key in keys]
             ask = [i for i, key in enumerate(keys) if not won[i]]
             if ask:
-                answers = self._pipeline(lambda pipe: _each(pipe.set, [(_lock_key(keys[i]), self.token) for i in ask], nx=True, px=self.ttl_ms))
+                answers = self._pipeline([("SET", _lock_key(keys[i]), self.token, "NX", "PX", self.ttl_ms) for i in ask])
                 for i, answer in zip(ask, answers if answers is not None else [True] * len(ask)):
                     won[i] = bool(answer)
             for key, is_won in zip(keys, won):
@@ -143,7 +144,7 @@ class RedisFlight:
 
     def is_held(self, keys: Sequence[str]) -> list[bool]:
         """Per key: whether some process holds its lock (False when Redis cannot say)."""
-        answers = self._pipeline(lambda pipe: _each(pipe.exists, [(_lock_key(key),) for key in keys]))
+        answers = self._pipeline([("EXISTS", _lock_key(key)) for key in keys])
         return [bool(answer) for answer in answers] if answers is not None else [False] * len(keys)
 
     def release(self, keys: Sequence[str]) -> None:
@@ -157,17 +158,22 @@ class RedisFlight:
                     done.append(key)
         if done:
             # A failed release leaves the lock to its TTL: others wait at most that long, then compute.
-            # EVAL through execute_command: a Redis Cluster pipeline has no eval() method, but routes EVAL by its key.
-            self._pipeline(lambda pipe: _each(partial(pipe.execute_command, "EVAL"), [(_COMPARE_AND_DELETE, 1, _lock_key(key), self.token) for key in done]))
+            self._pipeline([("EVAL", _COMPARE_AND_DELETE, 1, _lock_key(key), self.token) for key in done])
 
-    def _pipeline(self, stage: Callable[[object], None]) -> list | None:
-        """Run the commands ``stage`` queues in one pipeline; None when Redis failed or is backed off from."""
+    def _pipeline(self, commands: list[tuple]) -> list | None:
+        """Run single-key ``commands`` in one pipeline; None when Redis failed or is backed off from."""
         if not self._health.should_try():
             return None
         try:
-            pipe = self.client.pipeline(transaction=False)
-            stage(pipe)
-            answers = pipe.execute()
+            if is_cluster(self.client):
+                # Not redis-py's ClusterPipeline: with a primary hung, it resent that node's commands one by one,
+                # each waiting out its timeout (21 s for one claim of 60 keys); this costs one timeout a batch.
+                answers = cluster_pipeline.execute(self.client, commands)
+            else:
+                pipe = self.client.pipeline(transaction=False)
+                for command in commands:
+                    pipe.execute_command(*command)
+                answers = pipe.execute()
         except _REDIS_ERRORS as exc:
             if self._health.record_failure(exc):
                 log.warning("single flight off while Redis fails (every replica computes its own misses): %s", exc)
@@ -180,8 +186,3 @@ class RedisFlight:
 def _lock_key(key: str) -> str:
     return key + LOCK_SUFFIX
 
-
-def _each(command: Callable, calls: list[tuple], **options) -> None:
-    """Queue ``command(*args, **options)`` on a pipeline once per ``args`` in ``calls``."""
-    for args in calls:
-        command(*args, **options)
