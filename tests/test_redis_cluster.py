@@ -25,6 +25,7 @@ from ragcache.cache import EmbeddingCache
 from ragcache.embedded_redis import free_port
 from ragcache.embedded_redis_cluster import EmbeddedRedisCluster
 from ragcache.errors import ConfigError, TierUnavailableError
+from ragcache.flight import RedisFlight
 from ragcache.prefixes.model import Prefix, PromptForm, Target
 from ragcache.prefixes.store import RedisPrefixStore
 from ragcache.redis_client import open_redis
@@ -260,10 +261,12 @@ def test_a_hung_primary_costs_a_batch_one_timeout_not_one_per_key():
                 tier.get_many(keys)
             with pytest.raises(TierUnavailableError, match="Timeout"):
                 tier.put_many(keys, vectors)
+            # The cross-replica locks: Redis failing, every claim is won (computed here, as without locks).
+            assert RedisFlight(client, ttl_ms=5000, wait_s=1.0).claim(keys) == [True] * 300
         finally:
             cluster.resume(hung)
-        # About 100 of the keys live on the hung node; resending them one by one would send ~200 times.
-        assert sends[hung] <= 4, sends
+        # About 100 of the keys live on the hung node; resending them one by one would send ~300 times.
+        assert sends[hung] <= 6, sends
         hits = tier.get_many(keys)
         assert hits.index == list(range(300)) and torch.equal(hits.vectors, vectors)
         client.close()
