@@ -22,7 +22,7 @@ from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
 from redis.cluster import ClusterNode, RedisCluster
 from redis.connection import parse_url
-from redis.exceptions import RedisClusterException
+from redis.exceptions import ClusterDownError, RedisClusterException, SlotNotCoveredError
 from redis.retry import Retry
 
 from ragcache.errors import ConfigError
@@ -33,12 +33,18 @@ log = logging.getLogger(__name__)
 
 REDIS_ERRORS = (redis.RedisError, RedisClusterException)
 
-# How often a cluster client re-reads the slot map and tries again after a refused connection, a timeout,
-# CLUSTERDOWN or TRYAGAIN. redis-py does not sleep between these tries, so more of them would not outlast a
-# failover (seconds) anyway, while each try against a dead host can cost a connect timeout; one retry lets
-# the first call after a failover find the promoted replica (the failed try refreshed the slot map).
-# MOVED and ASK redirections are followed apart from these.
+# How often a cluster client re-reads the slot map and tries a command again after a refused connection or
+# CLUSTERDOWN (MOVED and ASK are followed apart from these). redis-py does not sleep between tries, so more
+# would not outlast a failover (seconds); one lets the first command after a failover reach the promoted
+# replica, since the refused try refreshed the slot map.
 CLUSTER_RETRIES = 1
+
+
+class _RedisCluster(RedisCluster):
+    """Retries what fails fast, not a timeout: a hung node costs a command one timeout, as it does a single
+    server (``Stores`` gives that one the same rule). redis-py matches these by exact type."""
+
+    ERRORS_ALLOW_RETRY = (redis.ConnectionError, ClusterDownError, SlotNotCoveredError)
 
 
 def split_urls(url: str) -> list[str]:
@@ -46,12 +52,16 @@ def split_urls(url: str) -> list[str]:
     return [part.strip() for part in url.split(",") if part.strip()]
 
 
-def open_redis(url: str, *, timeout_s: float, retry: Retry | None = None) -> redis.Redis | RedisCluster:
+def open_redis(
+    url: str, *, timeout_s: float, retry: Retry | None = None, connection_class: type[redis.Connection] | None = None
+) -> redis.Redis | RedisCluster:
     """A client for ``url``: a cluster client when the server runs in cluster mode or several seeds are
     given, else a plain client (with ``retry``, when given). ``timeout_s`` bounds every socket read and
-    connect."""
+    connect; ``connection_class`` replaces redis-py's (tests pass one that counts round trips)."""
     seeds = split_urls(url)
-    options = {"socket_timeout": timeout_s, "socket_connect_timeout": timeout_s}
+    options: dict = {"socket_timeout": timeout_s, "socket_connect_timeout": timeout_s}
+    if connection_class is not None:
+        options["connection_class"] = connection_class
     if len(seeds) == 1 and not _probe_cluster(seeds[0], options):
         return redis.Redis.from_url(seeds[0], health_check_interval=30, retry=retry, **options)
     return _open_cluster(seeds, options)
@@ -101,7 +111,7 @@ def _open_cluster(seeds: list[str], options: dict) -> RedisCluster:
     try:
         startup_nodes = [ClusterNode(parsed["host"], parsed.get("port", 6379)) for parsed in map(parse_url, others)]
         # The first seed carries the options every node shares (user, password, TLS); the others add addresses.
-        return RedisCluster(url=first, startup_nodes=startup_nodes, retry=_cluster_retry(), **options)
+        return _RedisCluster(url=first, startup_nodes=startup_nodes, retry=_cluster_retry(), **options)
     except (KeyError, ValueError) as exc:
         raise ConfigError(f"redis_url {','.join(seeds)!r}: a cluster seed must be redis://host:port or rediss://host:port") from exc
     except REDIS_ERRORS as exc:
