@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import redis
 import torch
+from pydantic import ValidationError
 from redis.cluster import RedisCluster
 from redis.crc import key_slot
 
@@ -71,6 +72,9 @@ def test_any_node_or_a_seed_list_opens_a_cluster_client_and_a_plain_server_stays
 
     settings = Settings(redis_url=" , ".join(redis_cluster.urls.split(",")), milvus_uri="off", data_dir=tmp_path)
     assert settings.redis_url == redis_cluster.urls
+    for bad in ("redis://127.0.0.1:7000,unix:///tmp/redis.sock", "redis://127.0.0.1:7000,", "127.0.0.1:7000,127.0.0.1:7001"):
+        with pytest.raises(ValidationError, match="seed nodes"):
+            Settings(redis_url=bad)
     stores = Stores.open(settings)
     assert isinstance(stores.redis, RedisCluster) and stores.embedded_redis is None
     stores.close()
