@@ -1,8 +1,9 @@
 """L2 and everything else that uses Redis, on a real Redis Cluster (3 primaries + 3 replicas on loopback).
 
 The Tier contract itself runs on the cluster in test_tier_contract.py; here: how a cluster is recognised,
-how keys spread, what a batch costs per node, redirections, the search result cache and the prefix
-registry, and a primary killed while requests keep coming.
+how keys spread, what a batch costs per node, redirections, the search result cache, the prefix registry,
+the service on a cluster, a hung primary (one timeout per batch), and a primary killed while requests keep
+coming (none fails; L2 serves again after the replica's promotion).
 """
 
 from __future__ import annotations
