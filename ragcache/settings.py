@@ -49,7 +49,7 @@ class Settings(BaseSettings):
     compute_max_wait_ms: float = Field(2.0, ge=0, description="how long a model batch waits to fill")
     single_flight: bool = Field(True, description="replicas sharing Redis compute a text missed at once only once (docs/replicas.md)")
     single_flight_ttl_ms: int = Field(15000, gt=0, description="lock lifetime: how long a dead holder can keep others waiting")
-    single_flight_wait_ms: int = Field(5000, ge=0, description="most a replica waits for another's vector before computing it")
+    single_flight_wait_ms: int = Field(15000, ge=0, description="most a replica waits for another's vector before computing it")
 
     # -- the KV-prefix registry (keep-warm of vLLM prefix-cache entries) ---------------------------------
     prefix_warm_budget_per_minute: int = Field(120, gt=0, description="most warm requests sent to vLLM a minute")
