@@ -18,7 +18,10 @@ class LiveServer:
         self.app = create_app(settings)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        config = uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on")
+        # timeout_keep_alive as `ragcache serve` sets it: with uvicorn's 5 s, a loaded test client reusing an idle
+        # connection just as the server closes it gets a ReadError that says nothing about the service.
+        config = uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on",
+                                timeout_keep_alive=75)
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
