@@ -6,7 +6,7 @@
 /v1/embeddings (1-4 texts) and /search over a small knowledge base, drawn from a seeded, skewed stream
 (many repeats, a steady trickle of new texts, so every level and the model stay busy). The service is a
 separate process (``ragcache serve``) with its own embedded Redis and Milvus Lite; its resident memory is
-read before and after the run, and L1's bytes against its budget from ``/stats``. The fault tests reuse
+read after a warm-up and every 5 s of the run, and L1's bytes against its budget from ``/stats``. The fault tests reuse
 ``LoadRunner`` as their background load.
 """
 
@@ -25,7 +25,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-__all__ = ["Outcome", "Workload", "LoadRunner", "LoadSummary", "summarize", "add_arguments", "run"]
+__all__ = ["Outcome", "Workload", "LoadRunner", "LoadSummary", "LoadRun", "summarize", "run_load", "add_arguments", "run"]
 
 WORDS = (
     "cache vector redis milvus query prompt token model batch index search document latency replica "
@@ -50,7 +50,7 @@ class Outcome:
 
 
 class Workload:
-    """Seeded request bodies: texts drawn with a skew (a few hot, most cold) from a growing pool."""
+    """Seeded request bodies: texts repeated from a hot pool (skewed or uniform), plus never-seen ones."""
 
     def __init__(
         self,
@@ -204,6 +204,7 @@ class LoadRun:
     clients: int
     rss_start_bytes: int
     rss_end_bytes: int
+    rss_samples_bytes: tuple[int, ...]  # every 5 s during the run
     l1_used_bytes: int
     l1_budget_bytes: int
     stats: dict
@@ -228,7 +229,7 @@ def run_load(*, duration_s: float, clients: int, l1_bytes: int, num_documents: i
             process = psutil.Process(service.process.pid)
             rss_start = process.memory_info().rss
             runner = LoadRunner(service.url, workload, clients=clients).start()
-            time.sleep(duration_s)
+            rss_samples = _sample_rss(process, duration_s)
             outcomes = runner.stop()
             rss_end = process.memory_info().rss
             stats = service.client.get("/stats").json()
@@ -237,7 +238,17 @@ def run_load(*, duration_s: float, clients: int, l1_bytes: int, num_documents: i
     finally:
         redis_server.stop()
     l1 = stats["models"][MODEL]["levels"]["L1"]
-    return LoadRun(summarize(outcomes), duration_s, clients, rss_start, rss_end, l1["used_bytes"], l1["capacity_bytes"], stats)
+    return LoadRun(summarize(outcomes), duration_s, clients, rss_start, rss_end, tuple(rss_samples), l1["used_bytes"], l1["capacity_bytes"], stats)
+
+
+def _sample_rss(process, duration_s: float, interval_s: float = 5.0) -> list[int]:
+    """The process's resident bytes every ``interval_s`` for ``duration_s``: growth that flattens is caches
+    filling; growth that keeps its slope to the end would be a leak."""
+    samples, deadline = [], time.monotonic() + duration_s
+    while (left := deadline - time.monotonic()) > 0:
+        time.sleep(min(interval_s, left))
+        samples.append(process.memory_info().rss)
+    return samples
 
 
 def run(args: argparse.Namespace) -> int:
@@ -257,6 +268,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"  latency p50 {summary.latency_p50_ms} ms, p99 {summary.latency_p99_ms} ms, max {summary.latency_max_ms} ms")
     print(f"  service RSS {result.rss_start_bytes / mib:.0f} MiB at start, {result.rss_end_bytes / mib:.0f} MiB at end; "
           f"L1 {result.l1_used_bytes / mib:.1f} of {result.l1_budget_bytes / mib:.1f} MiB")
+    print(f"  RSS every 5 s (MiB): {' '.join(f'{rss / mib:.0f}' for rss in result.rss_samples_bytes)}")
     for error in summary.first_errors:
         print(f"  error: {error}")
     command = f"ragcache bench load --duration {args.duration:g} --clients {args.clients}"
