@@ -188,7 +188,8 @@ class ScriptedFlight:
 
     def wait(self, keys, fetch):
         self.events.append(("wait", list(keys)))
-        return wait_for_holders(keys, fetch, self.published.is_held, wait_s=1.0, clock=FakeClock(), sleep=lambda s: None)
+        clock = FakeClock()
+        return wait_for_holders(keys, fetch, self.published.is_held, wait_s=1.0, clock=clock, sleep=clock.sleep)
 
     def release(self, keys):
         self.events.append(("release", list(keys)))
