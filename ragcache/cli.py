@@ -1,4 +1,4 @@
-"""The command line: ``ragcache serve | ingest | search | stats | config | bench``."""
+"""The command line: ``ragcache serve | ingest | search | stats | config | milvus-server | bench``."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--insecure", action="store_true", help="allow a non-loopback address without API keys")
     serve.set_defaults(run=run_serve)
 
-    for name, help_text in [("ingest", "add files to a collection"), ("search", "search a collection"), ("stats", "hit rates as a table")]:
+    for name, help_text in [("ingest", "add files to a collection"), ("search", "search a collection"), ("stats", "hit rates per level as a table (--watch: live)")]:
         sub = commands.add_parser(name, help=help_text)
         sub.add_argument("--url", default=os.environ.get("RAGCACHE_URL", DEFAULT_URL), help="the service's base URL")
         sub.add_argument("--api-key", default=os.environ.get("RAGCACHE_API_KEY"))
