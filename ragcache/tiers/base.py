@@ -66,7 +66,7 @@ class TierHealth:
     down_since: float | None = None  # clock() when the current outage started
     last_error: str | None = None
     _backoff_s: float = field(default=0.0, repr=False)
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     @property
     def is_down(self) -> bool:
