@@ -284,6 +284,7 @@ class EmbeddingCache:
                 "last_error": health.last_error if health.is_down else None,
                 "num_outages": health.num_outages,
                 "num_failures": health.num_failures,  # failed tries in the current outage (probes, not skips)
+                "down_for_s": health.down_for_s(),
                 **{name: getattr(tier, name) for name in _TIER_FIGURES if hasattr(tier, name)},
             }
             for tier, health in zip(self.tiers, self._health)

@@ -72,6 +72,11 @@ class TierHealth:
     def is_down(self) -> bool:
         return self.num_failures > 0
 
+    def down_for_s(self) -> float | None:
+        """Seconds since the current outage began (None while up)."""
+        since = self.down_since
+        return None if since is None else round(self.clock() - since, 3)
+
     def should_try(self) -> bool:
         """True when the level is up, or down with its back-off passed: then this caller is the one probe,
         and the others keep skipping the level until the probe's outcome is recorded (or one more back-off)."""
