@@ -56,22 +56,12 @@ def test_the_deadline_answers_504_and_a_started_answer_is_left_alone():
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await asyncio.sleep(30)
 
-    async def call(app):
-        sent = []
+    def call(app):
+        return asgi_messages(LimitsMiddleware(app, max_body_bytes=10, timeout_s=0.05), {})
 
-        async def receive():
-            return {"type": "http.request", "body": b"", "more_body": False}
-
-        async def send(message):
-            sent.append(message)
-
-        middleware = LimitsMiddleware(app, max_body_bytes=10, timeout_s=0.05)
-        await middleware({"type": "http", "path": "/embed", "method": "POST", "headers": []}, receive, send)
-        return sent
-
-    answered = asyncio.run(call(slow_app))
+    answered = call(slow_app)
     assert answered[0]["status"] == 504 and b"RAGCACHE_REQUEST_TIMEOUT_S" in answered[1]["body"]
-    assert [message.get("status") for message in asyncio.run(call(streaming_app))] == [200]
+    assert [message.get("status") for message in call(streaming_app)] == [200]
 
 
 def test_an_open_service_limits_each_client_address():
@@ -81,22 +71,27 @@ def test_an_open_service_limits_each_client_address():
 
     middleware = AccessMiddleware(ok_app, keys=KeyRing([]), limiter=RateLimiter(0.01, 1, clock=Clock()), routes=[])
 
-    async def status_for(address):
-        sent = []
+    def status_for(address):
+        first = asgi_messages(middleware, {"client": (address, 5000)})[0]
+        return first["status"], dict(first["headers"]).get(b"retry-after")
 
-        async def receive():
-            return {"type": "http.request", "body": b"", "more_body": False}
+    assert status_for("10.0.0.1") == (200, None)
+    assert status_for("10.0.0.1") == (429, b"100")
+    assert status_for("10.0.0.2") == (200, None)
 
-        async def send(message):
-            sent.append(message)
 
-        scope = {"type": "http", "path": "/embed", "method": "POST", "headers": [], "client": (address, 5000)}
-        await middleware(scope, receive, send)
-        return sent[0]["status"], dict(sent[0]["headers"]).get(b"retry-after")
+def asgi_messages(app, scope: dict) -> list[dict]:
+    """What ``app`` sends for an empty POST /embed (``scope`` adds to or overrides the defaults)."""
+    sent = []
 
-    assert asyncio.run(status_for("10.0.0.1")) == (200, None)
-    assert asyncio.run(status_for("10.0.0.1")) == (429, b"100")
-    assert asyncio.run(status_for("10.0.0.2")) == (200, None)
+    async def receive():
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message):
+        sent.append(message)
+
+    asyncio.run(app({"type": "http", "path": "/embed", "method": "POST", "headers": [], **scope}, receive, send))
+    return sent
 
 
 @pytest.fixture(scope="module")
