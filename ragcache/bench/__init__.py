@@ -100,6 +100,7 @@ def add_gpu_l1_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--entries", type=int, default=100_000, help="vectors resident in each slab")
     parser.add_argument("--repeats", type=int, default=50, help="timed repeats per size (median reported)")
     parser.add_argument("--out", type=Path, default=Path("bench-results/gpu_l1.json"))
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
 def _add_load(commands) -> None:

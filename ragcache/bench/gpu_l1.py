@@ -138,20 +138,24 @@ def check_handoff(dtype_name: str, device: torch.device, num_keys: int = 1_000, 
 
 
 def check_and_time(device: torch.device, *, sizes=SIZES, dtypes=DTYPES, num_entries: int = 100_000, dim: int = 384,
-                   repeats: int = 50) -> tuple[list[dict], list[LookupTiming]]:
+                   repeats: int = 50, quiet: bool = True) -> tuple[list[dict], list[LookupTiming]]:
     """Every check (raising AssertionError on the first failure) and the timing table."""
+    from ragcache.progress import progress_bar
+
     handoffs, timings = [], []
-    for dtype_name in dtypes:
-        dtype = getattr(torch, dtype_name)
-        keys, _, cpu_tier, device_tier = _filled_pair(dtype, dim, num_entries, device, seed=0)
-        for num_keys in sizes:
-            _check_exact(keys, cpu_tier, device_tier, num_keys, seed=num_keys)
-            asked = keys[:: max(1, len(keys) // num_keys)][:num_keys]
-            device_us = _median_us(lambda: device_tier.get_many(asked), device, repeats)
-            cpu_us = _median_us(lambda: cpu_tier.get_many(asked), torch.device("cpu"), repeats)
-            copied_us = _median_us(lambda: cpu_tier.get_many(asked).vectors.to(device), device, repeats)
-            timings.append(LookupTiming(dtype_name, num_keys, device_us, cpu_us, copied_us))
-        handoffs.append(check_handoff(dtype_name, device, dim=dim))
+    with progress_bar(desc="gpu-l1", unit="dtype", total=len(dtypes), quiet=quiet) as bar:
+        for dtype_name in dtypes:
+            dtype = getattr(torch, dtype_name)
+            keys, _, cpu_tier, device_tier = _filled_pair(dtype, dim, num_entries, device, seed=0)
+            for num_keys in sizes:
+                _check_exact(keys, cpu_tier, device_tier, num_keys, seed=num_keys)
+                asked = keys[:: max(1, len(keys) // num_keys)][:num_keys]
+                device_us = _median_us(lambda: device_tier.get_many(asked), device, repeats)
+                cpu_us = _median_us(lambda: cpu_tier.get_many(asked), torch.device("cpu"), repeats)
+                copied_us = _median_us(lambda: cpu_tier.get_many(asked).vectors.to(device), device, repeats)
+                timings.append(LookupTiming(dtype_name, num_keys, device_us, cpu_us, copied_us))
+            handoffs.append(check_handoff(dtype_name, device, dim=dim))
+            bar.update(1)
     return handoffs, timings
 
 
@@ -170,7 +174,7 @@ def run(args: argparse.Namespace) -> int:
     except Exception as exc:  # noqa: BLE001 - a ConfigError with the reason ("CUDA is not available here")
         print(f"gpu_l1: {exc}", file=sys.stderr)
         return 2
-    handoffs, timings = check_and_time(device, num_entries=args.entries, repeats=args.repeats)
+    handoffs, timings = check_and_time(device, num_entries=args.entries, repeats=args.repeats, quiet=args.quiet)
     print(f"exact: the {device} slab matches the CPU slab bit for bit, for 1..10,000 keys and {', '.join(DTYPES)}")
     for handoff in handoffs:
         copies = handoff["device_to_host_copies"]

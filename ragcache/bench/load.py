@@ -193,6 +193,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--l1-bytes", type=int, default=1024 * 1024, help="the service's L1 budget (small, so it fills and evicts)")
     parser.add_argument("--documents", type=int, default=500, help="knowledge-base size for /search")
     parser.add_argument("--out", type=Path, default=Path("bench-results"), help="folder for load.json")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
 @dataclass(frozen=True)
@@ -210,7 +211,8 @@ class LoadRun:
     stats: dict
 
 
-def run_load(*, duration_s: float, clients: int, l1_bytes: int, num_documents: int, workdir: Path) -> LoadRun:
+def run_load(*, duration_s: float, clients: int, l1_bytes: int, num_documents: int, workdir: Path,
+             quiet: bool = True) -> LoadRun:
     """Start Redis and the service, ingest, warm up, then load it for ``duration_s``; stop everything."""
     import psutil
 
@@ -229,7 +231,7 @@ def run_load(*, duration_s: float, clients: int, l1_bytes: int, num_documents: i
             process = psutil.Process(service.process.pid)
             rss_start = process.memory_info().rss
             runner = LoadRunner(service.url, workload, clients=clients).start()
-            rss_samples = _sample_rss(process, duration_s)
+            rss_samples = _sample_rss(process, duration_s, quiet=quiet)
             outcomes = runner.stop()
             rss_end = process.memory_info().rss
             stats = service.client.get("/stats").json()
@@ -241,13 +243,19 @@ def run_load(*, duration_s: float, clients: int, l1_bytes: int, num_documents: i
     return LoadRun(summarize(outcomes), duration_s, clients, rss_start, rss_end, tuple(rss_samples), l1["used_bytes"], l1["capacity_bytes"], stats)
 
 
-def _sample_rss(process, duration_s: float, interval_s: float = 5.0) -> list[int]:
+def _sample_rss(process, duration_s: float, interval_s: float = 5.0, quiet: bool = True) -> list[int]:
     """The process's resident bytes every ``interval_s`` for ``duration_s``: growth that flattens is caches
-    filling; growth that keeps its slope to the end would be a leak."""
-    samples, deadline = [], time.monotonic() + duration_s
-    while (left := deadline - time.monotonic()) > 0:
-        time.sleep(min(interval_s, left))
-        samples.append(process.memory_info().rss)
+    filling; growth that keeps its slope to the end would be a leak. A progress bar counts the seconds."""
+    from ragcache.progress import progress_bar
+
+    samples, started = [], time.monotonic()
+    deadline = started + duration_s
+    with progress_bar(desc="load", unit="s", total=round(duration_s), quiet=quiet) as bar:
+        while (left := deadline - time.monotonic()) > 0:
+            time.sleep(min(interval_s, left))
+            samples.append(process.memory_info().rss)
+            bar.update(min(round(time.monotonic() - started), bar.total) - bar.n)
+            bar.set_postfix_str(f"RSS {samples[-1] / 2**20:.0f} MiB")
     return samples
 
 
@@ -259,7 +267,7 @@ def run(args: argparse.Namespace) -> int:
 
     with tempfile.TemporaryDirectory(prefix="ragcache-load-") as workdir:
         result = run_load(duration_s=args.duration, clients=args.clients, l1_bytes=args.l1_bytes,
-                          num_documents=args.documents, workdir=Path(workdir))
+                          num_documents=args.documents, workdir=Path(workdir), quiet=args.quiet)
     summary = result.summary
     mib = 1024 * 1024
     print(f"load: {result.clients} clients for {result.duration_s:.0f} s: {summary.num_requests} requests "
