@@ -4,6 +4,8 @@ search results) and Milvus (L3 and the knowledge base), plus the embedded Redis 
 
 from __future__ import annotations
 
+import logging
+import threading
 from pathlib import Path
 
 import redis
@@ -13,11 +15,13 @@ from redis.cluster import RedisCluster
 from redis.retry import Retry
 
 from ragcache.embedded_redis import EmbeddedRedis
-from ragcache.errors import ConfigError
+from ragcache.errors import ConfigError, TierUnavailableError
 from ragcache.redis_client import open_redis
 from ragcache.settings import Settings
 
-__all__ = ["Stores", "open_milvus"]
+__all__ = ["ReconnectingMilvus", "Stores", "connect_milvus", "open_milvus"]
+
+log = logging.getLogger(__name__)
 
 
 def open_milvus(uri: str) -> MilvusClient:
@@ -30,6 +34,52 @@ def open_milvus(uri: str) -> MilvusClient:
         return MilvusClient(uri)
     except Exception as exc:  # pymilvus raises several unrelated types when it cannot connect
         raise ConfigError(f"cannot open Milvus at {uri}: {exc}") from exc
+
+
+class ReconnectingMilvus:
+    """A Milvus server client that may start while the server is down, and connects when it is back.
+
+    pymilvus connects when a ``MilvusClient`` is made, so a server down at start-up would stop the service,
+    where a server that goes down later only makes L3 and the knowledge base fail (a miss, or a 503). Here
+    every use first makes sure a client exists; while none can be made, the use raises
+    ``TierUnavailableError``, which the levels and the knowledge base already treat as an outage (with
+    back-off, so a down server is not asked on every request). Milvus Lite (a ``.db`` path) is never
+    wrapped: failing to open a local file is a configuration error, to report at once.
+    """
+
+    def __init__(self, uri: str):
+        self.uri = uri
+        self._client: MilvusClient | None = None
+        self._lock = threading.Lock()
+        try:
+            self._connected()
+        except TierUnavailableError as exc:
+            log.warning("%s; starting without it: L3 misses and the knowledge base answers 503 until it is back", exc)
+
+    def _connected(self) -> MilvusClient:
+        with self._lock:
+            if self._client is None:
+                try:
+                    self._client = MilvusClient(self.uri)
+                except Exception as exc:  # pymilvus raises several unrelated types when it cannot connect
+                    raise TierUnavailableError("Milvus", f"cannot reach the server at {self.uri}: {exc}") from exc
+            return self._client
+
+    def __getattr__(self, name: str):
+        return getattr(self._connected(), name)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._client is not None:
+                self._client.close()
+                self._client = None
+
+
+def connect_milvus(uri: str) -> MilvusClient | ReconnectingMilvus:
+    """Milvus Lite opened now (errors at once), or a server client that tolerates a server down at start."""
+    if uri.startswith(("http://", "https://", "tcp://")):
+        return ReconnectingMilvus(uri)
+    return open_milvus(uri)
 
 
 def no_retry_on_timeout() -> Retry:
@@ -59,7 +109,7 @@ class Stores:
                 url = embedded.url
             redis_client = open_redis(url, timeout_s=settings.redis_timeout_s, retry=no_retry_on_timeout())
         uri = settings.resolved_milvus_uri
-        milvus = open_milvus(uri) if uri else None
+        milvus = connect_milvus(uri) if uri else None
         return cls(redis_client, milvus, embedded)
 
     def close(self) -> None:

@@ -159,3 +159,26 @@ def test_l3_rows_that_are_not_finite_are_dropped(milvus_client):
     hits = level.get_many(keys)
     assert hits.index == [0] and level.num_corrupt == 1
     assert level.get_many(keys[1:]).index == [] and level.num_corrupt == 1  # deleted: not counted twice
+
+
+def test_a_service_started_while_milvus_is_down_serves_embed_and_uses_milvus_once_it_is_up(tmp_path):
+    """pymilvus connects when its client is made; a server down at start-up must not stop the service."""
+    from ragcache.embedded_redis import free_port
+
+    port = free_port()
+    settings = Settings(redis_url="off", milvus_uri=f"http://127.0.0.1:{port}", data_dir=tmp_path / "data")
+    document = {"collection": COLLECTION, "documents": [{"id": "late", "text": "Milvus came up after the service"}]}
+    with LiveServer(settings) as live, httpx.Client(base_url=live.url, timeout=60) as http:
+        embedded = http.post("/embed", json={"inputs": ["served while Milvus is down"]})
+        assert embedded.status_code == 200 and len(embedded.json()[0]) == 384
+        refused = http.post("/documents", json=document)
+        assert refused.status_code == 503 and "cannot reach the server" in refused.json()["error"]["message"]
+        assert http.post("/search", json={"collection": COLLECTION, "query": "q"}).status_code == 503
+
+        with MilvusLiteServer(tmp_path / "late" / "milvus.db", port=port):
+            deadline = time.monotonic() + 60
+            while (ingested := http.post("/documents", json=document)).status_code == 503 and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert ingested.status_code == 200, ingested.text
+            found = http.post("/search", json={"collection": COLLECTION, "query": "when did Milvus come up?", "top_k": 1})
+            assert found.status_code == 200 and found.json()["hits"][0]["id"] == "late"
