@@ -35,3 +35,4 @@ def test_no_generated_input_gets_a_server_error(redis_url, tmp_path):
     summary = [line for line in run.stdout.splitlines() if " generated" in line]
     assert run.returncode == 0, run.stdout[-4000:]
     assert summary and "passed" in summary[-1], run.stdout[-2000:]
+    print(f"FUZZ {EXAMPLES} examples per route: {summary[-1].strip()}")  # pytest -s shows it
