@@ -91,37 +91,42 @@ def _complete(http: httpx.Client, target: Target, prompt: str | list[int]) -> di
 
 
 def run_churn(http: httpx.Client, target: Target, prefix_text: str, churn: ChurnConfig, *,
-              block_size: int, pinned: bool) -> RunResult:
+              block_size: int, pinned: bool, quiet: bool = True) -> RunResult:
     """Send the churn and user requests; a user request hits when every full block of it that lies
-    inside the prefix came from the cache."""
+    inside the prefix came from the cache. A progress bar (stderr) counts the rounds unless ``quiet``."""
+    from ragcache.progress import progress_bar
+
     rng = random.Random(churn.seed)
     num_prefix_tokens = count_tokens(http, target, prefix_text)
     hits, lat_hit, lat_miss = 0, [], []
-    for round_no in range(churn.num_rounds):
-        for _ in range(churn.churn_per_round):
-            # Token-id prompts: exact length, never shared with anything else, so each one takes
-            # fresh KV blocks and pushes the least recently used ones out.
-            _complete(http, target, [rng.randrange(3, churn.vocab_size) for _ in range(churn.churn_tokens)])
-            time.sleep(churn.churn_interval_s)
-        start = time.perf_counter()
-        usage = _complete(http, target, f"{prefix_text}Question {round_no} ({rng.random():.12f}): why?")["usage"]
-        latency = time.perf_counter() - start
-        cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
-        if judge_residency(num_prefix_tokens, cached, block_size):
-            hits += 1
-            lat_hit.append(latency)
-        else:
-            lat_miss.append(latency)
+    label = "pinned" if pinned else "unpinned"
+    with progress_bar(desc=f"prefixes ({label})", unit="round", total=churn.num_rounds, quiet=quiet) as bar:
+        for round_no in range(churn.num_rounds):
+            for _ in range(churn.churn_per_round):
+                # Token-id prompts: exact length, never shared with anything else, so each one takes
+                # fresh KV blocks and pushes the least recently used ones out.
+                _complete(http, target, [rng.randrange(3, churn.vocab_size) for _ in range(churn.churn_tokens)])
+                time.sleep(churn.churn_interval_s)
+            start = time.perf_counter()
+            usage = _complete(http, target, f"{prefix_text}Question {round_no} ({rng.random():.12f}): why?")["usage"]
+            latency = time.perf_counter() - start
+            cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+            if judge_residency(num_prefix_tokens, cached, block_size):
+                hits += 1
+                lat_hit.append(latency)
+            else:
+                lat_miss.append(latency)
+            bar.update(1)
     return RunResult(pinned, churn.num_rounds, hits, tuple(lat_hit), tuple(lat_miss), num_warms=0)
 
 
 def run_scenario(registry: PrefixRegistry, http: httpx.Client, target: Target, prefix_text: str,
-                 churn: ChurnConfig, *, pinned: bool, block_size: int) -> RunResult:
+                 churn: ChurnConfig, *, pinned: bool, block_size: int, quiet: bool = True) -> RunResult:
     """Register the prefix (pinned or not) in ``registry``, run the churn, and report."""
     name = "bench-pinned" if pinned else "bench-unpinned"
     before = registry.scrape(target.base_url)
     registry.register(PrefixSpec(name, prefix_text, target, pinned=pinned))
-    result = run_churn(http, target, prefix_text, churn, block_size=block_size, pinned=pinned)
+    result = run_churn(http, target, prefix_text, churn, block_size=block_size, pinned=pinned, quiet=quiet)
     num_warms = registry.prefix_stats(name).num_warms
     after = registry.scrape(target.base_url)
     registry.delete(name)
@@ -184,6 +189,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-rewarm-s", type=float, default=1.0)
     parser.add_argument("--warm-budget-per-minute", type=int, default=600)
     parser.add_argument("--json-out", type=Path, default=Path("bench-results/prefixes.json"))
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -213,7 +219,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     churn = ChurnConfig(args.rounds, args.churn_per_round, args.churn_tokens,
                                         args.churn_interval_s, seed=seed)
                     results[pinned] = run_scenario(registry, http, target, prefix_text, churn,
-                                                   pinned=pinned, block_size=args.block_size)
+                                                   pinned=pinned, block_size=args.block_size, quiet=args.quiet)
                 num_prefix_tokens = count_tokens(http, target, prefix_text)
             finally:
                 registry.close()
