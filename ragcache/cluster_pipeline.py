@@ -18,10 +18,13 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import redis
 from redis.cluster import ClusterNode, RedisCluster
 from redis.exceptions import AskError, ConnectionError, ResponseError, TimeoutError
 
-__all__ = ["execute"]
+from ragcache.redis_client import is_cluster
+
+__all__ = ["execute", "execute_any"]
 
 Command = tuple  # (name, key, *arguments): every key of one command in one slot, the first routes it
 
@@ -31,6 +34,16 @@ class _NodeFailed(Exception):
         super().__init__(str(error))
         self.node = node
         self.error = error
+
+
+def execute_any(client: redis.Redis | RedisCluster, commands: Sequence[Command]) -> list:
+    """``execute`` on a cluster client; on a single server, the commands in one non-transactional pipeline."""
+    if is_cluster(client):
+        return execute(client, commands)
+    pipe = client.pipeline(transaction=False)
+    for command in commands:
+        pipe.execute_command(*command)
+    return pipe.execute()
 
 
 def execute(client: RedisCluster, commands: Sequence[Command]) -> list:

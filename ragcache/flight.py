@@ -25,10 +25,9 @@ from typing import Callable, Protocol, Sequence
 
 import redis
 import torch
-from redis.exceptions import RedisClusterException
 
 from ragcache import cluster_pipeline
-from ragcache.redis_client import is_cluster
+from ragcache.redis_client import REDIS_ERRORS
 from ragcache.tiers.base import TierHealth, TierHits
 
 __all__ = ["Flight", "RedisFlight", "wait_for_holders"]
@@ -46,8 +45,6 @@ if redis.call('get', KEYS[1]) == ARGV[1] then
 end
 return 0
 """
-
-_REDIS_ERRORS = (redis.RedisError, RedisClusterException, OSError)
 
 
 class Flight(Protocol):
@@ -165,16 +162,10 @@ class RedisFlight:
         if not self._health.should_try():
             return None
         try:
-            if is_cluster(self.client):
-                # Not redis-py's ClusterPipeline: with a primary hung, it resent that node's commands one by one,
-                # each waiting out its timeout (21 s for one claim of 60 keys); this costs one timeout a batch.
-                answers = cluster_pipeline.execute(self.client, commands)
-            else:
-                pipe = self.client.pipeline(transaction=False)
-                for command in commands:
-                    pipe.execute_command(*command)
-                answers = pipe.execute()
-        except _REDIS_ERRORS as exc:
+            # Not redis-py's ClusterPipeline on a cluster: with a primary hung, it resent that node's commands one
+            # by one, each waiting out its timeout (21 s for one claim of 60 keys); this costs one timeout a batch.
+            answers = cluster_pipeline.execute_any(self.client, commands)
+        except (*REDIS_ERRORS, OSError) as exc:
             if self._health.record_failure(exc):
                 log.warning("single flight off while Redis fails (every replica computes its own misses): %s", exc)
             return None

@@ -135,27 +135,18 @@ class RedisTier:
 
     def _fetch(self, keys: Sequence[str]) -> list[bytes | None]:
         if self.refresh_ttl_on_hit:
-            return self._pipeline([("GETEX", key, "EX", self.ttl_s) for key in keys])
+            return cluster_pipeline.execute_any(self.client, [("GETEX", key, "EX", self.ttl_s) for key in keys])
         if not self._is_cluster:
             return self.client.mget(keys)
         # One MGET per key (an MGET across slots fails with CROSSSLOT; MGET, not GET, so that a key holding
         # another type reads as absent, as it does in one MGET), in one pipeline per node.
         return [reply[0] for reply in cluster_pipeline.execute(self.client, [("MGET", key) for key in keys])]
 
-    def _pipeline(self, commands: list[tuple]) -> list:
-        """Single-key commands in one round trip (one per node on a cluster); the replies in order."""
-        if self._is_cluster:
-            return cluster_pipeline.execute(self.client, commands)
-        pipe = self.client.pipeline(transaction=False)
-        for command in commands:
-            pipe.execute_command(*command)
-        return pipe.execute()
-
     def _drop_corrupt(self, keys: list[str]) -> None:
         self.num_corrupt += len(keys)
         log.warning("L2: %d corrupt or foreign value(s) deleted, e.g. %s", len(keys), keys[0])
         # One DEL per key: a multi-key DEL would fail across Redis Cluster slots.
-        self._pipeline([("DEL", key) for key in keys])
+        cluster_pipeline.execute_any(self.client, [("DEL", key) for key in keys])
 
     def put_many(self, keys: Sequence[str], vectors: torch.Tensor) -> None:
         rows = _as_le_bytes(vectors.to(self.dtype))
@@ -163,7 +154,8 @@ class RedisTier:
         try:
             for start in range(0, len(keys), self.chunk_size):
                 chunk = zip(keys[start : start + self.chunk_size], rows[start : start + self.chunk_size])
-                self._pipeline([("SET", key, encode_value(row.tobytes(), self.dtype, self.dim), *expiry) for key, row in chunk])
+                commands = [("SET", key, encode_value(row.tobytes(), self.dtype, self.dim), *expiry) for key, row in chunk]
+                cluster_pipeline.execute_any(self.client, commands)
         except REDIS_ERRORS as exc:
             raise TierUnavailableError(self.name, f"Redis failed: {exc}") from exc
 
