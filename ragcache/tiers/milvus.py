@@ -107,13 +107,16 @@ class MilvusTier:
         hash_to_position = {text_hash: position for position, text_hash in enumerate(hashes)}
         # Milvus answers in its own order; the contract is ascending positions.
         rows = sorted(rows, key=lambda row: hash_to_position[row["key"]])
-        good = [row for row in rows if _is_vector_of(row["vector"], self.dim)]
-        if len(good) != len(rows):
-            self._drop_corrupt([row["key"] for row in rows if not _is_vector_of(row["vector"], self.dim)])
+        # Each row converted once: the check and the answer share the array.
+        arrays = [_as_vector_of(row["vector"], self.dim) for row in rows]
+        corrupt = [row["key"] for row, array in zip(rows, arrays) if array is None]
+        if corrupt:
+            self._drop_corrupt(corrupt)
+        good = [(hash_to_position[row["key"]], array) for row, array in zip(rows, arrays) if array is not None]
         if not good:
             return TierHits.none(self.dim, self.dtype)
-        index = [hash_to_position[row["key"]] for row in good]
-        vectors = torch.from_numpy(np.asarray([row["vector"] for row in good], dtype=np.float32))
+        index = [position for position, _ in good]
+        vectors = torch.from_numpy(np.stack([array for _, array in good]))
         return TierHits(index=index, vectors=vectors.to(self.dtype))
 
     def _drop_corrupt(self, text_hashes: list[str]) -> None:
@@ -149,9 +152,10 @@ class MilvusTier:
         """The client belongs to the shared ``Stores``; nothing to release here."""
 
 
-def _is_vector_of(vector, dim: int) -> bool:
+def _as_vector_of(vector, dim: int) -> np.ndarray | None:
+    """``vector`` as float32 when it is a finite vector of ``dim`` numbers, else None."""
     try:
         array = np.asarray(vector, dtype=np.float32)
     except (TypeError, ValueError):
-        return False
-    return array.shape == (dim,) and bool(np.isfinite(array).all())
+        return None
+    return array if array.shape == (dim,) and np.isfinite(array).all() else None
