@@ -140,8 +140,10 @@ def _load_file(path: Path) -> object:
 def parse_keys(document: object, source: str) -> list[ApiKey]:
     """Keys from ``{"keys": [{name, sha256 | key, scopes, tenant?, rate_limit_per_s?, rate_limit_burst?}]}``."""
     entries = document.get("keys") if isinstance(document, dict) else None
-    if not isinstance(entries, list):
-        raise ConfigError(f"{source}: expected an object with a list 'keys'")
+    # An empty list is refused, not read as "no keys": that would be an open service, and the bind check
+    # (Settings.bind_refusal) already let it listen beyond loopback because a key source was given.
+    if not isinstance(entries, list) or not entries:
+        raise ConfigError(f"{source}: expected an object with a non-empty list 'keys'")
     return [_parse_key(entry, f"{source}: keys[{index}]") for index, entry in enumerate(entries)]
 
 

@@ -237,6 +237,17 @@ def test_a_bad_key_file_stops_the_start_with_a_clear_message(tmp_path, entry, co
         create_app(Settings(api_keys_file=path, redis_url="off"))
 
 
+def test_an_empty_key_list_stops_the_start_instead_of_opening_the_service(tmp_path):
+    # A key source was given, so the bind check lets the service listen beyond loopback: no keys must not mean open.
+    path = tmp_path / "keys.toml"
+    path.write_text("keys = []\n")
+    with pytest.raises(ConfigError, match="non-empty list"):
+        create_app(Settings(api_keys_file=path, redis_url="off"))
+    with pytest.raises(ConfigError, match="non-empty list"):
+        create_app(Settings(api_keys='{"keys": []}', redis_url="off"))
+    assert Settings(api_keys='{"keys": []}', redis_url="off").bind_refusal("0.0.0.0") is None
+
+
 def test_binding_beyond_loopback_needs_keys_or_insecure(monkeypatch, capsys):
     for name in ("RAGCACHE_API_KEY", "RAGCACHE_API_KEYS", "RAGCACHE_API_KEYS_FILE", "RAGCACHE_INSECURE"):
         monkeypatch.delenv(name, raising=False)
