@@ -16,7 +16,8 @@ import pytest
 import torch
 from pymilvus import MilvusClient
 
-from ragcache.bench.replicas import served, start_replicas, stop_replicas
+from ragcache.bench.replicas import start_replicas, stop_replicas
+from ragcache.bench.service import served
 from ragcache.build import build_cache
 from ragcache.embedded_milvus import MilvusLiteServer
 from ragcache.embedded_redis import free_port

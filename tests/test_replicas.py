@@ -14,7 +14,8 @@ import pytest
 import redis
 import torch
 
-from ragcache.bench.replicas import served, start_replicas, stop_replicas
+from ragcache.bench.replicas import start_replicas, stop_replicas
+from ragcache.bench.service import served
 from ragcache.cache import EmbeddingCache
 from ragcache.embedded_milvus import MilvusLiteServer
 from ragcache.embedded_redis import EmbeddedRedis

@@ -15,7 +15,7 @@ import torch
 from ragcache.bench.context import BATCH_SIZE, BenchContext
 from ragcache.bench.corpus import corpus_chunks
 from ragcache.bench.report import BenchResult, Target, median
-from ragcache.bench.service import ServiceProcess, run_load
+from ragcache.bench.service import ServiceProcess, run_load, served
 from ragcache.bench.systems import BareModel
 
 __all__ = ["bench_http", "bench_search"]
@@ -40,10 +40,6 @@ def _seed_l2(ctx: BenchContext, texts: list[str], vectors: np.ndarray) -> None:
         tier.put_many(keys[start : start + 5000], torch.from_numpy(np.ascontiguousarray(vectors[start : start + 5000])))
 
 
-def _served(response) -> dict[str, int]:
-    return {level: int(response.headers.get(f"x-cache-{level.lower()}", 0)) for level in ("L1", "L2", "L3", "Compute")}
-
-
 # ---- targets 1 and 2 -----------------------------------------------------------------------------------------
 
 
@@ -66,14 +62,14 @@ def _latency(ctx: BenchContext, service: ServiceProcess, result: BenchResult) ->
         started = time.perf_counter()
         response = service.post("/embed", body)
         cold.append(time.perf_counter() - started)
-        served_cold.append(_served(response))
+        served_cold.append(served(response))
         samples = []
         for _ in range(7):
             started = time.perf_counter()
             response = service.post("/embed", body)
             samples.append(time.perf_counter() - started)
         hot.append(median(samples))
-        served_hot.append(_served(response))
+        served_hot.append(served(response))
     all_computed = all(s["Compute"] == BATCH_SIZE for s in served_cold)
     all_l1 = all(s["L1"] == BATCH_SIZE for s in served_hot)
     result.add("/embed 32 texts, computed", median(cold) * 1000, "ms", note=f"every text computed: {all_computed}")
@@ -91,7 +87,7 @@ def _throughput(ctx: BenchContext, service: ServiceProcess, result: BenchResult)
     _seed_l2(ctx, distinct, ctx.vectors(distinct))
     for batch in batches:  # L2 -> L1
         service.post("/embed", {"inputs": batch, "normalize": False})
-    check = _served(service.post("/embed", {"inputs": batches[-1], "normalize": False}))
+    check = served(service.post("/embed", {"inputs": batches[-1], "normalize": False}))
     shapes = {
         "/embed (JSON floats)": ("/embed", lambda b: {"inputs": b, "normalize": False}),
         "/v1/embeddings float": ("/v1/embeddings", lambda b: {"input": b, "model": MODEL, "encoding_format": "float"}),

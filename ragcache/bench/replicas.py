@@ -16,12 +16,10 @@ from pathlib import Path
 
 from ragcache.bench.context import BATCH_SIZE, BenchContext
 from ragcache.bench.report import BenchResult, Target, median
-from ragcache.bench.service import ServiceProcess
+from ragcache.bench.service import LEVELS, ServiceProcess, served
 from ragcache.embedded_milvus import MilvusLiteServer
 
-__all__ = ["bench_replicas", "served", "start_replicas", "stop_replicas"]
-
-LEVELS = ("L1", "L2", "L3", "Compute")
+__all__ = ["bench_replicas", "start_replicas", "stop_replicas"]
 
 
 def start_replicas(workdir: Path, count: int, *, redis_url: str, milvus_url: str, extra_env: dict[str, str] | None = None) -> list[ServiceProcess]:
@@ -40,11 +38,6 @@ def start_replicas(workdir: Path, count: int, *, redis_url: str, milvus_url: str
 def stop_replicas(replicas: list[ServiceProcess]) -> None:
     for replica in replicas:
         replica.stop()
-
-
-def served(response) -> dict[str, int]:
-    """How many inputs of an /embed response each level served (its ``X-Cache-*`` headers)."""
-    return {level: int(response.headers.get(f"x-cache-{level.lower()}", 0)) for level in LEVELS}
 
 
 def bench_replicas(ctx: BenchContext) -> BenchResult:

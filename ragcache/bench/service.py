@@ -20,7 +20,14 @@ import httpx
 from ragcache.embedded_redis import free_port
 from ragcache.processes import stop_process
 
-__all__ = ["ServiceProcess", "LoadResult", "run_load"]
+__all__ = ["ServiceProcess", "LoadResult", "run_load", "served", "LEVELS"]
+
+LEVELS = ("L1", "L2", "L3", "Compute")
+
+
+def served(response) -> dict[str, int]:
+    """How many inputs of an /embed response each level served (its ``X-Cache-*`` headers)."""
+    return {level: int(response.headers.get(f"x-cache-{level.lower()}", 0)) for level in LEVELS}
 
 
 class ServiceProcess:
