@@ -16,7 +16,6 @@ L1 lookup followed by the copy to the device that a caller wanting a device tens
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -27,6 +26,7 @@ from typing import Callable, Sequence
 import torch
 
 from ragcache.bench import add_gpu_l1_arguments
+from ragcache.bench.report import write_json
 from ragcache.cache import EmbeddingCache
 from ragcache.keys import EmbeddingSpace
 from ragcache.tiers.memory import MemoryTier, resolve_device
@@ -181,10 +181,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"hand-off ({handoff['dtype']}): {handoff['num_keys']} vectors on {handoff['device']}, "
               f"device-to-host copies: {'n/a (cpu)' if copies is None else copies}")
     print(format_timings(timings, device))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     gpu_name = torch.cuda.get_device_name(device) if device.type == "cuda" else None
-    args.out.write_text(json.dumps({"device": str(device), "gpu": gpu_name, "torch": torch.__version__,
-                                    "handoffs": handoffs, "timings": [asdict(t) for t in timings]}, indent=2))
+    write_json(args.out, {"device": str(device), "gpu": gpu_name, "torch": torch.__version__,
+                          "handoffs": handoffs, "timings": [asdict(t) for t in timings]})
     print(f"JSON in {args.out}")
     return 0
 
