@@ -280,7 +280,7 @@ def run(args: argparse.Namespace) -> int:
     for error in summary.first_errors:
         print(f"  error: {error}")
     command = f"ragcache bench load --duration {args.duration:g} --clients {args.clients}"
-    payload = {"command": command, "machine": machine_info(), "result": {**asdict(result), "stats": result.stats}}
+    payload = {"command": command, "machine": machine_info(), "result": asdict(result)}
     path = write_json(args.out / "load.json", payload)
     print(f"JSON in {path}")
     return 0 if summary.num_failed == 0 else 1
