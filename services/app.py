@@ -31,8 +31,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         state = await to_thread.run_sync(ServiceState.open, settings)
         app.state.ragcache = state
         app.state.prefixes = state.prefixes
-        app.state.tenant_caches = TenantCaches(state, enabled=settings.tenant_cache_namespaces)
-        app.state.metrics_registry.register(CacheCollector(lambda: state.caches.values()))
+        tenant_caches = app.state.tenant_caches = TenantCaches(state, enabled=settings.tenant_cache_namespaces)
+        app.state.metrics_registry.register(CacheCollector(lambda: [*state.caches.values(), *tenant_caches.caches()]))
         register_prefix_metrics(state.prefixes, app.state.metrics_registry)
         try:
             yield

@@ -109,6 +109,11 @@ class TenantCaches:
         # The first level is the memory slab (build_cache): shared, so tenants add no memory budget.
         return build_cache(self.state.settings, self.state.stores, encoder, l1=shared.tiers[0])
 
+    def caches(self) -> list[EmbeddingCache]:
+        """The tenants' caches made so far (for the metrics: their hits are not in the shared caches')."""
+        with self._lock:
+            return list(self._caches.values())
+
     def close(self) -> None:
         """Flush the tenants' queued writes (before the shared stores close)."""
         with self._lock:

@@ -191,6 +191,9 @@ def test_tenant_cache_namespaces_keep_hits_apart(clients):
     np.testing.assert_allclose(other.json(), first.json(), atol=1e-5)  # the same model, the same vector
     shared = clients["embedder"].post("/embed", json={"inputs": [text]})  # no tenant: the shared namespace
     assert shared.headers["x-cache-compute"] == "1"
+    # The operator's metrics count the tenants' namespaces too: the shared space, acme's and globex's.
+    lines = [line for line in clients["ops"].get("/metrics").text.splitlines() if line.startswith("ragcache_texts_total{")]
+    assert len({line.split('space="')[1].split('"')[0] for line in lines}) == 3
 
 
 def test_rate_limit_per_key_is_a_429_with_retry_after(clients):
