@@ -30,11 +30,16 @@ def as_batch(inputs: str | list[str], field: str, max_batch: int, max_text_bytes
     texts = [inputs] if isinstance(inputs, str) else inputs
     if not texts:
         raise InvalidInputError(f"{field} is an empty list: send at least one text", field=field)
-    if len(texts) > max_batch:
-        raise HTTPError(413, f"{field} has {len(texts)} texts, over this server's limit of {max_batch}: split the batch", field=field)
+    check_count(texts, field, max_batch)
     for index, text in enumerate(texts):
         check_text_size(text, f"{field}[{index}]" if isinstance(inputs, list) else field, max_text_bytes)
     return texts
+
+
+def check_count(items: list, field: str, max_batch: int) -> None:
+    """413 for a list (texts, documents, ids) longer than ``max_batch``."""
+    if len(items) > max_batch:
+        raise HTTPError(413, f"{field} has {len(items)} items, over this server's limit of {max_batch}: split the batch", field=field)
 
 
 def check_text_size(text: str, field: str, max_text_bytes: int) -> None:

@@ -17,7 +17,7 @@ from ragcache.knowledge import KnowledgeBase
 from services.auth import principal_of
 from services.errors import HTTPError
 from services.responses import JSONResponse
-from services.routes_embed import cache_of, check_text_size
+from services.routes_embed import cache_of, check_count, check_text_size
 from services.schemas import AddDocumentsRequest, DeleteDocumentsRequest, SearchRequest
 from services.state import ServiceState
 from services.tenants import public_collection, public_names, stored_collection
@@ -39,8 +39,7 @@ def blocking(function, *args, **kwargs):
 @router.post("/documents", summary="Add or replace documents (upsert by id)")
 async def add_documents(body: AddDocumentsRequest, request: Request) -> JSONResponse:
     state: ServiceState = request.app.state.ragcache
-    if len(body.documents) > state.settings.max_batch:
-        raise HTTPError(413, f"documents has {len(body.documents)} items, over the limit of {state.settings.max_batch}: split it", field="documents")
+    check_count(body.documents, "documents", state.settings.max_batch)
     stored = stored_collection(principal_of(request).tenant, body.collection)
     cache = cache_of(request, body.model)
     documents = [document.model_dump() for document in body.documents]
@@ -52,8 +51,7 @@ async def add_documents(body: AddDocumentsRequest, request: Request) -> JSONResp
 @router.delete("/documents", summary="Delete documents by id")
 async def delete_documents(body: DeleteDocumentsRequest, request: Request) -> JSONResponse:
     state: ServiceState = request.app.state.ragcache
-    if len(body.ids) > state.settings.max_batch:
-        raise HTTPError(413, f"ids has {len(body.ids)} items, over the limit of {state.settings.max_batch}: split it", field="ids")
+    check_count(body.ids, "ids", state.settings.max_batch)
     stored = stored_collection(principal_of(request).tenant, body.collection)
     with public_names(stored, body.collection):
         num_deleted = await blocking(knowledge_of(state).delete_documents, stored, body.ids)
