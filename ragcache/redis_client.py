@@ -42,7 +42,7 @@ CLUSTER_RETRIES = 1
 
 class _RedisCluster(RedisCluster):
     """Retries what fails fast, not a timeout: a hung node costs a command one timeout, as it does a single
-    server (``Stores`` gives that one the same rule). redis-py matches these by exact type."""
+    server (``_single_server_retry``). redis-py matches these by exact type."""
 
     ERRORS_ALLOW_RETRY = (redis.ConnectionError, ClusterDownError, SlotNotCoveredError)
 
@@ -52,18 +52,16 @@ def split_urls(url: str) -> list[str]:
     return [part.strip() for part in url.split(",") if part.strip()]
 
 
-def open_redis(
-    url: str, *, timeout_s: float, retry: Retry | None = None, connection_class: type[redis.Connection] | None = None
-) -> redis.Redis | RedisCluster:
+def open_redis(url: str, *, timeout_s: float, connection_class: type[redis.Connection] | None = None) -> redis.Redis | RedisCluster:
     """A client for ``url``: a cluster client when the server runs in cluster mode or several seeds are
-    given, else a plain client (with ``retry``, when given). ``timeout_s`` bounds every socket read and
-    connect; ``connection_class`` replaces redis-py's (tests pass one that counts round trips)."""
+    given, else a plain client. ``timeout_s`` bounds every socket read and connect, and neither kind retries
+    a timeout; ``connection_class`` replaces redis-py's (tests pass one that counts round trips)."""
     seeds = split_urls(url)
     options: dict = {"socket_timeout": timeout_s, "socket_connect_timeout": timeout_s}
     if connection_class is not None:
         options["connection_class"] = connection_class
     if len(seeds) == 1 and not _probe_cluster(seeds[0], options):
-        return redis.Redis.from_url(seeds[0], health_check_interval=30, retry=retry, **options)
+        return redis.Redis.from_url(seeds[0], health_check_interval=30, retry=_single_server_retry(), **options)
     return _open_cluster(seeds, options)
 
 
@@ -100,6 +98,13 @@ def _probe_cluster(url: str, options: dict) -> bool:
         return False
     finally:
         probe.close()
+
+
+def _single_server_retry() -> Retry:
+    """One immediate retry after a connection error (a pooled connection a restarted Redis dropped), none
+    after a timeout: redis-py's default (10 retries with back-off) made one call to a stopped Redis take
+    ~3.5 s, and a retried timeout doubles the wait; a failing Redis must cost a request one timeout at most."""
+    return Retry(NoBackoff(), 1, supported_errors=(redis.ConnectionError,))
 
 
 def _cluster_retry() -> Retry:

@@ -10,9 +10,7 @@ from pathlib import Path
 
 import redis
 from pymilvus import MilvusClient
-from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
-from redis.retry import Retry
 
 from ragcache.embedded_redis import EmbeddedRedis
 from ragcache.errors import ConfigError, TierUnavailableError
@@ -82,13 +80,6 @@ def connect_milvus(uri: str) -> MilvusClient | ReconnectingMilvus:
     return open_milvus(uri)
 
 
-def no_retry_on_timeout() -> Retry:
-    """One immediate retry after a connection error (a pooled connection a restarted Redis dropped), none
-    after a timeout: redis-py's default (10 retries with back-off) made one call to a stopped Redis take
-    ~3.5 s, and a retried timeout doubles the wait; a failing Redis must cost a request one timeout at most."""
-    return Retry(NoBackoff(), 1, supported_errors=(redis.ConnectionError,))
-
-
 class Stores:
     """Shared clients. ``redis`` is None when L2 is off, a ``RedisCluster`` when the URL names a cluster
     (see ``ragcache.redis_client``); ``milvus`` is None when L3 is off."""
@@ -107,7 +98,7 @@ class Stores:
             if url is None:
                 embedded = EmbeddedRedis(settings.data_dir / "redis")
                 url = embedded.url
-            redis_client = open_redis(url, timeout_s=settings.redis_timeout_s, retry=no_retry_on_timeout())
+            redis_client = open_redis(url, timeout_s=settings.redis_timeout_s)
         uri = settings.resolved_milvus_uri
         milvus = connect_milvus(uri) if uri else None
         return cls(redis_client, milvus, embedded)
