@@ -54,6 +54,11 @@ def check_text_size(text: str, field: str, max_text_bytes: int) -> None:
         raise HTTPError(413, message, field=field)
 
 
+def blocking(function, *args, **kwargs):
+    """Run a blocking call (Redis, Milvus, the model) in a worker thread, abandoned at the request deadline."""
+    return to_thread.run_sync(partial(function, *args, **kwargs), abandon_on_cancel=True)
+
+
 def cache_of(request: Request, model: str | None) -> EmbeddingCache:
     """The cache this caller embeds through: the model's, or its tenant's own namespace of it."""
     return request.app.state.tenant_caches.cache_for(model, principal_of(request).tenant)
@@ -86,7 +91,7 @@ async def embed_through_cache(cache: EmbeddingCache, texts: list[str], *, normal
 
     # The cache blocks (Redis, Milvus, the model): it runs in a worker thread, off the event loop. At the
     # request deadline the thread is abandoned, not awaited; what it computes still lands in the cache.
-    return await to_thread.run_sync(work, abandon_on_cancel=True)
+    return await blocking(work)
 
 
 def base64_rows(vectors: np.ndarray) -> list[str]:
@@ -125,7 +130,7 @@ async def openai_embeddings(body: OpenAIEmbeddingsRequest, request: Request) -> 
             field="dimensions",
         )
     result = await embed_through_cache(cache, texts, normalize=False, truncate=state.settings.truncate, field="input")
-    num_tokens = await to_thread.run_sync(partial(token_counts_of(request, cache).total, texts), abandon_on_cancel=True)
+    num_tokens = await blocking(token_counts_of(request, cache).total, texts)
     vectors = np.asarray(result.vectors, dtype="<f4")
     if body.encoding_format == "base64":
         embeddings = base64_rows(vectors)

@@ -7,9 +7,7 @@ names both ways, so a tenant never sees, nor can name, another tenant's collecti
 from __future__ import annotations
 
 import dataclasses
-from functools import partial
 
-from anyio import to_thread
 from fastapi import APIRouter, Request
 
 from ragcache.errors import InvalidInputError, TierUnavailableError
@@ -17,7 +15,7 @@ from ragcache.knowledge import KnowledgeBase
 from services.auth import principal_of
 from services.errors import HTTPError
 from services.responses import JSONResponse
-from services.routes_embed import cache_of, check_count, check_text_size
+from services.routes_embed import blocking, cache_of, check_count, check_text_size
 from services.schemas import AddDocumentsRequest, DeleteDocumentsRequest, SearchRequest
 from services.state import ServiceState
 from services.tenants import public_collection, public_names, stored_collection
@@ -29,11 +27,6 @@ def knowledge_of(state: ServiceState) -> KnowledgeBase:
     if state.knowledge is None:
         raise HTTPError(503, "retrieval needs Milvus, which is off: set RAGCACHE_MILVUS_URI", type="unavailable")
     return state.knowledge
-
-
-def blocking(function, *args, **kwargs):
-    """Run a blocking call (Milvus, the model) in a worker thread, abandoned at the request deadline."""
-    return to_thread.run_sync(partial(function, *args, **kwargs), abandon_on_cancel=True)
 
 
 @router.post("/documents", summary="Add or replace documents (upsert by id)")
