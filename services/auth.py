@@ -18,6 +18,7 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
+from starlette._utils import get_route_path
 from starlette.responses import Response
 from starlette.routing import compile_path
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -228,7 +229,10 @@ class AccessMiddleware:
         self.table = route_table(routes)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
+        # Paths are judged as the router matches them: without the root path an ASGI server puts in front
+        # (uvicorn --root-path). On the raw path '/api/stats' matched no route, so it needed just any key.
+        # get_route_path is Starlette's private helper, but the one FastAPI's router uses: they cannot disagree.
+        if scope["type"] != "http" or get_route_path(scope) in OPEN_PATHS:
             await self.app(scope, receive, send)
             return
         key, refusal = self._authenticate(scope)
@@ -249,7 +253,7 @@ class AccessMiddleware:
         if key is None:
             message = "missing or wrong API key: send 'Authorization: Bearer <key>'"
             return None, error_response(401, "unauthorized", message, headers={"WWW-Authenticate": "Bearer"})
-        needed = required_scope(self.table, scope["method"], scope["path"])
+        needed = required_scope(self.table, scope["method"], get_route_path(scope))
         if needed != ANY_KEY and needed not in key.scopes:
             message = f"this API key ({key.name}) lacks the '{needed}' scope that {scope['method']} {scope['path']} needs"
             return None, error_response(403, "forbidden", message)

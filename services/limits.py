@@ -12,6 +12,7 @@ from collections import OrderedDict
 from typing import Callable
 
 import anyio
+from starlette._utils import get_route_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from services.errors import error_response
@@ -133,7 +134,7 @@ class LimitsMiddleware:
         return error_response(413, "too_large", message, "body")
 
     async def _run_with_deadline(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["path"] in self.untimed_paths:
+        if get_route_path(scope) in self.untimed_paths:
             await self.app(scope, receive, send)
             return
         started = False
