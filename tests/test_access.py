@@ -1,6 +1,5 @@
 """API keys, scopes, tenants and the bind refusal, against the real service (real Redis, Milvus Lite, model)."""
 
-import asyncio
 import hashlib
 import json
 import uuid
@@ -16,6 +15,7 @@ from services.app import create_app
 from services.auth import OPEN_PATHS, ROUTE_SCOPES, SCOPES, AccessMiddleware, KeyRing, required_scope, route_table
 from services.limits import RateLimiter
 from tests.live_server import LiveServer
+from tests.test_limits import asgi_messages
 
 LEGACY = "legacy-single-key-0123456789"
 KEYS = {
@@ -82,26 +82,17 @@ def test_every_route_has_a_scope_or_is_open():
 
 def test_scopes_hold_behind_a_root_path():
     """With ``uvicorn --root-path /api`` the path holds the prefix; the router strips it, so must the check."""
-    sent = []
 
     async def ok_app(scope, receive, send):
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await send({"type": "http.response.body", "body": b"{}"})
 
-    async def receive():
-        return {"type": "http.request", "body": b"", "more_body": False}
-
-    async def send(message):
-        sent.append(message)
-
     keys = KeyRing.from_settings(Settings(api_keys=json.dumps({"keys": [{"name": "e", "key": KEYS["embedder"], "scopes": ["embed"]}]})))
     middleware = AccessMiddleware(ok_app, keys=keys, limiter=RateLimiter(None, None), routes=[("GET", "/stats"), ("GET", "/health")])
-    headers = [(b"authorization", f"Bearer {KEYS['embedder']}".encode())]
-    for path, status in (("/api/stats", 403), ("/api/health", 200)):
-        sent.clear()
-        scope = {"type": "http", "method": "GET", "path": path, "root_path": "/api", "headers": headers if path.endswith("stats") else []}
-        asyncio.run(middleware(scope, receive, send))
-        assert sent[0]["status"] == status, path
+    bearer = [(b"authorization", f"Bearer {KEYS['embedder']}".encode())]
+    for path, headers, status in (("/api/stats", bearer, 403), ("/api/health", [], 200)):
+        scope = {"method": "GET", "path": path, "root_path": "/api", "headers": headers}
+        assert asgi_messages(middleware, scope)[0]["status"] == status, path
 
 
 @pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong-key"}, {"Authorization": f"Basic {KEYS['ops']}"}])
