@@ -61,7 +61,7 @@ class RateLimiter:
         with self._lock:
             now = self._clock()
             bucket = self._buckets.get(caller)
-            if bucket is None or (bucket.rate_per_s, bucket.burst) != (rate, burst):
+            if bucket is None:  # a caller's rate and burst come from the start-up config: they never change
                 bucket = self._buckets[caller] = TokenBucket(rate, burst, now)
             self._buckets.move_to_end(caller)
             while len(self._buckets) > MAX_BUCKETS:
