@@ -62,11 +62,12 @@ class Settings(BaseSettings):
     max_batch: int = Field(2048, gt=0, description="most texts one request may carry (413 beyond)")
     truncate: bool = Field(True, description="truncate over-long texts; false: reject them with 413")
     stats_window_s: float = Field(300.0, gt=0, description="seconds covered by the recent figures of /stats")
-    api_key: str | None = Field(None, description="when set, requests need 'Authorization: Bearer <key>' (all scopes)")
+    # repr=False: a key never shows in a repr of the settings, a log line or a traceback.
+    api_key: str | None = Field(None, repr=False, description="when set, requests need 'Authorization: Bearer <key>' (all scopes)")
 
     # -- access and limits (docs/SECURITY.md) ----------------------------------------------------------
     api_keys_file: Path | None = Field(None, description="JSON or TOML file of API keys with scopes and tenants")
-    api_keys: str | None = Field(None, description="the same key list as JSON text, e.g. from a secret store")
+    api_keys: str | None = Field(None, repr=False, description="the same key list as JSON text, e.g. from a secret store")
     insecure: bool = Field(False, description="allow a non-loopback bind without any API key")
     tenant_cache_namespaces: bool = Field(False, description="each tenant its own cache entries (no shared hits)")
     max_text_bytes: int = Field(65536, gt=0, description="most UTF-8 bytes in one text or query (413 beyond)")

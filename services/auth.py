@@ -110,7 +110,10 @@ class KeyRing:
         return cls(keys)
 
     def find(self, presented: str) -> ApiKey | None:
-        """The key whose digest matches, comparing against all of them in constant time."""
+        """The key whose digest matches, comparing against all of them in constant time. A request with no
+        key never matches, whatever was configured (a digest of the empty string included)."""
+        if not presented:
+            return None
         wanted, found = digest(presented), None
         for key in self.keys:
             if hmac.compare_digest(wanted, key.sha256):
@@ -177,6 +180,8 @@ def _key_digest(entry: dict, where: str) -> bytes:
         return digest(plain)
     if not isinstance(hashed, str) or not re.fullmatch(r"[0-9a-fA-F]{64}", hashed):
         raise ConfigError(f"{where}: 'sha256' must be 64 hex digits (python -c \"import hashlib; print(hashlib.sha256(b'KEY').hexdigest())\")")
+    if bytes.fromhex(hashed) == digest(""):
+        raise ConfigError(f"{where}: 'sha256' is the digest of the empty string, which would let requests without a key in")
     return bytes.fromhex(hashed)
 
 

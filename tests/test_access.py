@@ -12,7 +12,7 @@ from ragcache.cli import main
 from ragcache.errors import ConfigError
 from ragcache.settings import Settings
 from services.app import create_app
-from services.auth import OPEN_PATHS, ROUTE_SCOPES, SCOPES, AccessMiddleware, KeyRing, required_scope, route_table
+from services.auth import OPEN_PATHS, ROUTE_SCOPES, SCOPES, AccessMiddleware, ApiKey, KeyRing, required_scope, route_table
 from services.limits import RateLimiter
 from tests.live_server import LiveServer
 from tests.test_limits import asgi_messages
@@ -237,11 +237,18 @@ def test_key_files_in_toml_and_environment_json(tmp_path):
     assert KeyRing.from_settings(Settings(api_key="k", redis_url="off")).find("k").scopes == frozenset(SCOPES)
 
 
+def test_no_key_never_matches_and_keys_never_show_in_the_settings_repr():
+    settings = Settings(api_key="the-legacy-secret", api_keys='{"keys": []}', redis_url="off")
+    assert KeyRing([ApiKey("odd", hashlib.sha256(b"").digest(), frozenset(SCOPES))]).find("") is None
+    assert "the-legacy-secret" not in repr(settings) and '{"keys": []}' not in repr(settings)
+
+
 @pytest.mark.parametrize(
     "entry, complaint",
     [
         ({"name": "a", "key": "short", "scopes": ["embed"]}, "at least 16"),
         ({"name": "a", "sha256": "zz", "scopes": ["embed"]}, "64 hex"),
+        ({"name": "a", "sha256": hashlib.sha256(b"").hexdigest(), "scopes": ["embed"]}, "empty string"),
         ({"name": "a", "key": "k" * 16, "sha256": "0" * 64, "scopes": ["embed"]}, "exactly one"),
         ({"name": "a", "key": "k" * 16, "scopes": ["root"]}, "scopes"),
         ({"name": "a", "key": "k" * 16, "scopes": ["embed"], "tenant": "a-b"}, "tenant"),
