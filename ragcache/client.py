@@ -7,6 +7,11 @@
     >>> async with AsyncClient() as client:
     ...     vectors = await client.embed(["What is a KV cache?"])
 
+The KV-prefix registry's operations are here too (``register_prefix``, ``get_prefix``, ``warm_prefix``, ...),
+and ``render``/``messages`` build prompts locally from a registered prefix, byte for byte prefix-first, with
+retrieved chunks in a cache-friendly order (:func:`ragcache.prefixes.assemble_prompt`); the prefix is fetched
+once per ``prefix_refresh_s`` and uses are reported in batches (on refresh, or :meth:`flush_uses`).
+
 Every operation is written once (``_Operations``): it builds a ``_Call`` (method, path, JSON body, how to
 read the answer), and each class only sends it, so the two clients cannot drift apart. ``transport=`` is
 the test seam (``httpx.MockTransport``, ``httpx.ASGITransport``).
@@ -33,12 +38,14 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import collections
 import dataclasses
 import functools
 import itertools
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
+from urllib.parse import quote
 
 import httpx
 import numpy as np
@@ -52,6 +59,8 @@ from ragcache.errors import (
     ServiceError,
     ServiceUnavailableError,
 )
+from ragcache.prefixes.model import Prefix, PromptForm, RegisterResult, Target, WarmOutcome, WarmResult, check_name
+from ragcache.prefixes.text import Chunk, assemble_prompt, render_messages, render_text
 from ragcache.results import CollectionInfo, IngestResult, SearchHit, SearchResult, SearchTimings
 
 __all__ = [
@@ -96,17 +105,21 @@ class _Operations:
         backoff_s: float = 0.1,
         model: str | None = None,
         transport: httpx.BaseTransport | httpx.AsyncBaseTransport | None = None,
+        prefix_refresh_s: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
     ):
         """``api_key`` is sent as ``Authorization: Bearer``; ``timeout`` in seconds; ``retries`` after a
         connection failure or a 429/502/503, waiting ``backoff_s`` doubled each time (or the answer's
         ``Retry-After``, when longer); ``model`` is sent with
-        embedding, search and ingest requests (the service's default model when None); ``transport`` replaces the network."""
+        embedding, search and ingest requests (the service's default model when None); ``transport`` replaces the network;
+        ``prefix_refresh_s`` is how long ``render`` reuses a fetched prefix (``clock`` measures it)."""
         if retries < 0 or backoff_s < 0:
             raise InvalidInputError("retries and backoff_s must not be negative", field="retries")
         self.base_url = base_url
         self.retries = retries
         self.backoff_s = backoff_s
         self.model = model
+        self._prefixes = _PrefixCache(prefix_refresh_s, clock)
         headers = {"User-Agent": "ragcache-client"}
         if api_key:
             headers["Authorization"] = f"Bearer {api_key}"
@@ -158,6 +171,41 @@ class _Operations:
     def info(self) -> dict[str, Any]:
         """Models, embedding spaces and settings the service runs with."""
         return self._call(_Call("GET", "/info", None, _parse_object))
+
+    # ---- the KV-prefix registry -----------------------------------------------------------------------
+
+    def register_prefix(self, name: str, text: str, target: Target, *, is_template: bool = False,
+                        form: PromptForm | str = PromptForm.COMPLETION, lmcache_controller_url: str | None = None,
+                        pinned: bool = True) -> RegisterResult:
+        """Register (or re-register) a prefix: the stored prefix, warnings about its text, and its first warm."""
+        body = {"name": check_name(name), "text": text, "target": {"base_url": target.base_url, "model": target.model},
+                "is_template": is_template, "form": PromptForm(form).value,
+                "lmcache_controller_url": lmcache_controller_url, "pinned": pinned}
+        return self._call(_Call("POST", "/prefixes", body, _parse_register))
+
+    def list_prefixes(self) -> list[Prefix]:
+        """Every registered prefix, by name."""
+        return self._call(_Call("GET", "/prefixes", None, _parse_prefixes))
+
+    def get_prefix(self, name: str) -> Prefix:
+        """The current version of prefix ``name`` (``NotFoundError`` when there is none)."""
+        return self._call(_Call("GET", _prefix_path(name), None, Prefix.from_json))
+
+    def delete_prefix(self, name: str) -> None:
+        """Forget prefix ``name``; it is no longer warmed."""
+        return self._call(_Call("DELETE", _prefix_path(name), None, _parse_nothing))
+
+    def warm_prefix(self, name: str) -> WarmResult:
+        """Warm prefix ``name`` now (within the service's warm budget; the outcome says what happened)."""
+        return self._call(_Call("POST", _prefix_path(name, "/warm"), None, _parse_warm))
+
+    def prefix_stats(self, name: str) -> dict[str, Any]:
+        """The service's counters of prefix ``name`` (warms, residency, uses), as it reports them."""
+        return self._call(_Call("GET", _prefix_path(name, "/stats"), None, _parse_object))
+
+    def report_uses(self, name: str, count: int) -> None:
+        """Tell the service that ``count`` requests were built with prefix ``name``."""
+        return self._call(_Call("POST", _prefix_path(name, "/uses"), {"count": count}, _parse_nothing))
 
     # ---- shared by both senders -----------------------------------------------------------------------
 
@@ -214,6 +262,29 @@ class Client(_Operations):
                 return value
             time.sleep(delay)
 
+    def render(self, name: str, *, chunks: Iterable[Chunk] = (), volatile: str = "", **slots: Any) -> str:
+        """The prompt for prefix ``name``, built here: its text (``slots`` filled into a template), then
+        ``chunks`` (search hits) by id, then ``volatile`` (the question, a date) last, so consecutive requests
+        share the longest possible prefix in vLLM's cache (:func:`ragcache.prefixes.assemble_prompt`)."""
+        return assemble_prompt(render_text(self._prefix(name), slots), chunks, volatile)
+
+    def messages(self, name: str, user: str, *, chunks: Iterable[Chunk] = (), **slots: Any) -> list[dict[str, str]]:
+        """Chat form of :meth:`render`: the prefix (and ``chunks``) as the system message, then ``user``."""
+        return _with_chunks(render_messages(self._prefix(name), user, slots), chunks)
+
+    def flush_uses(self) -> None:
+        """Report the uses counted by ``render``/``messages`` since the last report."""
+        for name, count in self._prefixes.take_uses().items():
+            self.report_uses(name, count)
+
+    def _prefix(self, name: str) -> Prefix:
+        prefix = self._prefixes.fresh(name)
+        if prefix is None:
+            self.flush_uses()
+            prefix = self._prefixes.keep(self.get_prefix(name))
+        self._prefixes.pending_uses[name] += 1
+        return prefix
+
     def close(self) -> None:
         self._http.close()
 
@@ -240,6 +311,28 @@ class AsyncClient(_Operations):
                 return value
             await asyncio.sleep(delay)
 
+    async def render(self, name: str, *, chunks: Iterable[Chunk] = (), volatile: str = "", **slots: Any) -> str:
+        """As :meth:`Client.render`."""
+        return assemble_prompt(render_text(await self._prefix(name), slots), chunks, volatile)
+
+    async def messages(self, name: str, user: str, *, chunks: Iterable[Chunk] = (),
+                       **slots: Any) -> list[dict[str, str]]:
+        """As :meth:`Client.messages`."""
+        return _with_chunks(render_messages(await self._prefix(name), user, slots), chunks)
+
+    async def flush_uses(self) -> None:
+        """As :meth:`Client.flush_uses`."""
+        for name, count in self._prefixes.take_uses().items():
+            await self.report_uses(name, count)
+
+    async def _prefix(self, name: str) -> Prefix:
+        prefix = self._prefixes.fresh(name)
+        if prefix is None:
+            await self.flush_uses()
+            prefix = self._prefixes.keep(await self.get_prefix(name))
+        self._prefixes.pending_uses[name] += 1
+        return prefix
+
     async def aclose(self) -> None:
         await self._http.aclose()
 
@@ -250,6 +343,39 @@ class AsyncClient(_Operations):
         await self.aclose()
 
 
+class _PrefixCache:
+    """Prefixes fetched for ``render`` (with their fetch time), and the uses not yet reported."""
+
+    def __init__(self, refresh_s: float, clock: Callable[[], float]) -> None:
+        self._refresh_s = refresh_s
+        self._clock = clock
+        self._fetched: dict[str, tuple[Prefix, float]] = {}
+        self.pending_uses: collections.Counter[str] = collections.Counter()
+
+    def fresh(self, name: str) -> Prefix | None:
+        entry = self._fetched.get(name)
+        return entry[0] if entry and self._clock() - entry[1] < self._refresh_s else None
+
+    def keep(self, prefix: Prefix) -> Prefix:
+        self._fetched[prefix.name] = (prefix, self._clock())
+        return prefix
+
+    def take_uses(self) -> collections.Counter[str]:
+        pending, self.pending_uses = self.pending_uses, collections.Counter()
+        return pending
+
+
+def _prefix_path(name: str, suffix: str = "") -> str:
+    # The name is checked and escaped: it goes into the path, where "x/../../stats" would reach another
+    # route with the caller's key.
+    return f"/prefixes/{quote(check_name(name), safe='')}{suffix}"
+
+
+def _with_chunks(messages: list[dict[str, str]], chunks: Iterable[Chunk]) -> list[dict[str, str]]:
+    system, *rest = messages
+    return [{**system, "content": assemble_prompt(system["content"], chunks)}, *rest]
+
+
 # ---- reading answers ----------------------------------------------------------------------------------------
 
 
@@ -258,7 +384,7 @@ def _finish(call: _Call, response: httpx.Response) -> Any:
     if not response.is_success:
         raise _status_error(response)
     try:
-        return call.parse(response.json())
+        return call.parse(response.json() if response.content else None)
     except (ValueError, TypeError, KeyError, IndexError, binascii.Error) as exc:
         raise ServiceError(f"{call.method} {call.path}: unexpected answer from the service: {exc!r}") from exc
 
@@ -361,3 +487,27 @@ def _parse_object(payload: Any) -> dict[str, Any]:
     if not isinstance(payload, dict):
         raise TypeError(f"expected a JSON object, got {type(payload).__name__}")
     return payload
+
+
+def _parse_nothing(payload: Any) -> None:
+    return None
+
+
+def _parse_prefixes(payload: list) -> list[Prefix]:
+    return [Prefix.from_json(item) for item in payload]
+
+
+def _parse_warm(payload: dict) -> WarmResult:
+    result = _parse_dataclass(WarmResult, payload)
+    return dataclasses.replace(result, outcome=WarmOutcome(result.outcome))
+
+
+def _parse_register(payload: dict) -> RegisterResult:
+    warm = payload.get("warm")
+    return RegisterResult(
+        prefix=Prefix.from_json(payload["prefix"]),
+        created=bool(payload["created"]),
+        new_version=bool(payload["new_version"]),
+        warnings=tuple(payload.get("warnings") or ()),
+        warm=_parse_warm(warm) if warm is not None else None,
+    )

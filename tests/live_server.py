@@ -1,4 +1,5 @@
-"""Run the real app under uvicorn on a free loopback port, in a thread, for tests over real HTTP."""
+"""Run the real app under uvicorn on a free loopback port, in a thread, for tests over real HTTP; or hand
+``ragcache.client.Client``'s requests to an app in this process (``transport_to``)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,18 @@ import uvicorn
 from ragcache.embedded_redis import free_port
 from ragcache.settings import Settings
 from services.app import create_app
+
+
+def transport_to(test_client) -> httpx.MockTransport:
+    """A transport that hands each request of ``ragcache.client.Client`` to the app behind a Starlette
+    ``TestClient`` (the sync client builds its own ``httpx.Client``; this is its seam to an in-process app)."""
+
+    def forward(request: httpx.Request) -> httpx.Response:
+        answer = test_client.request(request.method, request.url.path, content=request.content,
+                                     headers=dict(request.headers))
+        return httpx.Response(answer.status_code, headers=answer.headers, content=answer.content)
+
+    return httpx.MockTransport(forward)
 
 
 class LiveServer:

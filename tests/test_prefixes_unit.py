@@ -15,7 +15,7 @@ from fastapi.testclient import TestClient
 from prometheus_client import CollectorRegistry, generate_latest
 
 from ragcache.errors import InvalidInputError, NotFoundError, RagCacheError
-from ragcache.prefix_client import AsyncPrefixClient, PrefixClient
+from ragcache.client import AsyncClient, Client
 from ragcache.prefixes import (
     FilePrefixStore,
     PrefixRegistry,
@@ -26,6 +26,8 @@ from ragcache.prefixes import (
     TargetUnavailableError,
     VLLMClient,
     WarmOutcome,
+    assemble_prompt,
+    check_name,
     find_volatile,
     make_store,
     register_prefix_metrics,
@@ -33,8 +35,10 @@ from ragcache.prefixes import (
     render_text,
     template_head,
 )
+from ragcache.results import SearchHit
 from ragcache.prefixes.policy import Backoff, Schedule, WarmBudget, judge_residency, next_schedule
 from services.prefixes_api import router
+from tests.live_server import transport_to
 
 BLOCK = 4
 TARGET = Target("http://vllm.test", "m")
@@ -303,6 +307,8 @@ def test_register_warns_about_volatile_spans_and_sub_block_prefixes(registry):
 
 @pytest.mark.parametrize("spec, field", [
     (PrefixSpec("bad name", SYSTEM, TARGET), "name"),
+    (PrefixSpec("trailing-newline\n", SYSTEM, TARGET), "name"),
+    (PrefixSpec("..", SYSTEM, TARGET), "name"),
     (PrefixSpec("p", SYSTEM, Target("vllm:8000", "m")), "target.base_url"),
     (PrefixSpec("p", "{slot} first", TARGET, is_template=True), "text"),
     (PrefixSpec("p", "unbalanced {", TARGET, is_template=True), "text"),
@@ -390,18 +396,17 @@ async def test_async_client_has_the_same_operations(registry):
     app = FastAPI()
     app.state.prefixes = registry
     app.include_router(router)
-    transport = httpx.ASGITransport(app=app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://ragcache.test") as http:
-        client = AsyncPrefixClient(http)
+    async with AsyncClient("http://ragcache.test", transport=httpx.ASGITransport(app=app)) as client:
         answer = await client.register_prefix("a", SYSTEM + " {q}", TARGET, is_template=True)
-        assert answer["prefix"]["version"] == 1
+        assert (answer.created, answer.prefix.version, answer.warm.outcome) == (True, 1, WarmOutcome.PRIME)
         assert await client.render("a", q="why?") == SYSTEM + " why?"
         assert (await client.get_prefix("a")).num_tokens == 16
+        await client.flush_uses()
         assert (await client.prefix_stats("a"))["num_uses"] == 1
 
 
 def test_client_renders_locally_and_reports_uses_in_batches(service, clock):
-    client = PrefixClient(service, refresh_s=10, clock=clock)
+    client = Client("http://ragcache.test", transport=transport_to(service), prefix_refresh_s=10, clock=clock)
     client.register_prefix("rag", SYSTEM + "\nContext: {context}\n", TARGET, is_template=True)
     prompts = [client.render("rag", context=str(i)) for i in range(3)]
     assert prompts[2] == SYSTEM + "\nContext: 2\n"
@@ -410,5 +415,57 @@ def test_client_renders_locally_and_reports_uses_in_batches(service, clock):
     client.flush_uses()
     assert client.prefix_stats("rag")["num_uses"] == 4
     assert [p.name for p in client.list_prefixes()] == ["rag"]
+    assert client.warm_prefix("rag").outcome is WarmOutcome.RESIDENT
+    client.delete_prefix("rag")
     with pytest.raises(NotFoundError):
-        client.get_prefix("missing")
+        client.get_prefix("rag")
+
+
+@pytest.mark.parametrize("name", ["x/../../stats?", "..", "a b", "ok\n", "x%2F..", ""])
+def test_client_refuses_a_name_that_would_leave_its_path_and_sends_nothing(name):
+    sent: list[httpx.Request] = []
+    client = Client("http://ragcache.test", transport=httpx.MockTransport(lambda r: sent.append(r) or
+                                                                          httpx.Response(200, json={})))
+    for call in (client.get_prefix, client.delete_prefix, client.warm_prefix, client.prefix_stats):
+        with pytest.raises(InvalidInputError) as info:
+            call(name)
+        assert info.value.field == "name"
+    assert sent == []
+
+
+def test_client_sends_a_valid_name_as_one_path_segment():
+    sent: list[httpx.Request] = []
+    client = Client("http://ragcache.test/base", api_key="k",
+                    transport=httpx.MockTransport(lambda r: sent.append(r) or httpx.Response(200, json={})))
+    client.prefix_stats("Rag-v1.2_x")
+    assert sent[0].url.raw_path == b"/base/prefixes/Rag-v1.2_x/stats"
+    assert sent[0].headers["authorization"] == "Bearer k"
+
+
+def test_name_check_is_a_full_match():
+    assert check_name("a" * 128) == "a" * 128
+    for bad in ("a" * 129, "rag\n", "rag\r", "-rag", "rag/x"):
+        with pytest.raises(InvalidInputError):
+            check_name(bad)
+
+
+def hit(doc_id: str, score: float) -> SearchHit:
+    return SearchHit(doc_id, score, f"text of {doc_id}", {})
+
+
+def test_assembled_prompt_orders_chunks_by_id_and_puts_volatile_content_last():
+    first = assemble_prompt("SYS\n", [hit("d3", 0.9), hit("d1", 0.8), hit("d2", 0.1)], "Q: why? (12:00)\n")
+    again = assemble_prompt("SYS\n", [hit("d2", 0.7), hit("d3", 0.6), hit("d1", 0.5), hit("d3", 0.4)], "Q: how?\n")
+    assert first == "SYS\n[d1] text of d1\n[d2] text of d2\n[d3] text of d3\nQ: why? (12:00)\n"
+    # The same chunks in another score order, one of them twice: the same bytes up to the question.
+    shared = first[:first.index("Q:")]
+    assert again == shared + "Q: how?\n"
+
+
+def test_client_render_assembles_chunks_after_the_prefix(service, clock):
+    client = Client("http://ragcache.test", transport=transport_to(service), clock=clock)
+    client.register_prefix("sys", SYSTEM, TARGET)
+    prompt = client.render("sys", chunks=[hit("b", 0.9), hit("a", 0.2)], volatile="Q?")
+    assert prompt == SYSTEM + "[a] text of a\n[b] text of b\nQ?"
+    messages = client.messages("sys", "Q?", chunks=[hit("b", 0.9)])
+    assert messages == [{"role": "system", "content": SYSTEM + "[b] text of b\n"}, {"role": "user", "content": "Q?"}]

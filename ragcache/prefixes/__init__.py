@@ -23,13 +23,15 @@ from .model import (
     VolatileSpan,
     WarmOutcome,
     WarmResult,
+    check_name,
 )
 from .registry import PrefixRegistry
 from .store import FilePrefixStore, PrefixStore, RedisPrefixStore, make_store
-from .text import find_volatile, render_messages, render_text, template_head
+from .text import Chunk, assemble_prompt, find_volatile, render_messages, render_text, template_head
 from .vllm_client import TargetUnavailableError, VLLMClient
 
 __all__ = [
+    "Chunk",
     "FilePrefixStore",
     "Prefix",
     "PrefixMetricsCollector",
@@ -49,6 +51,8 @@ __all__ = [
     "VolatileSpan",
     "WarmOutcome",
     "WarmResult",
+    "assemble_prompt",
+    "check_name",
     "find_volatile",
     "make_store",
     "register_prefix_metrics",

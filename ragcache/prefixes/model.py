@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
 import xxhash
 
+from ragcache.errors import InvalidInputError
+
 __all__ = [
+    "check_name",
     "PromptForm",
     "Target",
     "PrefixSpec",
@@ -23,6 +27,19 @@ __all__ = [
     "RegisterResult",
     "content_hash",
 ]
+
+
+# A name travels in URL paths (/prefixes/{name}), so it is limited to characters that need no escaping and
+# cannot be a dot segment; fullmatch, because "$" would also accept a trailing newline.
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+def check_name(name: str) -> str:
+    """``name`` when it is a valid prefix name; :class:`InvalidInputError` naming the field otherwise."""
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise InvalidInputError("name must be 1-128 of [A-Za-z0-9._-], starting with a letter or digit",
+                                field="name")
+    return name
 
 
 class PromptForm(str, Enum):

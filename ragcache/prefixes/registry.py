@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import re
 import threading
 import time
 from collections.abc import Callable
@@ -34,6 +33,7 @@ from .model import (
     TargetStats,
     WarmOutcome,
     WarmResult,
+    check_name,
     content_hash,
 )
 from .policy import Backoff, Schedule, WarmBudget, judge_residency, next_schedule
@@ -47,7 +47,6 @@ __all__ = ["PrefixRegistry"]
 
 log = logging.getLogger(__name__)
 
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 TokenCounter = Callable[[Target, str], "int | None"]
 
 
@@ -438,9 +437,7 @@ class PrefixRegistry:
 
 def _validate(spec: PrefixSpec) -> str:
     """Check a spec and return its constant head (the part that is warmed)."""
-    if not _NAME.match(spec.name):
-        raise InvalidInputError("name must be 1-128 of [A-Za-z0-9._-], starting with a letter or digit",
-                                field="name")
+    check_name(spec.name)
     if not spec.target.base_url.startswith(("http://", "https://")):
         raise InvalidInputError("target base_url must be an http(s) URL", field="target.base_url")
     if not spec.target.model:

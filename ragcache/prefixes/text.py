@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import re
 import string
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Iterable, Mapping
+from typing import Any, Protocol
 
 from ragcache.errors import InvalidInputError
 
 from .model import Prefix, PromptForm, VolatileSpan
 
-__all__ = ["template_head", "template_slots", "render_text", "render_messages", "find_volatile"]
+__all__ = ["Chunk", "assemble_prompt", "template_head", "template_slots", "render_text", "render_messages",
+           "find_volatile"]
 
 _FORMATTER = string.Formatter()
 
@@ -76,6 +77,31 @@ def render_messages(prefix: Prefix, user: str, slots: Mapping[str, Any]) -> list
         {"role": "system", "content": render_text(prefix, slots)},
         {"role": "user", "content": user},
     ]
+
+
+class Chunk(Protocol):
+    """A retrieved passage: what :func:`assemble_prompt` needs of a search hit."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def text(self) -> str: ...
+
+
+def assemble_prompt(head: str, chunks: Iterable[Chunk] = (), volatile: str = "") -> str:
+    """A RAG prompt that keeps hitting vLLM's prefix cache: ``head``, the chunks by id, ``volatile`` last.
+
+    vLLM reuses KV blocks along a hash chain from the first token, so a request reuses cache only up to the
+    first token where it differs from an earlier one. The registered head comes first, byte for byte; then the
+    chunks in an order that depends only on which chunks were retrieved (their ids), not on this query's
+    scores, so requests that retrieved the same or overlapping chunks share them; then what changes with
+    every request (the question, a date), so it cuts the shared prefix as late as possible. A chunk retrieved
+    twice is written once.
+    """
+    unique = {str(chunk.id): chunk.text for chunk in chunks}
+    body = "".join(f"[{chunk_id}] {unique[chunk_id]}\n" for chunk_id in sorted(unique))
+    return head + body + volatile
 
 
 # Patterns for content that differs per request. Order matters: longer, more specific kinds first,

@@ -8,9 +8,10 @@ from fastapi.testclient import TestClient
 
 from ragcache.bench.prefixes import build_prefix_text
 from ragcache.errors import NotFoundError
-from ragcache.prefix_client import PrefixClient
-from ragcache.prefixes import PrefixRegistry, PrefixRegistryConfig, PromptForm
+from ragcache.client import Client
+from ragcache.prefixes import PrefixRegistry, PrefixRegistryConfig, PromptForm, WarmOutcome
 from services.prefixes_api import router
+from tests.live_server import transport_to
 
 pytestmark = pytest.mark.vllm
 
@@ -29,20 +30,20 @@ def client(redis_client, http, tmp_path):
 
     app.include_router(router)
     with TestClient(app) as test_client:
-        yield PrefixClient(test_client)
+        yield Client("http://ragcache.test", transport=transport_to(test_client))
     registry.close()
 
 
 def test_client_registers_renders_and_the_rendered_prompt_hits(client, http, target):
     head = build_prefix_text(http, target, 400)
     answer = client.register_prefix("rag", head + "{document}\nQ: {question}\n", target, is_template=True)
-    assert answer["warm"]["outcome"] == "prime" and answer["warnings"] == []
+    assert answer.warm.outcome is WarmOutcome.PRIME and answer.warnings == ()
     prompt = client.render("rag", document="Milvus stores vectors.", question="What stores vectors?")
     assert prompt.startswith(head)
     r = http.post(f"{target.base_url}/v1/completions", json={"model": target.model, "prompt": prompt, "max_tokens": 1})
     usage = r.json()["usage"]
-    assert usage["prompt_tokens_details"]["cached_tokens"] >= (answer["prefix"]["num_tokens"] - 1) // 32 * 32 > 0
-    assert client.warm_prefix("rag")["outcome"] == "resident"
+    assert usage["prompt_tokens_details"]["cached_tokens"] >= (answer.prefix.num_tokens - 1) // 32 * 32 > 0
+    assert client.warm_prefix("rag").outcome is WarmOutcome.RESIDENT
     client.flush_uses()
     stats = client.prefix_stats("rag")
     assert (stats["num_uses"], stats["num_resident"], stats["residency_rate"]) == (1, 1, 1.0)
@@ -54,7 +55,7 @@ def test_client_registers_renders_and_the_rendered_prompt_hits(client, http, tar
 def test_chat_form_prefix_is_warmed_as_the_system_message(client, http, target):
     system = build_prefix_text(http, target, 400)
     answer = client.register_prefix("chat", system, target, form=PromptForm.CHAT)
-    assert answer["warm"]["outcome"] == "prime"
+    assert answer.warm.outcome is WarmOutcome.PRIME
     messages = client.messages("chat", "What is a KV cache?")
     assert messages[0] == {"role": "system", "content": system}
     r = http.post(f"{target.base_url}/v1/chat/completions",
@@ -62,4 +63,4 @@ def test_chat_form_prefix_is_warmed_as_the_system_message(client, http, target):
     usage = r.json()["usage"]
     # The chat template renders the system turn first, so the warmed blocks are the request's first blocks.
     cached = usage["prompt_tokens_details"]["cached_tokens"]
-    assert cached >= answer["warm"]["num_prompt_tokens"] // 32 * 32 - 32 and cached > 0
+    assert cached >= answer.warm.num_prompt_tokens // 32 * 32 - 32 and cached > 0
