@@ -2,9 +2,10 @@
 #   docker-compose  validates every compose file in docker/ (tests/test_docker.py)
 #   chromium        the headless browser that loads the /ui dashboard (tests/test_ui_browser.py)
 #   wordnet-base    labelled retrieval data nobody here wrote (ragcache bench retrieval)
+#   prometheus      its promtool checks /metrics and the compose stacks' Prometheus config (tests/test_observability.py)
 # As root (CI, the development machine) they are installed with apt-get; otherwise make stops and says
 # the one command to run. The check is a dpkg query, so a machine that has them pays nothing.
-SYSTEM_PACKAGES := docker-compose chromium wordnet-base
+SYSTEM_PACKAGES := docker-compose chromium wordnet-base prometheus
 
 .PHONY: system-deps
 

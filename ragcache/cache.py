@@ -16,7 +16,7 @@ from ragcache.batching import ComputeBatcher
 from ragcache.errors import ConfigError, InvalidInputError, TierUnavailableError
 from ragcache.flight import Flight
 from ragcache.keys import EmbeddingSpace
-from ragcache.stats import CacheStats, LevelRecorder
+from ragcache.stats import CacheStats, LatencyHistogram, LevelRecorder
 from ragcache.tiers.base import Tier, TierHealth, TierHits
 from ragcache.writeback import WriteBehind
 
@@ -308,6 +308,11 @@ class EmbeddingCache:
             compute_s_saved=overall.hits * encoder_stats.seconds_per_text,
             levels=tuple(recorder.snapshot(recent=recent) for recorder in self._recorders),
         )
+
+    def latency_histograms(self) -> dict[str, LatencyHistogram]:
+        """Per level, and for whole requests (``"request"``), every batch lookup's latency since start."""
+        histograms = {recorder.level: recorder.histogram() for recorder in self._recorders}
+        return {**histograms, "request": self._requests.histogram()}
 
     def flush(self) -> None:
         """Wait until every write queued for the lower levels has been stored."""

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Callable, Iterable
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, SummaryMetricFamily
 from prometheus_client.registry import Collector
 
 from ragcache.cache import EmbeddingCache
+from ragcache.stats import LatencyHistogram
 
 __all__ = ["CacheCollector"]
 
@@ -29,8 +30,18 @@ class CacheCollector(Collector):
                 ("errors", "Keys looked up while the level failed (served as misses)"),
             ]
         }
-        latency = GaugeMetricFamily(
-            "ragcache_lookup_latency_seconds", "Recent batch lookup latency of a level", labels=[*labels, "quantile"]
+        # A summary: quantiles over the recent log of calls, count and sum since start (as client libraries'
+        # summaries are). Its quantiles cannot be averaged across replicas; the histogram below can.
+        latency = SummaryMetricFamily(
+            "ragcache_lookup_latency_seconds", "Recent batch lookup latency of a level", labels=labels
+        )
+        # Histograms, unlike the quantiles above, add up across replicas:
+        # histogram_quantile(0.99, sum by (le, level) (rate(ragcache_lookup_duration_seconds_bucket[5m]))).
+        lookup_duration = HistogramMetricFamily(
+            "ragcache_lookup_duration_seconds", "Batch lookup latency of a level, since start", labels=labels
+        )
+        request_duration = HistogramMetricFamily(
+            "ragcache_request_duration_seconds", "Latency of a whole embed call through every level", labels=labels[:2]
         )
         level_up = GaugeMetricFamily("ragcache_level_up", "1 when the level answers, 0 while it is down", labels=labels)
         texts = CounterMetricFamily("ragcache_texts", "Texts asked for", labels=labels[:2])
@@ -39,8 +50,9 @@ class CacheCollector(Collector):
         saved_s = CounterMetricFamily("ragcache_compute_seconds_saved", "Estimated model seconds saved by hits", labels=labels[:2])
         hit_ratio = GaugeMetricFamily("ragcache_hit_ratio", "Texts served by any level / texts asked for", labels=labels[:2])
         for cache in self._caches():
-            stats, states = cache.stats(), cache.level_states()
+            stats, states, histograms = cache.stats(), cache.level_states(), cache.latency_histograms()
             space = [stats.model, stats.space_id]
+            request_duration.add_metric(space, *_buckets(histograms["request"]))
             texts.add_metric(space, stats.texts)
             computed.add_metric(space, stats.texts_computed)
             compute_s.add_metric(space, stats.compute_s)
@@ -50,8 +62,18 @@ class CacheCollector(Collector):
                 label_values = [*space, level.level]
                 for name, family in families.items():
                     family.add_metric(label_values, getattr(level, name))
-                latency.add_metric([*label_values, "0.5"], level.latency_p50_ms / 1000)
-                latency.add_metric([*label_values, "0.99"], level.latency_p99_ms / 1000)
+                histogram = histograms[level.level]
+                latency.add_metric(label_values, count_value=histogram.num_calls, sum_value=histogram.sum_s)
+                for quantile, value_ms in (("0.5", level.latency_p50_ms), ("0.99", level.latency_p99_ms)):
+                    quantile_labels = {**dict(zip(labels, label_values)), "quantile": quantile}
+                    latency.add_sample("ragcache_lookup_latency_seconds", quantile_labels, value_ms / 1000)
+                lookup_duration.add_metric(label_values, *_buckets(histogram))
                 level_up.add_metric(label_values, 1.0 if states[level.level]["up"] else 0.0)
         yield from families.values()
-        yield from (latency, level_up, texts, computed, compute_s, saved_s, hit_ratio)
+        yield from (latency, lookup_duration, request_duration, level_up, texts, computed, compute_s, saved_s, hit_ratio)
+
+
+def _buckets(histogram: LatencyHistogram) -> tuple[list[tuple[str, int]], float]:
+    """Prometheus' (le, cumulative count) pairs ending with +Inf, and the sum."""
+    buckets = [(repr(bound), count) for bound, count in zip(histogram.bounds_s, histogram.counts)]
+    return [*buckets, ("+Inf", histogram.num_calls)], histogram.sum_s

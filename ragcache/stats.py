@@ -6,6 +6,7 @@ latest events, so memory stays constant however long the process runs.
 
 from __future__ import annotations
 
+import bisect
 import threading
 import time
 from collections import deque
@@ -14,7 +15,12 @@ from typing import Callable
 
 import numpy as np
 
-__all__ = ["LevelStats", "CacheStats", "LevelRecorder"]
+__all__ = ["LevelStats", "CacheStats", "LevelRecorder", "LatencyHistogram", "LATENCY_BUCKETS_S"]
+
+# Upper bounds (seconds) of the latency histogram buckets, as Prometheus "le" labels: from an L1 gather
+# (tens of microseconds) to a model call on a large batch (seconds). Fixed, so that histograms from many
+# replicas add up bucket by bucket (histogram_quantile over sum by (le)).
+LATENCY_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
 @dataclass(frozen=True)
@@ -50,6 +56,17 @@ class CacheStats:
     levels: tuple[LevelStats, ...]
 
 
+@dataclass(frozen=True)
+class LatencyHistogram:
+    """Batch lookup latencies since start: ``counts[i]`` calls took at most ``LATENCY_BUCKETS_S[i]`` seconds
+    (cumulative, as Prometheus counts buckets); ``num_calls`` includes those over the last bound."""
+
+    bounds_s: tuple[float, ...]
+    counts: tuple[int, ...]
+    num_calls: int
+    sum_s: float
+
+
 class LevelRecorder:
     """Thread-safe accumulator for one level (or for the whole cache)."""
 
@@ -61,6 +78,7 @@ class LevelRecorder:
         self._totals = np.zeros(3, dtype=np.int64)  # hits, misses, errors
         self._latency_sum_s = 0.0
         self._num_calls = 0
+        self._bucket_counts = np.zeros(len(LATENCY_BUCKETS_S), dtype=np.int64)  # per bucket, not cumulative
         # (time, hits, misses, errors, latency_s) of the latest calls: percentiles and the recent window.
         self._events: deque[tuple[float, int, int, int, float]] = deque(maxlen=max_events)
 
@@ -69,11 +87,20 @@ class LevelRecorder:
             self._totals += (hits, misses, errors)
             self._latency_sum_s += latency_s
             self._num_calls += 1
+            bucket = bisect.bisect_left(LATENCY_BUCKETS_S, latency_s)  # the first bound >= latency_s
+            if bucket < len(LATENCY_BUCKETS_S):
+                self._bucket_counts[bucket] += 1
             self._events.append((self._clock(), hits, misses, errors, latency_s))
 
     def num_calls(self, recent: bool = False) -> int:
         with self._lock:
             return len(self._window()) if recent else self._num_calls
+
+    def histogram(self) -> LatencyHistogram:
+        """Every call's latency since start, bucketed (the recent log is bounded; these counts never drop)."""
+        with self._lock:
+            counts, num_calls, sum_s = np.cumsum(self._bucket_counts), self._num_calls, self._latency_sum_s
+        return LatencyHistogram(LATENCY_BUCKETS_S, tuple(int(c) for c in counts), num_calls, sum_s)
 
     def _window(self) -> list[tuple[float, int, int, int, float]]:
         since = self._clock() - self.window_s

@@ -27,6 +27,10 @@ STACKS = {
     "cluster": ["compose.cluster.yaml"],
     "gpu": ["compose.gpu.yaml"],
     "gpu+lmcache": ["compose.gpu.yaml", "compose.gpu.lmcache.yaml"],
+    # Prometheus + Grafana go beside any stack (docker/compose.monitoring.yaml).
+    "single+monitoring": ["compose.yaml", "compose.monitoring.yaml"],
+    "cluster+monitoring": ["compose.cluster.yaml", "compose.monitoring.yaml"],
+    "gpu+monitoring": ["compose.gpu.yaml", "compose.monitoring.yaml"],
 }
 SETTING_NAMES = {env_name(name) for name in Settings.model_fields}
 RAGCACHE_VARIABLE = re.compile(r"\bRAGCACHE_[A-Z0-9_]+\b")
@@ -39,6 +43,7 @@ def compose(files: list[str], *args: str, api_key: str | None = "test-key") -> s
     env = {k: v for k, v in os.environ.items() if k != "RAGCACHE_API_KEY"}
     if api_key is not None:
         env["RAGCACHE_API_KEY"] = api_key
+    env.setdefault("GRAFANA_ADMIN_PASSWORD", "test-password")
     command = [executable]
     for name in files:
         command += ["-f", str(DOCKER / name)]
@@ -111,6 +116,29 @@ def test_cluster_stack_has_six_nodes_and_a_one_shot_init():
     ragcache = services["ragcache"]
     assert ragcache["environment"]["RAGCACHE_REDIS_URL"] == "redis://redis-node-1:6379"
     assert ragcache["depends_on"]["redis-cluster-init"]["condition"] == "service_completed_successfully"
+
+
+@pytest.mark.parametrize("stack", [name for name in STACKS if name.endswith("+monitoring")])
+def test_monitoring_scrapes_the_service_and_provisions_grafana(stack):
+    services = resolved(stack)["services"]
+    prometheus, grafana = services["prometheus"], services["grafana"]
+    # The key reaches Prometheus through the environment, never through a file in the repository.
+    assert prometheus["environment"]["RAGCACHE_API_KEY"] == "test-key"
+    assert "/prometheus/ragcache.key" in " ".join(prometheus["entrypoint"])
+    sources = {volume.split(":")[1]: volume.split(":")[0] for volume in prometheus["volumes"] + grafana["volumes"]}
+    assert sources["/etc/prometheus/prometheus.yml"] == str(DOCKER / "monitoring" / "prometheus.yml")
+    for target in ("/etc/grafana/provisioning", "/var/lib/grafana/dashboards"):
+        assert Path(sources[target]).is_dir(), target
+    assert grafana["environment"]["GF_SECURITY_ADMIN_PASSWORD"] == "test-password"
+    assert grafana["depends_on"]["prometheus"]["condition"] == "service_healthy"
+
+
+def test_monitoring_refuses_to_start_without_a_grafana_password():
+    env_without = {k: v for k, v in os.environ.items() if k != "GRAFANA_ADMIN_PASSWORD"}
+    command = [shutil.which("docker-compose") or "docker-compose", "-f", str(DOCKER / "compose.yaml"),
+               "-f", str(DOCKER / "compose.monitoring.yaml"), "config", "-q"]
+    result = subprocess.run(command, capture_output=True, text=True, env={**env_without, "RAGCACHE_API_KEY": "k"}, timeout=120)
+    assert result.returncode != 0 and "GRAFANA_ADMIN_PASSWORD" in result.stderr
 
 
 def test_gpu_stack_reserves_gpus_and_enables_prefix_caching():
