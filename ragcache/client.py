@@ -61,6 +61,7 @@ from ragcache.errors import (
 )
 from ragcache.prefixes.model import Prefix, PromptForm, RegisterResult, Target, WarmOutcome, WarmResult, check_name
 from ragcache.prefixes.text import Chunk, assemble_prompt, render_messages, render_text
+from ragcache.rerank.base import RerankHit, RerankResult
 from ragcache.results import CollectionInfo, IngestResult, SearchHit, SearchResult, SearchTimings
 
 __all__ = [
@@ -144,6 +145,13 @@ class _Operations:
         on the documents, e.g. ``metadata["lang"] == "en"``."""
         body = self._with_model({"query": query, "collection": collection, "top_k": top_k, "filter": filter})
         return self._call(_Call("POST", "/search", body, _parse_search))
+
+    def rerank(self, query: str, texts: Sequence[str], *, top_n: int | None = None, model: str | None = None) -> RerankResult:
+        """The texts' indexes sorted by relevance to ``query``, best first (``top_n``: the best n only);
+        ``model`` names a served reranker (default: the server's first). ``served`` counts cached scores."""
+        # The Cohere shape: its answer is an object, which carries the served counts (TEI's is a bare list).
+        body: dict[str, Any] = {"query": query, "documents": list(texts), "top_n": top_n, "model": model}
+        return self._call(_Call("POST", "/rerank", body, _parse_rerank))
 
     def add_documents(self, collection: str, documents: Sequence[Mapping[str, Any] | Any]) -> IngestResult:
         """Embed and upsert documents (``{"id", "text", "metadata"}`` mappings or ``Document``s) by id."""
@@ -466,6 +474,11 @@ def _parse_search(payload: dict) -> SearchResult:
         timings_ms=SearchTimings(*(float(timings.get(name, 0.0)) for name in ("embed", "search", "total"))),
         result_cache=payload.get("result_cache", "off"),
     )
+
+
+def _parse_rerank(payload: dict) -> RerankResult:
+    hits = tuple(RerankHit(int(item["index"]), float(item["relevance_score"])) for item in payload["results"])
+    return RerankResult(str(payload.get("model", "")), hits, {str(k): int(v) for k, v in (payload.get("served") or {}).items()})
 
 
 def _parse_dataclass(cls: type, payload: dict) -> Any:

@@ -51,6 +51,16 @@ class Settings(BaseSettings):
     single_flight_ttl_ms: int = Field(15000, gt=0, description="lock lifetime: how long a dead holder can keep others waiting")
     single_flight_wait_ms: int = Field(15000, ge=0, description="most a replica waits for another's vector before computing it")
 
+    # -- reranking (ragcache.rerank; served by /rerank and the rerank stage of /search) --------------------
+    rerank_models: list[str] = Field(default_factory=list, description="local cross-encoders (folder or name) served by /rerank")
+    rerank_url: str | None = Field(None, description="a remote rerank endpoint, e.g. http://host:7997/rerank (Infinity)")
+    rerank_remote_model: str | None = Field(None, description="the model name the remote endpoint serves (and ours for it)")
+    rerank_api: Literal["tei", "cohere"] = Field("tei", description="the remote endpoint's shape: TEI, or Cohere/Infinity")
+    rerank_api_key: str | None = Field(None, repr=False, description="bearer token for the remote endpoint")
+    rerank_revision: str = Field("unversioned", description="revision label of the remote model (part of the score key)")
+    rerank_timeout_s: float = Field(10.0, gt=0, description="deadline of one remote rerank call; slower counts as an outage")
+    rerank_l1_bytes: int = Field(8 * 1024 * 1024, gt=0, description="L1 budget for cached rerank scores (4 bytes each)")
+
     # -- the KV-prefix registry (keep-warm of vLLM prefix-cache entries) ---------------------------------
     prefix_warm_budget_per_minute: int = Field(120, gt=0, description="most warm requests sent to vLLM a minute")
     prefix_min_rewarm_interval_s: float = Field(1.0, gt=0, description="shortest time between two warms of one prefix")

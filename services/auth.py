@@ -41,6 +41,7 @@ ROUTE_SCOPES: dict[tuple[str, str], str] = {
     ("POST", "/embed"): "embed",
     ("POST", "/v1/embeddings"): "embed",
     ("POST", "/search"): "search",
+    ("POST", "/rerank"): "search",
     ("GET", "/collections"): "search",
     ("POST", "/documents"): "ingest",
     ("DELETE", "/documents"): "admin",

@@ -66,9 +66,13 @@ def cache_of(request: Request, model: str | None) -> EmbeddingCache:
 
 def served_headers(result: EmbedResult) -> dict[str, str]:
     """The cache outcome of the request: how many inputs each level served."""
-    served = result.served
+    return served_count_headers(result.served)
+
+
+def served_count_headers(served: dict[str, int]) -> dict[str, str]:
+    """``X-Cache-<level>`` per level and ``X-Cache-Hit-Rate``, from how many items each level served."""
     headers = {f"X-Cache-{name.capitalize()}": str(count) for name, count in served.items()}
-    total = len(result.levels)
+    total = sum(served.values())
     headers["X-Cache-Hit-Rate"] = f"{(total - served.get('compute', 0)) / total:.4f}" if total else "0"
     return headers
 

@@ -28,7 +28,17 @@ async def stats(request: Request) -> JSONResponse:
         }
         for name, cache in state.caches.items()
     }
-    return JSONResponse({"models": models, "prefixes": asdict(state.prefixes.stats())})
+    # Rerank scores are cached like vectors (ragcache.rerank.scores): the same figures, per reranker.
+    rerankers = {
+        name: {
+            "space": reranker.cache.space.describe(),
+            "levels": reranker.cache.level_states(),
+            "since_start": asdict(reranker.cache.stats()),
+            "recent": asdict(reranker.cache.stats(recent=True)),
+        }
+        for name, reranker in state.rerankers.items()
+    }
+    return JSONResponse({"models": models, "rerankers": rerankers, "prefixes": asdict(state.prefixes.stats())})
 
 
 @router.get("/metrics", summary="Prometheus exposition", response_class=Response)

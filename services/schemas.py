@@ -7,6 +7,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, field_validator
 
 from ragcache.documents import COLLECTION_NAME_PATTERN, MAX_FILTER_CHARS
+from ragcache.errors import InvalidInputError
 
 # Metadata nests at most this deep: Milvus stores it as JSON, and every layer of the checks below and in
 # Milvus recurses; a caller has no need for more.
@@ -90,6 +91,35 @@ class SearchRequest(Body):
         None, max_length=MAX_FILTER_CHARS, description='Milvus boolean expression, e.g. metadata["lang"] == "en"'
     )
     model: StrictStr | None = None
+
+
+class CohereDocument(Body):
+    text: StrictStr
+
+
+class RerankRequest(Body):
+    """text-embeddings-inference's /rerank body (``texts``); the Cohere/Infinity body (``documents``,
+    ``top_n``, ``model``, ``return_documents``) is accepted too, and answered in its own shape."""
+
+    query: StrictStr
+    texts: list[StrictStr] | None = Field(None, description="TEI: the texts to score against the query")
+    documents: list[StrictStr | CohereDocument] | None = Field(None, description="Cohere/Infinity: the texts (or {text})")
+    return_text: StrictBool = Field(False, description="TEI: echo each text in its result")
+    return_documents: StrictBool = Field(False, description="Cohere/Infinity: echo each document in its result")
+    truncate: StrictBool | None = Field(None, description="truncate over-long pairs; default: the server setting")
+    truncation_direction: Literal["Right", "right"] = "Right"
+    raw_scores: Literal[False] = Field(False, description="scores are the model's sigmoid; raw logits are not served")
+    top_n: StrictInt | None = Field(None, ge=1, description="return the best n only; default: all, sorted")
+    model: StrictStr | None = Field(None, description="served reranker name; default: the first served")
+
+    def texts_given(self) -> tuple[list[str], str]:
+        """(the texts, the field they came in): exactly one of ``texts`` and ``documents``."""
+        if (self.texts is None) == (self.documents is None):
+            field = "texts" if self.texts is None else "documents"
+            raise InvalidInputError("send the texts to score as either texts (TEI) or documents (Cohere), not both or neither", field=field)
+        if self.texts is not None:
+            return self.texts, "texts"
+        return [doc if isinstance(doc, str) else doc.text for doc in self.documents or []], "documents"
 
 
 class ErrorDetail(BaseModel):

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ragcache.build import build_cache, load_encoder
 from ragcache.cache import EmbeddingCache
-from ragcache.errors import NotFoundError
+from ragcache.errors import InvalidInputError, NotFoundError
 from ragcache.knowledge import KnowledgeBase
 from ragcache.prefixes import PrefixRegistry, PrefixRegistryConfig
+from ragcache.rerank.scores import RerankCache
+from ragcache.rerank.build import build_rerankers, score_cache
 from ragcache.settings import Settings
 from ragcache.stores import Stores
 from ragcache.tiers.compute import PACKAGED_MODEL
@@ -27,17 +29,21 @@ class ServiceState:
     caches: dict[str, EmbeddingCache]
     knowledge: KnowledgeBase | None
     prefixes: PrefixRegistry
+    rerankers: dict[str, RerankCache] = field(default_factory=dict)  # served name -> reranker behind its cache
 
     @classmethod
     def open(cls, settings: Settings) -> "ServiceState":
         stores = Stores.open(settings)
         caches: dict[str, EmbeddingCache] = {}
+        rerankers: dict[str, RerankCache] = {}
         try:
             for model in settings.models:
                 caches[model] = build_cache(settings, stores, load_encoder(settings, model))
+            for reranker in build_rerankers(settings):
+                rerankers[reranker.name] = score_cache(settings, stores, reranker)
         except BaseException:
-            for cache in caches.values():
-                cache.close()
+            for closable in [*caches.values(), *rerankers.values()]:
+                closable.close()
             stores.close()
             raise
         knowledge = KnowledgeBase(stores.milvus, redis=stores.redis) if stores.milvus is not None else None
@@ -52,7 +58,7 @@ class ServiceState:
             redis_client=stores.redis,
         )
         prefixes.start()
-        return cls(settings, stores, caches, knowledge, prefixes)
+        return cls(settings, stores, caches, knowledge, prefixes, rerankers)
 
     @property
     def default_model(self) -> str:
@@ -67,10 +73,24 @@ class ServiceState:
             raise NotFoundError(f"model {model!r} is not served here; served models: {served}")
         return cache
 
+    def reranker_for(self, model: str | None, field: str = "model") -> RerankCache:
+        """The reranker named ``model`` (the first served when None); ``InvalidInputError`` naming ``field``
+        when it is not served, or when no reranker is."""
+        if not self.rerankers:
+            raise InvalidInputError(
+                "no reranker is served here: set RAGCACHE_RERANK_MODELS or RAGCACHE_RERANK_URL", field=field
+            )
+        reranker = self.rerankers.get(model or next(iter(self.rerankers)))
+        if reranker is None:
+            raise InvalidInputError(f"reranker {model!r} is not served here; served: {', '.join(self.rerankers)}", field=field)
+        return reranker
+
     def close(self) -> None:
         """Flush queued L2/L3 writes of every cache, then close the stores (graceful shutdown)."""
         self.prefixes.close()
         for cache in self.caches.values():
             cache.close()
+        for reranker in self.rerankers.values():
+            reranker.close()
         self.stores.close()
         log.info("ragcache service stopped; queued writes flushed")

@@ -82,3 +82,11 @@ def encoder():
     from ragcache.tiers.compute import ModelEncoder
 
     return ModelEncoder()
+
+
+@pytest.fixture(scope="session")
+def tiny_cross_encoder(tmp_path_factory):
+    """A tiny random cross-encoder folder (ragcache.rerank.tiny): real CrossEncoder mechanics, no real weights."""
+    from ragcache.rerank.tiny import build_tiny_cross_encoder
+
+    return str(build_tiny_cross_encoder(tmp_path_factory.mktemp("tiny-cross-encoder")))

@@ -1,0 +1,56 @@
+"""Assemble the served rerankers from settings, each behind its score cache (L1 slab, then L2 Redis)."""
+
+from __future__ import annotations
+
+import torch
+
+from ragcache.cache import EmbeddingCache
+from ragcache.errors import ConfigError
+from ragcache.rerank.base import Reranker
+from ragcache.rerank.local import CrossEncoderReranker
+from ragcache.rerank.remote import RemoteReranker
+from ragcache.rerank.scores import PairEncoder, RerankCache
+from ragcache.settings import Settings
+from ragcache.stores import Stores
+from ragcache.tiers.memory import MemoryTier
+from ragcache.tiers.redis import RedisTier
+
+__all__ = ["build_rerankers", "score_cache"]
+
+
+def build_rerankers(settings: Settings) -> list[Reranker]:
+    """The local cross-encoders, then the remote endpoint when one is configured."""
+    rerankers: list[Reranker] = [
+        CrossEncoderReranker(model, device=settings.device, batch_size=settings.compute_batch_size)
+        for model in settings.rerank_models
+    ]
+    if settings.rerank_url:
+        if not settings.rerank_remote_model:
+            raise ConfigError("rerank_url needs rerank_remote_model: the name of the model the endpoint serves")
+        rerankers.append(
+            RemoteReranker(
+                settings.rerank_url,
+                settings.rerank_remote_model,
+                api=settings.rerank_api,
+                timeout_s=settings.rerank_timeout_s,
+                api_key=settings.rerank_api_key,
+                revision=settings.rerank_revision,
+            )
+        )
+    return rerankers
+
+
+def score_cache(settings: Settings, stores: Stores, reranker: Reranker) -> RerankCache:
+    """The reranker behind L1 (``rerank_l1_bytes``) and L2 (the shared Redis, when on)."""
+    tiers: list = [MemoryTier(settings.rerank_l1_bytes, 1, torch.float32, device="cpu")]
+    if stores.redis is not None:
+        tiers.append(RedisTier(stores.redis, dim=1, dtype=torch.float32, ttl_s=settings.redis_ttl_s))
+    cache = EmbeddingCache(
+        PairEncoder(reranker),
+        tiers,
+        write_behind=settings.write_behind,
+        compute_max_batch=settings.compute_batch_size,
+        compute_max_wait_s=settings.compute_max_wait_ms / 1000,
+        window_s=settings.stats_window_s,
+    )
+    return RerankCache(reranker, cache)
