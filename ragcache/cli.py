@@ -40,7 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--insecure", action="store_true", help="allow a non-loopback address without API keys")
     serve.set_defaults(run=run_serve)
 
-    for name, help_text in [("ingest", "add files to a collection"), ("search", "search a collection"), ("stats", "hit rates per level as a table (--watch: live)")]:
+    for name, help_text in [("ingest", "add files to a collection"), ("search", "search a collection"),
+                            ("stats", "hit rates per level as a table (--watch: live)")]:
         sub = commands.add_parser(name, help=help_text)
         sub.add_argument("--url", default=os.environ.get("RAGCACHE_URL", DEFAULT_URL), help="the service's base URL")
         sub.add_argument("--api-key", default=os.environ.get("RAGCACHE_API_KEY"))
@@ -128,7 +129,7 @@ def run_milvus_server(args) -> int:
     server = MilvusLiteServer(args.db, port=args.port)
     print(f"Milvus Lite serving {server.db_path} at {server.url} (set RAGCACHE_MILVUS_URI={server.url})", flush=True)
     try:
-        return server.process.wait()
+        return server.process.wait()  # type: ignore[union-attr]
     except KeyboardInterrupt:
         return 0
     finally:

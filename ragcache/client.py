@@ -43,8 +43,9 @@ import dataclasses
 import functools
 import itertools
 import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any
 from urllib.parse import quote
 
 import httpx
@@ -155,7 +156,7 @@ class _Operations:
 
     def add_documents(self, collection: str, documents: Sequence[Mapping[str, Any] | Any]) -> IngestResult:
         """Embed and upsert documents (``{"id", "text", "metadata"}`` mappings or ``Document``s) by id."""
-        rows = [dataclasses.asdict(doc) if dataclasses.is_dataclass(doc) else dict(doc) for doc in documents]
+        rows = [dataclasses.asdict(doc) if dataclasses.is_dataclass(doc) else dict(doc) for doc in documents]  # type: ignore[arg-type]
         body = self._with_model({"collection": collection, "documents": rows})
         return self._call(_Call("POST", "/documents", body, functools.partial(_parse_dataclass, IngestResult)))
 
@@ -296,7 +297,7 @@ class Client(_Operations):
     def close(self) -> None:
         self._http.close()
 
-    def __enter__(self) -> "Client":
+    def __enter__(self) -> Client:
         return self
 
     def __exit__(self, *exc_info) -> None:
@@ -331,20 +332,20 @@ class AsyncClient(_Operations):
     async def flush_uses(self) -> None:
         """As :meth:`Client.flush_uses`."""
         for name, count in self._prefixes.take_uses().items():
-            await self.report_uses(name, count)
+            await self.report_uses(name, count)  # type: ignore[func-returns-value, misc]
 
     async def _prefix(self, name: str) -> Prefix:
         prefix = self._prefixes.fresh(name)
         if prefix is None:
             await self.flush_uses()
-            prefix = self._prefixes.keep(await self.get_prefix(name))
+            prefix = self._prefixes.keep(await self.get_prefix(name))  # type: ignore[misc]
         self._prefixes.pending_uses[name] += 1
         return prefix
 
     async def aclose(self) -> None:
         await self._http.aclose()
 
-    async def __aenter__(self) -> "AsyncClient":
+    async def __aenter__(self) -> AsyncClient:
         return self
 
     async def __aexit__(self, *exc_info) -> None:
@@ -413,7 +414,7 @@ def _status_error(response: httpx.Response) -> RagCacheError:
         error = ServiceUnavailableError(message)
     else:
         error = ServiceError(message)
-    error.status_code = status  # type: ignore[attr-defined]
+    error.status_code = status  # type: ignore[union-attr]
     return error
 
 

@@ -16,11 +16,13 @@ batch after a promotion is served by the promoted replica.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import redis
 from redis.cluster import ClusterNode, RedisCluster
-from redis.exceptions import AskError, ConnectionError, ResponseError, TimeoutError
+from redis.exceptions import AskError, ResponseError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ragcache.redis_client import is_cluster
 
@@ -39,7 +41,7 @@ class _NodeFailed(Exception):
 def execute_any(client: redis.Redis | RedisCluster, commands: Sequence[Command]) -> list:
     """``execute`` on a cluster client; on a single server, the commands in one non-transactional pipeline."""
     if is_cluster(client):
-        return execute(client, commands)
+        return execute(client, commands)  # type: ignore[arg-type]
     pipe = client.pipeline(transaction=False)
     for command in commands:
         pipe.execute_command(*command)
@@ -86,7 +88,7 @@ def _execute_once(client: RedisCluster, commands: Sequence[Command]) -> list:
                 connection = pool.get_connection()
                 taken.append([pool, connection, False])
                 connection.send_packed_command(connection.pack_commands([commands[p] for p in positions]))
-            except (ConnectionError, TimeoutError) as exc:
+            except (RedisConnectionError, RedisTimeoutError) as exc:
                 raise _NodeFailed(node, exc) from exc
         for (node, positions), entry in zip(groups, taken):
             connection = entry[1]
@@ -97,7 +99,7 @@ def _execute_once(client: RedisCluster, commands: Sequence[Command]) -> list:
                     redirected.append(position)
                 except ResponseError as exc:
                     errors.append(exc)
-                except (ConnectionError, TimeoutError) as exc:
+                except (RedisConnectionError, RedisTimeoutError) as exc:
                     raise _NodeFailed(node, exc) from exc
             entry[2] = True
     finally:

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from ragcache.errors import InvalidInputError, InvalidTextError
 
@@ -117,7 +118,7 @@ def _as_document(item: object, index: int) -> Document:
                 field=f"documents[{index}]",
             )
         metadata = item.get("metadata")
-        return Document(id=item.get("id"), text=item.get("text"), metadata={} if metadata is None else metadata)
+        return Document(id=item.get("id"), text=item.get("text"), metadata={} if metadata is None else metadata)  # type: ignore[arg-type]
     raise InvalidInputError(
         f"documents[{index}] is {type(item).__name__}, expected a Document or a mapping with id, text, metadata",
         field=f"documents[{index}]",

@@ -58,10 +58,11 @@ class MilvusLiteServer:
         self._wait_listening(timeout_s)
 
     def _wait_listening(self, timeout_s: float) -> None:
+        assert self.process is not None, "started before it is waited on"
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                error = self.process.stderr.read().decode(errors="replace")
+                error = self.process.stderr.read().decode(errors="replace")  # type: ignore[union-attr]
                 raise TierUnavailableError("L3", f"milvus-lite server exited: {error[-2000:]}")
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
@@ -82,7 +83,7 @@ class MilvusLiteServer:
         self.stop()
         self.start()
 
-    def __enter__(self) -> "MilvusLiteServer":
+    def __enter__(self) -> MilvusLiteServer:
         return self
 
     def __exit__(self, *exc_info) -> None:

@@ -10,8 +10,8 @@ import shutil
 import subprocess
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import redis
 
@@ -52,7 +52,7 @@ class EmbeddedRedis:
     ):
         self.port = port or free_port()
         self._tempdir = None if data_dir else tempfile.TemporaryDirectory(prefix="ragcache-redis-")
-        self.data_dir = Path(data_dir or self._tempdir.name)
+        self.data_dir = Path(data_dir) if data_dir else Path(self._tempdir.name)  # type: ignore[union-attr]
         self.data_dir.mkdir(parents=True, exist_ok=True)
         args = [
             find_redis_server(),
@@ -78,7 +78,7 @@ class EmbeddedRedis:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise TierUnavailableError("L2", f"embedded redis-server exited: {self.process.stderr.read().decode()}")
+                raise TierUnavailableError("L2", f"embedded redis-server exited: {self.process.stderr.read().decode()}")  # type: ignore[union-attr]
             try:
                 client.ping()
                 return

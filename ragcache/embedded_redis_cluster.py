@@ -12,7 +12,7 @@ from __future__ import annotations
 import signal
 import socket
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import redis
 
@@ -139,7 +139,7 @@ class EmbeddedRedisCluster:
             node.stop()
         self.nodes = []
 
-    def __enter__(self) -> "EmbeddedRedisCluster":
+    def __enter__(self) -> EmbeddedRedisCluster:
         return self
 
     def __exit__(self, *exc_info) -> None:

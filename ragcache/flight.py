@@ -21,7 +21,8 @@ import logging
 import threading
 import time
 import uuid
-from typing import Callable, Protocol, Sequence
+from collections.abc import Callable, Sequence
+from typing import Protocol
 
 import redis
 import torch

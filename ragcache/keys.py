@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import json
 import unicodedata
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
-from typing import Sequence
 
 import xxhash
 
@@ -69,7 +69,7 @@ class EmbeddingSpace:
         """Apply the space's explicit text normalisation (the identity when there is none)."""
         if self.text_normalization is None:
             return list(texts)
-        return [unicodedata.normalize(self.text_normalization, text) for text in texts]
+        return [unicodedata.normalize(self.text_normalization, text) for text in texts]  # type: ignore[arg-type]
 
     def keys(self, texts: Sequence[str]) -> list[str]:
         """One key per text, in order. Texts must already be ``prepare``d."""

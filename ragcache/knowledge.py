@@ -21,8 +21,9 @@ import json
 import secrets
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 import xxhash
@@ -207,7 +208,7 @@ class KnowledgeBase:
         search_started = self._clock()
         hits = self._nearest(meta, np.asarray(embedded.vectors, dtype=np.float32)[0], top_k, expression)
         finished = self._clock()
-        if version is not None:
+        if version is not None and self.results is not None:
             self.results.put(meta.uid, version, query_key, params, [[h.id, h.score, h.text, h.metadata] for h in hits])
         embed_ms, search_ms = _ms(search_started - embed_started), _ms(finished - search_started)
         timings = SearchTimings(embed=embed_ms, search=search_ms, total=_ms(finished - started))

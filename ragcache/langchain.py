@@ -35,7 +35,7 @@ class RagCacheEmbeddings(Embeddings):
     only a ``Client``, the ``a*`` methods run it in a worker thread (LangChain's default behaviour).
     """
 
-    def __init__(self, client: "Client | None" = None, *, async_client: "AsyncClient | None" = None):
+    def __init__(self, client: Client | None = None, *, async_client: AsyncClient | None = None):
         if client is None and async_client is None:
             raise ConfigError("RagCacheEmbeddings needs a Client, an AsyncClient, or both")
         self.client = client
@@ -54,14 +54,14 @@ class RagCacheEmbeddings(Embeddings):
             return await super().aembed_documents(texts)
         if not texts:
             return []
-        return (await self.async_client.embed(texts)).tolist()
+        return (await self.async_client.embed(texts)).tolist()  # type: ignore[misc]
 
     async def aembed_query(self, text: str) -> list[float]:
         if self.async_client is None:
             return await super().aembed_query(text)
-        return (await self.async_client.embed([text]))[0].tolist()
+        return (await self.async_client.embed([text]))[0].tolist()  # type: ignore[misc]
 
-    def _sync_client(self) -> "Client":
+    def _sync_client(self) -> Client:
         if self.client is None:
             raise ConfigError("this RagCacheEmbeddings has only an AsyncClient: use aembed_* or pass client=")
         return self.client

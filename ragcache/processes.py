@@ -6,7 +6,7 @@ from __future__ import annotations
 import socket
 import subprocess
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import httpx
 

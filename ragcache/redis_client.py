@@ -44,7 +44,7 @@ class _RedisCluster(RedisCluster):
     """Retries what fails fast, not a timeout: a hung node costs a command one timeout, as it does a single
     server (``_single_server_retry``). redis-py matches these by exact type."""
 
-    ERRORS_ALLOW_RETRY = (redis.ConnectionError, ClusterDownError, SlotNotCoveredError)
+    ERRORS_ALLOW_RETRY = (redis.ConnectionError, ClusterDownError, SlotNotCoveredError)  # type: ignore[assignment]
 
 
 def split_urls(url: str) -> list[str]:
@@ -75,15 +75,15 @@ def asyncio_twin(client: redis.Redis | RedisCluster) -> redis.asyncio.Redis | re
     Create it inside the event loop that will use it."""
     no_retry = AsyncRetry(NoBackoff(), 0)
     if is_cluster(client):
-        node_options = client.get_nodes()[0].redis_connection.connection_pool.connection_kwargs
+        node_options = client.get_nodes()[0].redis_connection.connection_pool.connection_kwargs  # type: ignore[union-attr]
         accepted = set(inspect.signature(redis.asyncio.RedisCluster.__init__).parameters) - {"host", "port", "retry"}
         options = {k: v for k, v in node_options.items() if k in accepted}
         # The blocking client learns TLS from its connection class; the asyncio one takes a flag.
         options["ssl"] = issubclass(node_options.get("connection_class", redis.Connection), redis.SSLConnection)
-        nodes = [redis.asyncio.cluster.ClusterNode(node.host, node.port) for node in client.get_nodes()]
+        nodes = [redis.asyncio.cluster.ClusterNode(node.host, node.port) for node in client.get_nodes()]  # type: ignore[union-attr]
         return redis.asyncio.RedisCluster(startup_nodes=nodes, retry=no_retry, **options)
     accepted = set(inspect.signature(redis.asyncio.Redis.__init__).parameters) - {"retry"}
-    options = {k: v for k, v in client.connection_pool.connection_kwargs.items() if k in accepted}
+    options = {k: v for k, v in client.connection_pool.connection_kwargs.items() if k in accepted}  # type: ignore[union-attr]
     return redis.asyncio.Redis(retry=no_retry, **options)
 
 

@@ -147,7 +147,7 @@ class ResultCache:
         if version is None:
             self.client.set(key, secrets.randbits(63) - (1 << 62), nx=True)
             version = self.client.get(key)
-        return int(version)
+        return int(version)  # type: ignore[arg-type]
 
     @staticmethod
     def _version_key(collection_uid: str) -> str:

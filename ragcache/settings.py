@@ -28,7 +28,8 @@ class Settings(BaseSettings):
     normalize: bool = Field(False, description="store L2-normalised vectors (requests can still ask for it)")
     max_seq_length: int | None = Field(None, gt=0, description="tokens; default: the model's own")
     prompt: str | None = Field(None, description="instruction prepended to every text (part of the key)")
-    text_normalization: Literal["NFC", "NFKC"] | None = Field(None, description="Unicode normalisation before hashing (part of the key); unset: the exact bytes")
+    text_normalization: Literal["NFC", "NFKC"] | None = Field(
+        None, description="Unicode normalisation before hashing (part of the key); unset: the exact bytes")
     device: str = Field("auto", description="auto = CUDA when available, else CPU")
 
     # -- levels ------------------------------------------------------------------------------------------
@@ -113,11 +114,11 @@ class Settings(BaseSettings):
         )
 
     @classmethod
-    def load(cls, path: str | Path | None = None, **overrides) -> "Settings":
+    def load(cls, path: str | Path | None = None, **overrides) -> Settings:
         """Settings from the environment, optionally a dotenv-style file under it, and explicit overrides."""
         if path is not None and not Path(path).is_file():
             raise ConfigError(f"settings file {path} does not exist")
-        return cls(_env_file=path, **overrides)  # type: ignore[call-arg]
+        return cls(_env_file=path, **overrides)
 
     @property
     def models(self) -> list[str]:

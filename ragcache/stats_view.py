@@ -8,7 +8,8 @@ one column: each level's hit rate over the last refresh interval, from the diffe
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, TextIO
+from collections.abc import Callable
+from typing import Any, TextIO
 
 __all__ = ["render_stats", "watch_stats"]
 
@@ -28,7 +29,8 @@ def render_stats(stats: dict[str, Any], previous: dict[str, Any] | None = None, 
                   f"compute saved {overall['compute_s_saved']:.1f} s")
         if previous is not None:
             earlier = previous["models"].get(model, {}).get("since_start")
-            totals += f"  |  {last}: {_interval_texts(overall, earlier)} texts, hit rate {_interval_rate(_as_level(overall), _as_level(earlier))}"
+            rate = _interval_rate(_as_level(overall), _as_level(earlier))
+            totals += f"  |  {last}: {_interval_texts(overall, earlier)} texts, hit rate {rate}"
         lines.append(totals)
         header = f"  {'level':<6}{'up':<5}{'lookups':>10}{'hits':>10}{'misses':>10}{'errors':>8}{'hit rate':>10}{'served':>9}"
         lines.append(header + (f"{last:>12}" if previous is not None else "") + f"{'p50 ms':>9}{'p99 ms':>9}")
@@ -87,8 +89,8 @@ def _interval_texts(overall: dict[str, Any], before: dict[str, Any] | None) -> s
     return f"{texts:,}" if texts >= 0 else "-"  # negative: the service restarted in between
 
 
-def _interval_rate(level: dict[str, Any], before: dict[str, Any] | None) -> str:
-    before = before or {"hits": 0, "lookups": 0}
+def _interval_rate(level: dict[str, Any] | None, before: dict[str, Any] | None) -> str:
+    level, before = level or {"hits": 0, "lookups": 0}, before or {"hits": 0, "lookups": 0}
     lookups = level["lookups"] - before["lookups"]
     if lookups <= 0:
         return "-"

@@ -90,7 +90,7 @@ class Stores:
         self.embedded_redis = embedded
 
     @classmethod
-    def open(cls, settings: Settings) -> "Stores":
+    def open(cls, settings: Settings) -> Stores:
         embedded = None
         redis_client = None
         if settings.l2_enabled:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 

@@ -23,6 +23,7 @@ from services.schemas import ERROR_RESPONSES
 from services.state import ServiceState
 from services.tenants import TenantCaches
 
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings.load()
 
@@ -52,9 +53,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     install_error_handlers(app)
     routers = [module.router for module in (routes_embed, routes_retrieval, routes_rerank, prefixes_api, routes_ops)]
     for router in routers:
-        app.include_router(router, responses=ERROR_RESPONSES)
+        app.include_router(router, responses=ERROR_RESPONSES)  # type: ignore[arg-type]
     # The last added runs first: keys and rate limits are checked before a body is read (docs/SECURITY.md).
-    app.add_middleware(LimitsMiddleware, max_body_bytes=settings.max_body_bytes, timeout_s=settings.request_timeout_s, untimed_paths=OPEN_PATHS)
+    app.add_middleware(LimitsMiddleware, max_body_bytes=settings.max_body_bytes,
+                       timeout_s=settings.request_timeout_s, untimed_paths=OPEN_PATHS)
     limiter = RateLimiter(settings.rate_limit_per_s, settings.rate_limit_burst)
     # From the routers, not the OpenAPI schema: a route left out of the docs (include_in_schema=False) still
     # gets its scope, or admin when unlisted, instead of being open to any key.

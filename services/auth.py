@@ -96,7 +96,7 @@ class KeyRing:
         self.keys = tuple(keys)
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> "KeyRing":
+    def from_settings(cls, settings: Settings) -> KeyRing:
         """``api_key`` (all scopes), then ``api_keys`` (JSON text), then ``api_keys_file`` (JSON or TOML)."""
         keys: list[ApiKey] = []
         if settings.api_key:
@@ -180,7 +180,8 @@ def _key_digest(entry: dict, where: str) -> bytes:
             raise ConfigError(f"{where}: 'key' must be a string of at least 16 characters")
         return digest(plain)
     if not isinstance(hashed, str) or not re.fullmatch(r"[0-9a-fA-F]{64}", hashed):
-        raise ConfigError(f"{where}: 'sha256' must be 64 hex digits (python -c \"import hashlib; print(hashlib.sha256(b'KEY').hexdigest())\")")
+        raise ConfigError(f"{where}: 'sha256' must be 64 hex digits "
+                          f"(python -c \"import hashlib; print(hashlib.sha256(b'KEY').hexdigest())\")")
     if bytes.fromhex(hashed) == digest(""):
         raise ConfigError(f"{where}: 'sha256' is the digest of the empty string, which would let requests without a key in")
     return bytes.fromhex(hashed)

@@ -46,7 +46,7 @@ def _is_union_tag(part: object) -> bool:
 class HTTPError(Exception):
     """A service-level refusal with its own status (e.g. 413 for a batch over the limit)."""
 
-    def __init__(self, status: int, message: str, *, field: str | None = None, type: str = "invalid_request"):
+    def __init__(self, status: int, message: str, *, field: str | None = None, type: str = "invalid_request"):  # noqa: A002 - the JSON field's name
         super().__init__(message)
         self.status, self.message, self.field, self.type = status, message, field, type
 

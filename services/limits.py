@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
-from typing import Callable
+from collections.abc import Callable
 
 import anyio
 from starlette._utils import get_route_path
@@ -94,7 +94,7 @@ class LimitsMiddleware:
         if refusal is not None:
             await refusal(scope, receive, send)
             return
-        await self._run_with_deadline(scope, _replay(body, receive), send)
+        await self._run_with_deadline(scope, _replay(body or b"", receive), send)
 
     def _check_length_header(self, scope: Scope):
         for name, value in scope.get("headers", ()):
@@ -122,8 +122,8 @@ class LimitsMiddleware:
         try:
             body.decode("utf-8")
         except UnicodeDecodeError as exc:
-            message = f"the body is not valid UTF-8 (byte {exc.start}): JSON bodies must be UTF-8"
-            return b"", error_response(400, "invalid_json", message, "body")
+            reason = f"the body is not valid UTF-8 (byte {exc.start}): JSON bodies must be UTF-8"
+            return b"", error_response(400, "invalid_json", reason, "body")
         return body, None
 
     def _too_large(self, size: int):

@@ -9,7 +9,7 @@ import numpy as np
 from anyio import to_thread
 from fastapi import APIRouter, Request
 
-from ragcache.cache import EmbedResult, EmbeddingCache
+from ragcache.cache import EmbeddingCache, EmbedResult
 from ragcache.errors import InvalidInputError
 from services.auth import principal_of
 from services.errors import HTTPError
@@ -88,7 +88,7 @@ async def embed_through_cache(cache: EmbeddingCache, texts: list[str], *, normal
     def work() -> EmbedResult:
         if not truncate:
             try:
-                cache.encoder.check_lengths(texts, field)
+                cache.encoder.check_lengths(texts, field)  # type: ignore[attr-defined]
             except InvalidInputError as exc:
                 raise HTTPError(413, str(exc), field=exc.field) from exc
         return cache.embed_detailed(texts, normalize=normalize)

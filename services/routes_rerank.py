@@ -31,7 +31,8 @@ def check_lengths(reranker: RerankCache, query: str, texts: list[str], field: st
     limit = reranker.reranker.space.max_seq_length
     for index, count in enumerate(count_tokens(query, texts)):
         if count > limit:
-            message = f"{field}[{index}] with the query has {count} tokens, over the reranker's limit of {limit}; shorten it or send truncate=true"
+            message = (f"{field}[{index}] with the query has {count} tokens, over the reranker's limit of {limit}; "
+                       "shorten it or send truncate=true")
             raise HTTPError(413, message, field=f"{field}[{index}]")
 
 
@@ -57,7 +58,8 @@ async def rerank(body: RerankRequest, request: Request) -> JSONResponse:
     headers = served_count_headers(result.served)
     if field == "documents":
         results = [
-            {"index": hit.index, "relevance_score": hit.score, **({"document": {"text": texts[hit.index]}} if body.return_documents else {})}
+            {"index": hit.index, "relevance_score": hit.score,
+             **({"document": {"text": texts[hit.index]}} if body.return_documents else {})}
             for hit in result.hits
         ]
         # "served" (scores per cache level) is ragcache's addition; Cohere and Infinity clients ignore it.

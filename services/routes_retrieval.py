@@ -7,6 +7,7 @@ names both ways, so a tenant never sees, nor can name, another tenant's collecti
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from fastapi import APIRouter, Request
 
@@ -65,7 +66,7 @@ async def search(body: SearchRequest, request: Request) -> JSONResponse:
     check_text_size(body.query, "query", state.settings.max_text_bytes)
     stored = stored_collection(principal_of(request).tenant, body.collection)
     cache, knowledge = cache_of(request, body.model), knowledge_of(state)
-    arguments = dict(cache=cache, top_k=body.top_k, filter=body.filter)
+    arguments: dict[str, Any] = dict(cache=cache, top_k=body.top_k, filter=body.filter)
     # The filter is Milvus' expression language over this one collection's fields; it cannot name another
     # collection, and tenants are kept apart by collection, so no filter reaches another tenant's documents.
     with public_names(stored, body.collection):

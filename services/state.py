@@ -10,8 +10,8 @@ from ragcache.cache import EmbeddingCache
 from ragcache.errors import InvalidInputError, NotFoundError
 from ragcache.knowledge import KnowledgeBase
 from ragcache.prefixes import PrefixRegistry, PrefixRegistryConfig
-from ragcache.rerank.scores import RerankCache
 from ragcache.rerank.build import build_rerankers, score_cache
+from ragcache.rerank.scores import RerankCache
 from ragcache.settings import Settings
 from ragcache.stores import Stores
 from ragcache.tiers.compute import PACKAGED_MODEL
@@ -32,7 +32,7 @@ class ServiceState:
     rerankers: dict[str, RerankCache] = field(default_factory=dict)  # served name -> reranker behind its cache
 
     @classmethod
-    def open(cls, settings: Settings) -> "ServiceState":
+    def open(cls, settings: Settings) -> ServiceState:
         stores = Stores.open(settings)
         caches: dict[str, EmbeddingCache] = {}
         rerankers: dict[str, RerankCache] = {}
@@ -43,7 +43,7 @@ class ServiceState:
                 rerankers[reranker.name] = score_cache(settings, stores, reranker)
         except BaseException:
             for closable in [*caches.values(), *rerankers.values()]:
-                closable.close()
+                closable.close()  # type: ignore[attr-defined]
             stores.close()
             raise
         knowledge = KnowledgeBase(stores.milvus, redis=stores.redis) if stores.milvus is not None else None
@@ -55,7 +55,7 @@ class ServiceState:
                 min_rewarm_interval_s=settings.prefix_min_rewarm_interval_s,
                 max_rewarm_interval_s=settings.prefix_max_rewarm_interval_s,
             ),
-            redis_client=stores.redis,
+            redis_client=stores.redis,  # type: ignore[arg-type]
         )
         prefixes.start()
         return cls(settings, stores, caches, knowledge, prefixes, rerankers)

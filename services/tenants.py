@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Iterator, Sequence
 
 import torch
 
@@ -107,7 +107,7 @@ class TenantCaches:
     def _build(self, shared: EmbeddingCache, tenant: str) -> EmbeddingCache:
         encoder = NamespacedEncoder(shared.encoder, tenant)
         # The first level is the memory slab (build_cache): shared, so tenants add no memory budget.
-        return build_cache(self.state.settings, self.state.stores, encoder, l1=shared.tiers[0])
+        return build_cache(self.state.settings, self.state.stores, encoder, l1=shared.tiers[0])  # type: ignore[arg-type]
 
     def caches(self) -> list[EmbeddingCache]:
         """The tenants' caches made so far (for the metrics: their hits are not in the shared caches')."""

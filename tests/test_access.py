@@ -187,8 +187,10 @@ def test_a_tenant_sees_and_searches_only_its_own_collections(clients):
 )
 def test_a_filter_cannot_reach_another_tenants_documents(clients, expression):
     name = "filters_" + uuid.uuid4().hex[:6]
-    clients["acme"].post("/documents", json={"collection": name, "documents": [{"id": "a", "text": "acme secret", "metadata": {"owner": "acme"}}]})
-    clients["globex"].post("/documents", json={"collection": name, "documents": [{"id": "g", "text": "globex text", "metadata": {"owner": "globex"}}]})
+    clients["acme"].post("/documents", json={
+        "collection": name, "documents": [{"id": "a", "text": "acme secret", "metadata": {"owner": "acme"}}]})
+    clients["globex"].post("/documents", json={
+        "collection": name, "documents": [{"id": "g", "text": "globex text", "metadata": {"owner": "globex"}}]})
     response = clients["globex"].post("/search", json={"collection": name, "query": "secret", "top_k": 10, "filter": expression})
     assert response.status_code in (200, 422), response.text
     if response.status_code == 200:

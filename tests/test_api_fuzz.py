@@ -25,7 +25,8 @@ def test_no_generated_input_gets_a_server_error(redis_url, tmp_path):
     settings = Settings(redis_url=redis_url, data_dir=tmp_path, api_key=KEY, rate_limit_per_s=10_000.0, max_body_bytes=1 << 20)
     with LiveServer(settings) as live:
         run = subprocess.run(
-            [st, "run", f"{live.url}/openapi.json", "--checks", "not_a_server_error,response_schema_conformance,status_code_conformance", "--max-examples", EXAMPLES,
+            [st, "run", f"{live.url}/openapi.json", "--checks", "not_a_server_error,response_schema_conformance,status_code_conformance",
+             "--max-examples", EXAMPLES,
              "--seed", "1", "--phases", "coverage,fuzzing", "--exclude-path-regex", "^/prefixes",
              "--header", f"Authorization: Bearer {KEY}"],
             capture_output=True, text=True, timeout=600,

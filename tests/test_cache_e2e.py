@@ -19,7 +19,7 @@ def make_cache(encoder, redis_url, milvus_client, **settings):
     return build_cache(Settings(redis_url=redis_url, **settings), stores, encoder)
 
 
-def unique_texts(n=len(TEXTS)):
+def unique_texts(n: int | None = None):
     # Milvus Lite persists for the session: a fresh suffix keeps each test's texts uncached.
     tag = uuid.uuid4().hex[:8]
     return [f"{text} [{tag}]" for text in TEXTS][:n]
@@ -31,7 +31,8 @@ def served_by_each_level(cache, texts):
     assert computed.served["compute"] == len(texts)
     cache.flush()
     out = {"compute": computed.vectors}
-    for name, clear in [("L1", lambda: None), ("L2", cache.tiers[0].clear), ("L3", lambda: (cache.tiers[0].clear(), cache.tiers[1].client.flushdb()))]:
+    for name, clear in [("L1", lambda: None), ("L2", cache.tiers[0].clear),
+                        ("L3", lambda: (cache.tiers[0].clear(), cache.tiers[1].client.flushdb()))]:
         clear()
         result = cache.embed_detailed(texts)
         assert result.served[name] == len(texts), (name, result.served)

@@ -52,7 +52,7 @@ class Ingester:
             else:
                 time.sleep(0.05)
 
-    def __enter__(self) -> "Ingester":
+    def __enter__(self) -> Ingester:
         self._thread.start()
         return self
 

@@ -7,7 +7,7 @@ take (or a batch that runs out of memory) must not fail the others in that batch
 from __future__ import annotations
 
 import threading
-from typing import Sequence
+from collections.abc import Sequence
 
 import pytest
 import torch
@@ -73,7 +73,8 @@ def cache_over(encoder) -> EmbeddingCache:
     return EmbeddingCache(encoder, [l1], compute_max_batch=64, compute_max_wait_s=0.3)
 
 
-@pytest.mark.parametrize(("poison", "error_type", "words"), [(OOM_TEXT, ModelOutOfMemoryError, "out of memory"), (BROKEN_TEXT, ComputeError, "ValueError")])
+@pytest.mark.parametrize(("poison", "error_type", "words"), [(OOM_TEXT, ModelOutOfMemoryError, "out of memory"),
+                                                          (BROKEN_TEXT, ComputeError, "ValueError")])
 def test_a_failing_text_fails_only_its_own_request(encoder, poison, error_type, words):
     failing = FailingEncoder(encoder)
     requests = [[f"request {i}, an ordinary text", "shared by all"] for i in range(6)] + [["an ordinary text too", poison]]
@@ -100,7 +101,7 @@ def test_a_real_model_failure_fails_only_its_request():
         *fine, failed = concurrent_requests(cache, requests)
         assert isinstance(failed, ComputeError) and "RuntimeError" in str(failed)
         assert isinstance(failed.__cause__, RuntimeError)
-        for texts, vectors in zip(requests, fine):
+        for vectors in fine:
             assert vectors.shape == (1, 384) and torch.isfinite(vectors).all()
 
 

@@ -115,7 +115,8 @@ def test_redis_stopped_and_restarted_under_load(redis_and_service):
     summary = summarize(outcomes)
     print(f"\nFAULT redis-stop: {summary.num_requests} requests, {summary.num_failed} failed; {len(during)} sent while down; "
           f"circuit open {open_s:.3f} s after the stop, {max_failures} tries of L2 during the 4 s outage; "
-          f"up again {recovery_s:.2f} s after the restart, L2 hits again {used_s:.2f} s after it; latency p50 {summary.latency_p50_ms} ms p99 {summary.latency_p99_ms} ms "
+          f"up again {recovery_s:.2f} s after the restart, L2 hits again {used_s:.2f} s after it; "
+          f"latency p50 {summary.latency_p50_ms} ms p99 {summary.latency_p99_ms} ms "
           f"max {summary.latency_max_ms} ms")
     assert summary.num_failed == 0, summary.first_errors
     assert after["num_outages"] == outages_before + 1

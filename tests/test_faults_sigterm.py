@@ -75,7 +75,7 @@ class Clients:
                     with self._lock:
                         self.acknowledged_texts.extend(texts)
 
-    def __enter__(self) -> "Clients":
+    def __enter__(self) -> Clients:
         for thread in self._threads:
             thread.start()
         return self

@@ -66,7 +66,8 @@ def test_committed_notebooks_have_no_outputs():
         nbformat.validate(notebook)
         for cell in notebook.cells:
             if cell.cell_type == "code":
-                assert cell.outputs == [] and cell.execution_count is None, f"{path.name}: outputs committed (run scripts/strip_notebooks.py)"
+                assert cell.outputs == [] and cell.execution_count is None, \
+                    f"{path.name}: outputs committed (run scripts/strip_notebooks.py)"
 
 
 def test_kernel_is_this_interpreter(kernel_dirs, tmp_path):

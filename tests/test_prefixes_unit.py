@@ -14,8 +14,8 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from prometheus_client import CollectorRegistry, generate_latest
 
-from ragcache.errors import InvalidInputError, NotFoundError, RagCacheError
 from ragcache.client import AsyncClient, Client
+from ragcache.errors import InvalidInputError, NotFoundError, RagCacheError
 from ragcache.prefixes import (
     FilePrefixStore,
     PrefixRegistry,
@@ -35,8 +35,8 @@ from ragcache.prefixes import (
     render_text,
     template_head,
 )
-from ragcache.results import SearchHit
 from ragcache.prefixes.policy import Backoff, Schedule, WarmBudget, judge_residency, next_schedule
+from ragcache.results import SearchHit
 from services.prefixes_api import router
 from tests.live_server import transport_to
 

@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 import torch
 
+from ragcache.cache import EmbeddingCache
 from ragcache.client import AsyncClient, Client
 from ragcache.errors import InvalidInputError, TierUnavailableError
 from ragcache.rerank.local import CrossEncoderReranker
 from ragcache.rerank.remote import RemoteReranker
-from ragcache.rerank.scores import RerankCache, PairEncoder
-from ragcache.cache import EmbeddingCache
+from ragcache.rerank.scores import PairEncoder, RerankCache
 from ragcache.settings import Settings
 from ragcache.tiers.memory import MemoryTier
 from ragcache.tiers.redis import RedisTier

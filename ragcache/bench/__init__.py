@@ -15,9 +15,9 @@ import importlib.util
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 __all__ = ["BENCHMARKS", "add_bench_commands", "main", "run_benchmarks"]
 
@@ -44,10 +44,12 @@ BENCHMARKS: dict[str, Benchmark] = {
         Benchmark("concurrency", "ragcache.bench.library", "bench_concurrency", "single flight and batching of concurrent misses (6)"),
         Benchmark("scale", "ragcache.bench.library", "bench_scale", "lookup cost at 10k..1M entries per level, L1 memory (7)"),
         Benchmark("levels", "ragcache.bench.levels", "bench_levels", "one embed call served entirely by L1, L2, L3 or computed"),
-        Benchmark("cluster", "ragcache.bench.cluster", "bench_cluster", "L2 get/put_many: 3-primary Redis Cluster vs one Redis, side by side"),
+        Benchmark("cluster", "ragcache.bench.cluster", "bench_cluster",
+                  "L2 get/put_many: 3-primary Redis Cluster vs one Redis, side by side"),
         Benchmark("http", "ragcache.bench.http", "bench_http", "the service: /embed L1 vs computed (1), texts/s under load (2)"),
         Benchmark("search", "ragcache.bench.http", "bench_search", "/search on 100k documents: repeated vs first query (8)"),
-        Benchmark("replicas", "ragcache.bench.replicas", "bench_replicas", "two replicas on one Redis + Milvus server: shared hits, single flight"),
+        Benchmark("replicas", "ragcache.bench.replicas", "bench_replicas",
+                  "two replicas on one Redis + Milvus server: shared hits, single flight"),
     )
 }
 

@@ -12,10 +12,11 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -43,7 +44,7 @@ class Sizes:
     search_queries: int
 
     @classmethod
-    def for_mode(cls, quick: bool) -> "Sizes":
+    def for_mode(cls, quick: bool) -> Sizes:
         if quick:
             return cls(200, 30, 6, 5, 1000, (10_000, 100_000, 1_000_000), (10_000, 100_000), 6.0, 100_000, 8)
         return cls(1000, 60, 16, 9, 1000, (10_000, 100_000, 1_000_000), (10_000, 100_000, 1_000_000), 15.0, 100_000, 20)
@@ -58,9 +59,9 @@ class BenchContext:
         self._own_workdir = workdir is None
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="ragcache-bench-"))
         self._vectors: dict[str, np.ndarray] = {}
-        self._redis = None
+        self._redis: Any = None  # an EmbeddedRedis, started on first use
         self._milvus = None
-        self.service = None  # a running ragcache service shared by the HTTP benchmarks (bench.service)
+        self.service: Any = None  # a running ragcache service shared by the HTTP benchmarks (bench.service)
 
     # ---- workload ----------------------------------------------------------------------------------------
 
@@ -180,7 +181,7 @@ class BenchContext:
         if self._own_workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
-    def __enter__(self) -> "BenchContext":
+    def __enter__(self) -> BenchContext:
         return self
 
     def __exit__(self, *exc_info) -> None:

@@ -19,9 +19,8 @@ import argparse
 import statistics
 import sys
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from pathlib import Path
-from typing import Callable, Sequence
 
 import torch
 
@@ -150,9 +149,9 @@ def check_and_time(device: torch.device, *, sizes=SIZES, dtypes=DTYPES, num_entr
             for num_keys in sizes:
                 _check_exact(keys, cpu_tier, device_tier, num_keys, seed=num_keys)
                 asked = keys[:: max(1, len(keys) // num_keys)][:num_keys]
-                device_us = _median_us(lambda: device_tier.get_many(asked), device, repeats)
-                cpu_us = _median_us(lambda: cpu_tier.get_many(asked), torch.device("cpu"), repeats)
-                copied_us = _median_us(lambda: cpu_tier.get_many(asked).vectors.to(device), device, repeats)
+                device_us = _median_us(lambda: device_tier.get_many(asked), device, repeats)  # noqa: B023 - timed within this iteration
+                cpu_us = _median_us(lambda: cpu_tier.get_many(asked), torch.device("cpu"), repeats)  # noqa: B023 - timed within this iteration
+                copied_us = _median_us(lambda: cpu_tier.get_many(asked).vectors.to(device), device, repeats)  # noqa: B023 - timed within this iteration
                 timings.append(LookupTiming(dtype_name, num_keys, device_us, cpu_us, copied_us))
             handoffs.append(check_handoff(dtype_name, device, dim=dim))
             bar.update(1)

@@ -7,6 +7,7 @@ the bench already holds (the real model's) can be made resident without the serv
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import numpy as np
 import orjson
@@ -109,7 +110,8 @@ def _throughput(ctx: BenchContext, service: ServiceProcess, result: BenchResult)
         loads[name] = run_load(service.url, path, bodies, BATCH_SIZE, concurrency=CONCURRENCY, seconds=ctx.sizes.http_seconds)
     bare_rates.append(bare_rate())
     bare_texts_per_s = median(bare_rates)
-    result.add("bare model, requests of 32", bare_texts_per_s, "texts/s", note=f"before/after the load: {bare_rates[0]:.1f}/{bare_rates[1]:.1f}")
+    result.add("bare model, requests of 32", bare_texts_per_s, "texts/s",
+               note=f"before/after the load: {bare_rates[0]:.1f}/{bare_rates[1]:.1f}")
     for name, load in loads.items():
         ratio = load.texts_per_s / bare_texts_per_s
         result.add(f"{name}, 8 clients, all L1", load.texts_per_s, "texts/s",
@@ -120,9 +122,9 @@ def _throughput(ctx: BenchContext, service: ServiceProcess, result: BenchResult)
         "bare_texts_per_s": bare_rates,
         "requests_in_cycle": len(batches),
         "served_check": check,
-        "loads": {name: {"texts_per_s": l.texts_per_s, "requests": l.num_requests, "seconds": l.seconds,
-                         "p50_ms": median(l.latencies_s) * 1000, "p99_ms": float(np.percentile(l.latencies_s, 99)) * 1000}
-                  for name, l in loads.items()},
+        "loads": {name: {"texts_per_s": run.texts_per_s, "requests": run.num_requests, "seconds": run.seconds,
+                         "p50_ms": median(run.latencies_s) * 1000, "p99_ms": float(np.percentile(run.latencies_s, 99)) * 1000}
+                  for name, run in loads.items()},
     }
 
 
@@ -146,7 +148,7 @@ def bench_search(ctx: BenchContext) -> BenchResult:
     computed = 0
     step = 2000
     for start in range(0, len(documents), step):
-        body = {"collection": collection,
+        body: dict[str, Any] = {"collection": collection,
                 "documents": [{"id": f"d{start + i}", "text": text, "metadata": {"n": start + i}}
                               for i, text in enumerate(documents[start : start + step])]}
         computed += service.post("/documents", body).json()["num_computed"]
@@ -181,7 +183,8 @@ def bench_search(ctx: BenchContext) -> BenchResult:
                note=f"{len(queries)} queries; HTTP round trip included on both sides")
     result.add("ingest (vectors from L2)", len(documents) / ingest_s, "docs/s", note=f"{computed} embeddings computed")
     result.details = {"documents": len(documents), "ingest_s": ingest_s, "first_ms": [f * 1000 for f in first],
-                      "repeat_ms": [r * 1000 for r in repeat], "repeat_server_ms": repeat_server_ms, "server_embed_ms": embed_ms, "server_search_ms": search_ms,
+                      "repeat_ms": [r * 1000 for r in repeat], "repeat_server_ms": repeat_server_ms,
+                      "server_embed_ms": embed_ms, "server_search_ms": search_ms,
                       "outcomes": outcomes,
                       "note": "document vectors are seeded random unit vectors (see bench_search); queries use the real model"}
     return result

@@ -10,6 +10,7 @@ import gc
 import math
 import threading
 import time
+from typing import Any
 
 import numpy as np
 import torch
@@ -118,7 +119,9 @@ def bench_misses(ctx: BenchContext) -> BenchResult:
     cache.embed(warm)  # first use creates and loads the L3 collection: not a per-request cost
     cache.flush()
 
-    bare_s, cache_s, computed = [], [], 0
+    bare_s: list[float] = []
+    cache_s: list[float] = []
+    computed = 0
     for index, batch in enumerate(batches):
         def run_cache(batch=batch):
             nonlocal computed
@@ -201,7 +204,7 @@ def _race(ctx: BenchContext, result: BenchResult) -> dict:
     }
     names = list(systems)
     BareModel(ctx.model).embed(ctx.unseen_texts(BATCH_SIZE, skip=3000))  # warm the model
-    seconds = {name: [] for name in names}
+    seconds: dict[str, list[float]] = {name: [] for name in names}
     for index, batch in enumerate(prefix):
         shift = index % len(names)
         for name in names[shift:] + names[:shift]:
@@ -209,7 +212,7 @@ def _race(ctx: BenchContext, result: BenchResult) -> dict:
             systems[name](batch)
             seconds[name].append(time.perf_counter() - started)
     # The same requests again: every text is now cached in every cache, so only serving differs.
-    warm = {name: [] for name in names if name != "no cache"}
+    warm: dict[str, list[float]] = {name: [] for name in names if name != "no cache"}
     for index, batch in enumerate(prefix):
         shift = index % len(warm)
         for name in list(warm)[shift:] + list(warm)[:shift]:
@@ -217,7 +220,7 @@ def _race(ctx: BenchContext, result: BenchResult) -> dict:
             systems[name](batch)
             warm[name].append(time.perf_counter() - started)
     cache.close()
-    race = {"prefix_batches": num_batches, "texts": num_texts, "distinct": distinct, "systems": {
+    race: dict[str, Any] = {"prefix_batches": num_batches, "texts": num_texts, "distinct": distinct, "systems": {
         name: {"texts_per_s": num_texts / sum(values), "p50_ms": median(values) * 1000, "seconds": values}
         for name, values in seconds.items()},
         "second_pass": {name: {"texts_per_s": num_texts / sum(values), "p50_ms": median(values) * 1000}
@@ -317,7 +320,8 @@ def bench_concurrency(ctx: BenchContext) -> BenchResult:
     result.add("model calls for 64 concurrent distinct misses", num_calls, note=f"batch sizes seen by the model: {sizes}")
     result.add("largest model batch", max(sizes) if sizes else 0, target=Target(">=", 2), goal="6",
                note="misses from concurrent requests share a model batch (max batch = compute_batch_size)")
-    result.details = {"same_text": {"computed": computed, "identical": identical}, "distinct": {"model_calls": num_calls, "batch_sizes": sizes}}
+    result.details = {"same_text": {"computed": computed, "identical": identical},
+                      "distinct": {"model_calls": num_calls, "batch_sizes": sizes}}
     cache.close()
     return result
 

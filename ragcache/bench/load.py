@@ -122,7 +122,7 @@ class LoadRunner:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=lambda: asyncio.run(self._main()), name="ragcache-load", daemon=True)
 
-    def start(self) -> "LoadRunner":
+    def start(self) -> LoadRunner:
         self._thread.start()
         return self
 
@@ -131,7 +131,7 @@ class LoadRunner:
         self._thread.join(timeout=self.timeout_s + 30)
         return list(self.outcomes)
 
-    def __enter__(self) -> "LoadRunner":
+    def __enter__(self) -> LoadRunner:
         return self.start()
 
     def __exit__(self, *exc_info) -> None:
@@ -240,7 +240,8 @@ def run_load(*, duration_s: float, clients: int, l1_bytes: int, num_documents: i
     finally:
         redis_server.stop()
     l1 = stats["models"][MODEL]["levels"]["L1"]
-    return LoadRun(summarize(outcomes), duration_s, clients, rss_start, rss_end, tuple(rss_samples), l1["used_bytes"], l1["capacity_bytes"], stats)
+    return LoadRun(summarize(outcomes), duration_s, clients, rss_start, rss_end, tuple(rss_samples),
+                   l1["used_bytes"], l1["capacity_bytes"], stats)
 
 
 def _sample_rss(process, duration_s: float, interval_s: float = 5.0, quiet: bool = True) -> list[int]:

@@ -200,8 +200,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                              block_size=args.block_size, num_blocks=args.num_blocks,
                                              log_path=Path(tempfile.gettempdir()) / "ragcache-bench-vllm.log"))
         server.start()
-    base_url = args.base_url or server.base_url
-    target = Target(base_url, args.model if args.base_url else server.config.served_model_name)
+    base_url = args.base_url or server.base_url  # type: ignore[union-attr]
+    target = Target(base_url, args.model if args.base_url else server.config.served_model_name)  # type: ignore[union-attr]
     config = PrefixRegistryConfig(
         file_path=Path(tempfile.mkdtemp()) / "prefixes.json",
         initial_rewarm_interval_s=args.min_rewarm_s * 2, min_rewarm_interval_s=args.min_rewarm_s,

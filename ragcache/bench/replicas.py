@@ -22,7 +22,8 @@ from ragcache.embedded_milvus import MilvusLiteServer
 __all__ = ["bench_replicas", "start_replicas", "stop_replicas"]
 
 
-def start_replicas(workdir: Path, count: int, *, redis_url: str, milvus_url: str, extra_env: dict[str, str] | None = None) -> list[ServiceProcess]:
+def start_replicas(workdir: Path, count: int, *, redis_url: str, milvus_url: str,
+                   extra_env: dict[str, str] | None = None) -> list[ServiceProcess]:
     """``count`` service processes (``ragcache serve``) on one Redis and one Milvus server, started side by side."""
     env = {"RAGCACHE_MILVUS_URI": milvus_url, **(extra_env or {})}
     with ThreadPoolExecutor(count) as pool:
@@ -31,7 +32,7 @@ def start_replicas(workdir: Path, count: int, *, redis_url: str, milvus_url: str
     failed = [future.exception() for future in futures if future.exception() is not None]
     if failed:
         stop_replicas(started)
-        raise failed[0]
+        raise failed[0]  # type: ignore[misc]
     return started
 
 

@@ -14,12 +14,14 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any
 
 __all__ = [
-    "Target", "Figure", "BenchResult", "format_table", "interleaved", "machine_info", "markdown_from_json", "median", "measure", "summary_line", "write_json",
+    "Target", "Figure", "BenchResult", "format_table", "interleaved", "machine_info",
+    "markdown_from_json", "median", "measure", "summary_line", "write_json",
 ]
 
 PASS = "PASS"
@@ -157,7 +159,7 @@ def machine_info() -> dict:
     import numpy
     import torch
 
-    info = {
+    info: dict[str, Any] = {
         "python": sys.version.split()[0],
         "platform": platform.platform(),
         "processor": platform.processor() or platform.machine(),

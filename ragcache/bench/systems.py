@@ -7,7 +7,7 @@ format without computing them, so a fetch race starts from the same keys everywh
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -57,7 +57,7 @@ class LangChainCache:
         try:  # LangChain >= 1.0 moved it to langchain-classic
             from langchain_classic.embeddings import CacheBackedEmbeddings
         except ImportError:
-            from langchain.embeddings import CacheBackedEmbeddings
+            from langchain.embeddings import CacheBackedEmbeddings  # type: ignore[no-redef]
 
         self.client = redis.Redis.from_url(redis_url)
         self.store = RedisStore(client=self.client, namespace="lc")
@@ -126,7 +126,7 @@ class RedisFloor:
 
     def fetch(self, keys: Sequence[str]) -> np.ndarray:
         values = self.client.mget(keys)
-        table = np.frombuffer(b"".join(values), dtype=np.uint8).reshape(len(values), -1)
+        table = np.frombuffer(b"".join(values), dtype=np.uint8).reshape(len(values), -1)  # type: ignore[arg-type]
         return np.ascontiguousarray(table[:, self.header_bytes :]).view(np.float32)
 
     def close(self) -> None:

@@ -9,6 +9,7 @@ depends on vLLM being up, and warming resumes by itself when it comes back.
 
 from __future__ import annotations
 
+import builtins  # the class's own list() method shadows the builtin in its annotations
 import dataclasses
 import logging
 import threading
@@ -114,7 +115,7 @@ class PrefixRegistry:
         existing = self._store.get(spec.name)
         now = self._wall_clock()
         new_version = existing is None or existing.content_hash != digest
-        num_tokens = self._count_tokens(spec.target, head) if new_version else existing.num_tokens
+        num_tokens = self._count_tokens(spec.target, head) if new_version else existing.num_tokens  # type: ignore[union-attr]
         prefix = Prefix(
             name=spec.name,
             text=spec.text,
@@ -127,7 +128,7 @@ class PrefixRegistry:
             num_tokens=num_tokens,
             content_hash=digest,
             created_at=now if existing is None else existing.created_at,
-            updated_at=now if new_version or _flags_changed(existing, spec) else existing.updated_at,
+            updated_at=now if new_version or _flags_changed(existing, spec) else existing.updated_at,  # type: ignore[union-attr]
         )
         self._store.put(prefix)
         with self._lock:
@@ -185,7 +186,7 @@ class PrefixRegistry:
         self.record_use(name)
         return text
 
-    def messages(self, name: str, user: str, **slots: Any) -> list[dict[str, str]]:
+    def messages(self, name: str, user: str, **slots: Any) -> builtins.list[dict[str, str]]:
         """Chat form of :meth:`render`: the prefix as the first (system) message, then ``user``."""
         prefix = self.get(name)
         out = render_messages(prefix, user, slots)
@@ -348,7 +349,7 @@ class PrefixRegistry:
             self._states[prefix.name] = state
         return state
 
-    def _refresh(self) -> list[Prefix]:
+    def _refresh(self) -> builtins.list[Prefix]:
         """The prefixes to consider this tick: from the store, or the last copy while it is down."""
         now = self._clock()
         if now - self._store_read_at >= self.config.store_refresh_interval_s:
@@ -364,7 +365,7 @@ class PrefixRegistry:
         with self._lock:
             return list(self._known.values())
 
-    def tick(self) -> list[WarmResult]:
+    def tick(self) -> builtins.list[WarmResult]:
         """One pass of the loop: scrape targets that are due, warm pinned prefixes that are due."""
         prefixes = self._refresh()
         now = self._clock()

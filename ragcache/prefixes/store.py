@@ -52,11 +52,11 @@ class RedisPrefixStore:
 
     def get(self, name: str) -> Prefix | None:
         raw = self._call("hget", name)
-        return Prefix.from_json(json.loads(raw)) if raw else None
+        return Prefix.from_json(json.loads(raw)) if raw else None  # type: ignore[arg-type]
 
     def list(self) -> list[Prefix]:
         raw = self._call("hvals")
-        return sorted((Prefix.from_json(json.loads(v)) for v in raw), key=lambda p: p.name)
+        return sorted((Prefix.from_json(json.loads(v)) for v in raw), key=lambda p: p.name)  # type: ignore[attr-defined]
 
     def put(self, prefix: Prefix) -> None:
         self._call("hset", prefix.name, json.dumps(prefix.to_json()))

@@ -30,7 +30,7 @@ class LocalTokenCounter:
             from transformers import AutoTokenizer
 
             return AutoTokenizer.from_pretrained(self._model_paths.get(model, model), local_files_only=True)
-        except Exception as exc:  # any failure to load just means "not available here"
+        except Exception as exc:  # noqa: BLE001 - any failure to load just means "not available here"
             log.debug("no local tokenizer for %s: %s", model, exc)
             return None
 

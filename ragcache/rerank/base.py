@@ -7,8 +7,9 @@ can change a vector, so scores are cached under it (``ragcache.rerank.scores``).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, Sequence, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 

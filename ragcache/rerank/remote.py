@@ -13,7 +13,8 @@ server that is down, and one probe per back-off finds out whether it is back.
 from __future__ import annotations
 
 import logging
-from typing import Any, Literal, Sequence
+from collections.abc import Sequence
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 import httpx

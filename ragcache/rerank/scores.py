@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -47,7 +47,7 @@ class PairEncoder:
     def encode(self, texts: Sequence[str]) -> torch.Tensor:
         pairs = [tuple(json.loads(text)[:2]) for text in texts]
         started = time.perf_counter()
-        scores = self.reranker.score(pairs)  # type: ignore[arg-type]
+        scores = self.reranker.score(pairs)
         elapsed = time.perf_counter() - started
         with self._lock:
             self._num_pairs += len(pairs)

@@ -26,7 +26,7 @@ def build_tiny_cross_encoder(folder: str | Path, *, seed: int = 0, hidden_size: 
 
     folder = Path(folder)
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(PACKAGED_MODEL), local_files_only=True)
-    config = BertConfig(
+    config = BertConfig(  # type: ignore[call-arg]
         vocab_size=tokenizer.vocab_size,
         hidden_size=hidden_size,
         num_hidden_layers=num_layers,

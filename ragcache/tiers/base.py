@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Protocol, Sequence, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import torch
 
@@ -26,7 +27,7 @@ class TierHits:
     vectors: torch.Tensor
 
     @classmethod
-    def none(cls, dim: int, dtype: torch.dtype) -> "TierHits":
+    def none(cls, dim: int, dtype: torch.dtype) -> TierHits:
         return cls(index=[], vectors=torch.empty((0, dim), dtype=dtype))
 
 

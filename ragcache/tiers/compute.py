@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 import torch
 import xxhash
@@ -115,9 +115,9 @@ class ModelEncoder:
             model=PACKAGED_MODEL if path == resolve_model_path(PACKAGED_MODEL) else model,
             revision=revision or (fingerprint_folder(folder) if folder.is_dir() else fingerprint_weights(self.model)),
             dtype=dtype,
-            dim=self.model.get_embedding_dimension(),
+            dim=self.model.get_embedding_dimension(),  # type: ignore[arg-type]
             normalize=normalize,
-            max_seq_length=self.model.max_seq_length,
+            max_seq_length=self.model.max_seq_length,  # type: ignore[arg-type]
             prompt=prompt,
             text_normalization=text_normalization,
         )

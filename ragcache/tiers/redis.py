@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import struct
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import redis
@@ -62,11 +62,11 @@ def decode_values(values: Sequence[bytes | None], dtype: torch.dtype, dim: int) 
     row_bytes = dim * torch.empty((), dtype=dtype).element_size()
     expected_len = HEADER.size + row_bytes
     present = [position for position, value in enumerate(values) if value is not None]
-    sized = [position for position in present if len(values[position]) == expected_len]
-    corrupt = [position for position in present if len(values[position]) != expected_len]
+    sized = [position for position in present if len(values[position]) == expected_len]  # type: ignore[arg-type]
+    corrupt = [position for position in present if len(values[position]) != expected_len]  # type: ignore[arg-type]
     if not sized:
         return [], torch.empty((0, dim), dtype=dtype), corrupt
-    joined = b"".join([values[position] for position in sized])
+    joined = b"".join([values[position] for position in sized])  # type: ignore[misc]
     table = np.frombuffer(joined, dtype=np.uint8).reshape(len(sized), expected_len)
     expected_head = np.frombuffer(HEADER.pack(MAGIC, FORMAT_VERSION, DTYPE_CODES[dtype], dim, 0)[:8], dtype=np.uint8)
     head_ok = (table[:, :8] == expected_head).all(axis=1)
@@ -137,10 +137,10 @@ class RedisTier:
         if self.refresh_ttl_on_hit:
             return cluster_pipeline.execute_any(self.client, [("GETEX", key, "EX", self.ttl_s) for key in keys])
         if not self._is_cluster:
-            return self.client.mget(keys)
+            return self.client.mget(keys)  # type: ignore[return-value]
         # One MGET per key (an MGET across slots fails with CROSSSLOT; MGET, not GET, so that a key holding
         # another type reads as absent, as it does in one MGET), in one pipeline per node.
-        return [reply[0] for reply in cluster_pipeline.execute(self.client, [("MGET", key) for key in keys])]
+        return [reply[0] for reply in cluster_pipeline.execute(self.client, [("MGET", key) for key in keys])]  # type: ignore[arg-type]
 
     def _drop_corrupt(self, keys: list[str]) -> None:
         self.num_corrupt += len(keys)

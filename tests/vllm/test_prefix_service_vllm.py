@@ -7,8 +7,8 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from ragcache.bench.prefixes import build_prefix_text
-from ragcache.errors import NotFoundError
 from ragcache.client import Client
+from ragcache.errors import NotFoundError
 from ragcache.prefixes import PrefixRegistry, PrefixRegistryConfig, PromptForm, WarmOutcome
 from services.prefixes_api import router
 from tests.live_server import transport_to
