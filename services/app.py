@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry
 from ragcache.metrics import CacheCollector
 from ragcache.prefixes.metrics import register_prefix_metrics
 from ragcache.settings import Settings
-from services import prefixes_api, routes_embed, routes_ops, routes_rerank, routes_retrieval
+from services import prefixes_api, routes_embed, routes_ops, routes_rerank, routes_retrieval, routes_ui
 from services.auth import OPEN_PATHS, AccessMiddleware, KeyRing
 from services.errors import install_error_handlers
 from services.limits import LimitsMiddleware, RateLimiter
@@ -51,7 +51,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.metrics_registry = CollectorRegistry()
     install_error_handlers(app)
-    routers = [module.router for module in (routes_embed, routes_retrieval, routes_rerank, prefixes_api, routes_ops)]
+    routers = [module.router for module in (routes_embed, routes_retrieval, routes_rerank, prefixes_api, routes_ops, routes_ui)]
     for router in routers:
         app.include_router(router, responses=ERROR_RESPONSES)  # type: ignore[arg-type]
     # The last added runs first: keys and rate limits are checked before a body is read (docs/SECURITY.md).

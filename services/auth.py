@@ -27,12 +27,15 @@ from ragcache.errors import ConfigError
 from ragcache.settings import Settings
 from services.errors import error_response
 from services.limits import RateLimiter
+from services.routes_ui import UI_PATHS
 
 __all__ = ["SCOPES", "ROUTE_SCOPES", "OPEN_PATHS", "ApiKey", "Principal", "KeyRing", "AccessMiddleware", "principal_of"]
 
 SCOPES = ("embed", "search", "ingest", "admin")
 ANY_KEY = "any key"  # a route any valid key may call, whatever its scopes
-OPEN_PATHS = frozenset({"/health", "/docs", "/docs/oauth2-redirect", "/openapi.json", "/redoc"})
+# The dashboard's page and assets (services/routes_ui.py) are open: they hold no data, and every call the
+# page makes carries the key the operator typed in.
+OPEN_PATHS = frozenset({"/health", "/docs", "/docs/oauth2-redirect", "/openapi.json", "/redoc"}) | UI_PATHS
 TENANT_PATTERN = re.compile(r"[A-Za-z][A-Za-z0-9]{0,15}")
 
 # Every route of the app, by method and path template. A route missing here needs ``admin`` (a new route

@@ -114,6 +114,13 @@ def test_open_paths_need_no_key(server):
     assert httpx.get(server.url + "/openapi.json").json()["info"]["title"] == "ragcache"
     assert httpx.get(server.url + "/docs").status_code == 200
     assert httpx.get(server.url + "/metrics").status_code == 401  # the operator's: see docs/SECURITY.md
+    # The dashboard's page and assets hold no data (its calls carry the key); only those exact paths are open.
+    page = httpx.get(server.url + "/ui")
+    assert page.status_code == 200 and "connect-src 'self'" in page.headers["content-security-policy"]
+    assert httpx.get(server.url + "/ui/ui.js").headers["content-type"].startswith("text/javascript")
+    assert httpx.get(server.url + "/ui/ui.css").status_code == 200
+    assert httpx.get(server.url + "/ui/../stats").status_code == 401
+    assert httpx.get(server.url + "/ui/other.js").status_code == 401
 
 
 @pytest.mark.parametrize(
