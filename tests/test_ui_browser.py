@@ -154,8 +154,9 @@ def test_the_page_shows_what_stats_says_and_runs_a_search(page, server, tmp_path
     assert page.inner_text(f'{prefix_row} [data-field="last_warm_at"]') != ""
 
     page.screenshot(path=str(tmp_path / "ui-stats.png"), full_page=True)
-    run_search(page, "which entry does an LRU evict first?")
-    expected = server.admin.post("/search", json={"collection": "notes", "query": "which entry does an LRU evict first?", "top_k": 3}).json()
+    query = "which entry does an LRU evict first?"
+    run_search(page, query)
+    expected = server.admin.post("/search", json={"collection": "notes", "query": query, "top_k": 3}).json()
     ids = [page.get_attribute(f"#hits tr[data-hit]:nth-child({i + 2})", "data-hit") for i in range(len(expected["hits"]))]
     assert ids == [hit["id"] for hit in expected["hits"]] and ids[0] == "lru"
     assert page.inner_text('#search-meta [data-field="embedding_level"] dd') in {"L1", "L2", "L3", "compute", "(whole result cached)"}
