@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 from ragcache.cache import EmbeddingCache
+from ragcache.drift import DriftGuard, DriftMonitor
+from ragcache.fingerprints import Fingerprints
 from ragcache.flight import RedisFlight
+from ragcache.keys import Generation
 from ragcache.settings import Settings
 from ragcache.stores import Stores
 from ragcache.tiers.compute import TORCH_DTYPES, ModelEncoder
 from ragcache.tiers.memory import MemoryTier
 from ragcache.tiers.milvus import MilvusTier
 from ragcache.tiers.redis import RedisTier
+from ragcache.tiers.spaces import PerSpaceTier
 
-__all__ = ["build_cache", "open_cache", "load_encoder"]
+__all__ = ["build_cache", "drift_monitor", "open_cache", "load_encoder"]
 
 
 def load_encoder(settings: Settings, model: str | None = None) -> ModelEncoder:
@@ -29,11 +33,18 @@ def load_encoder(settings: Settings, model: str | None = None) -> ModelEncoder:
 
 
 def build_cache(
-    settings: Settings, stores: Stores, encoder: ModelEncoder, *, on_close=None, l1: MemoryTier | None = None
+    settings: Settings,
+    stores: Stores,
+    encoder: ModelEncoder,
+    *,
+    on_close=None,
+    l1: MemoryTier | None = None,
+    generation: Generation | None = None,
 ) -> EmbeddingCache:
     """L1 (device slab) -> L2 (Redis, unless off) -> L3 (Milvus, unless off) -> the encoder's model.
 
-    ``l1``: an existing slab to share (keys differ by space, so one memory budget serves several spaces)."""
+    ``l1``: an existing slab to share (keys differ by space, so one memory budget serves several spaces).
+    ``generation``: the model's drift generation, shared with its other caches (``drift_monitor``)."""
     space = encoder.space
     dtype = TORCH_DTYPES[space.dtype]
     tiers: list = [l1 if l1 is not None else MemoryTier(settings.l1_bytes, space.dim, dtype, device=encoder.device)]
@@ -48,7 +59,10 @@ def build_cache(
             )
         )
     if stores.milvus is not None:
-        tiers.append(MilvusTier(stores.milvus, space_id=space.space_id, dim=space.dim, dtype=dtype))
+        milvus = stores.milvus
+        # One collection per space id, the key's: a drift switch moves to another collection, and a late
+        # write of the old generation still goes to the old one (ragcache.tiers.spaces).
+        tiers.append(PerSpaceTier(lambda space_id: MilvusTier(milvus, space_id=space_id, dim=space.dim, dtype=dtype), dim=space.dim, dtype=dtype))
     return EmbeddingCache(
         encoder,
         tiers,
@@ -59,7 +73,17 @@ def build_cache(
         device=encoder.device,
         on_close=on_close,
         flight=_flight(settings, stores),
+        generation=generation,
     )
+
+
+def drift_monitor(settings: Settings, stores: Stores, caches: dict[str, EmbeddingCache]) -> DriftMonitor:
+    """The drift check of every model (``ragcache.drift``), fingerprints kept in L2 and L3; not started.
+
+    With ``drift_check`` off it checks nothing (every cache stays at the generation it has)."""
+    fingerprints = Fingerprints.of(stores.redis, stores.milvus)
+    guards = [DriftGuard(name, cache.encoder, fingerprints, cache.generation) for name, cache in caches.items()] if settings.drift_check else []
+    return DriftMonitor(guards, interval_s=settings.drift_check_interval_s)
 
 
 def _flight(settings: Settings, stores: Stores) -> RedisFlight | None:
@@ -78,8 +102,22 @@ def open_cache(settings: Settings | None = None) -> EmbeddingCache:
     """
     settings = settings or Settings.load()
     stores = Stores.open(settings)
+    monitor = None
+
+    def close() -> None:
+        if monitor is not None:
+            monitor.close()
+        stores.close()
+
     try:
-        return build_cache(settings, stores, load_encoder(settings), on_close=stores.close)
+        cache = build_cache(settings, stores, load_encoder(settings), on_close=close)
     except BaseException:
         stores.close()
         raise
+    try:
+        # Checked before the first lookup: a model changed since the last run never serves the old vectors.
+        monitor = drift_monitor(settings, stores, {settings.model: cache}).start()
+    except BaseException:
+        cache.close()
+        raise
+    return cache

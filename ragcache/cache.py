@@ -4,6 +4,7 @@ into the levels above, and compute what no level holds (once per key, batched ac
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -16,7 +17,7 @@ import torch
 from ragcache.batching import ComputeBatcher
 from ragcache.errors import ConfigError, InvalidInputError, TierUnavailableError
 from ragcache.flight import Flight
-from ragcache.keys import EmbeddingSpace
+from ragcache.keys import EmbeddingSpace, Generation
 from ragcache.stats import CacheStats, LatencyHistogram, LevelRecorder
 from ragcache.tiers.base import Tier, TierHealth, TierHits
 from ragcache.writeback import WriteBehind
@@ -63,6 +64,9 @@ class EmbeddingCache:
     The first level is written synchronously (a caller sees its own writes at once); the others are written
     behind, by a worker thread, unless ``write_behind=False``. A level that raises ``TierUnavailableError``
     is a miss for that call, counted and logged once per outage, and skipped until its back-off passes.
+
+    ``generation``: the model's current generation (``ragcache.drift``), shared by every cache of the model;
+    the space in use is the encoder's at that generation, and each request takes it once, at its start.
     """
 
     def __init__(
@@ -78,11 +82,13 @@ class EmbeddingCache:
         clock: Callable[[], float] = time.perf_counter,
         on_close: Callable[[], None] | None = None,
         flight: Flight | None = None,
+        generation: Generation | None = None,
     ):
         if flight is not None and len(tiers) < 2:
             raise ConfigError("single flight across processes needs a shared level (L2) after L1 to publish vectors in")
         self.encoder = encoder
-        self.space = encoder.space
+        self.generation = generation if generation is not None else Generation()
+        self._space = dataclasses.replace(encoder.space, generation=self.generation.value)
         self.tiers = list(tiers)
         self.level_names = tuple(tier.name for tier in self.tiers) + (COMPUTE,)
         self.device = torch.device(device)
@@ -96,6 +102,15 @@ class EmbeddingCache:
         self._on_close = on_close
         self._flight = flight
         self._closed = False
+
+    @property
+    def space(self) -> EmbeddingSpace:
+        """The space at the model's current generation (a new one after a drift switch, ``ragcache.drift``)."""
+        space = self._space
+        if space.generation != self.generation.value:
+            # Two threads may both rebuild it after a switch: they build the same value.
+            space = self._space = dataclasses.replace(space, generation=self.generation.value)
+        return space
 
     # ---- the read path -------------------------------------------------------------------------------
 
@@ -112,7 +127,8 @@ class EmbeddingCache:
         if isinstance(texts, str) or not isinstance(texts, Sequence):
             raise InvalidInputError("texts must be a list of strings", field="inputs")
         started = self._clock()
-        keys = self.space.keys(self.space.prepare(texts))
+        space = self.space
+        keys = space.keys(space.prepare(texts))
         hits = self.tiers[0].get_many(keys)
         if len(hits.index) != len(keys):
             return None
@@ -128,8 +144,11 @@ class EmbeddingCache:
         """Like ``embed``, plus the level that served each input."""
         if isinstance(texts, str) or not isinstance(texts, Sequence):
             raise InvalidInputError("texts must be a list of strings", field="inputs")
-        prepared = self.space.prepare(texts)
-        keys = self.space.keys(prepared)
+        # The space is taken once: every key this request reads or writes is of one generation, so vectors
+        # computed while a drift switch happens are written under the generation they were computed for.
+        space = self.space
+        prepared = space.prepare(texts)
+        keys = space.keys(prepared)
         started = self._clock()
         # Each distinct key is looked up and computed once, however often it repeats in the request.
         key_to_unique: dict[str, int] = {}

@@ -17,7 +17,7 @@ import xxhash
 
 from ragcache.errors import InvalidInputError, InvalidTextError
 
-__all__ = ["DTYPES", "EmbeddingSpace", "text_hash", "text_hashes"]
+__all__ = ["DTYPES", "EmbeddingSpace", "Generation", "text_hash", "text_hashes"]
 
 KEY_PREFIX = "rc"
 DTYPES = ("float32", "float16", "bfloat16")
@@ -41,6 +41,10 @@ class EmbeddingSpace:
     # so one tenant's entries never serve another. Left out of the description when None, so that adding
     # it changed no existing space id.
     namespace: str | None = None
+    # The model's generation under this description: bumped when the drift check (ragcache.drift) finds
+    # that the model behind the same name and revision now computes other vectors, so keys of the old model
+    # are never looked up again. Left out of the description when 0, so no existing space id changed.
+    generation: int = 0
     space_id: str = field(init=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -48,6 +52,8 @@ class EmbeddingSpace:
             raise InvalidInputError(f"dtype must be one of {DTYPES}, got {self.dtype!r}", field="dtype")
         if self.dim <= 0 or self.max_seq_length <= 0:
             raise InvalidInputError("dim and max_seq_length must be positive", field="dim")
+        if self.generation < 0:
+            raise InvalidInputError("generation must be 0 or more", field="generation")
         if self.text_normalization not in TEXT_NORMALIZATIONS:
             raise InvalidInputError(
                 f"text_normalization must be one of {TEXT_NORMALIZATIONS}", field="text_normalization"
@@ -59,6 +65,8 @@ class EmbeddingSpace:
         description = {f.name: getattr(self, f.name) for f in fields(self) if f.init}
         if self.namespace is None:
             del description["namespace"]
+        if self.generation == 0:
+            del description["generation"]
         return json.dumps(description, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
 
     def describe(self) -> dict:
@@ -75,6 +83,17 @@ class EmbeddingSpace:
         """One key per text, in order. Texts must already be ``prepare``d."""
         prefix = f"{KEY_PREFIX}:{self.space_id}:"
         return [prefix + digest for digest in text_hashes(texts)]
+
+
+class Generation:
+    """The generation a model's caches embed under (``ragcache.drift``); one object shared by every cache of
+    the model, so one assignment moves them all. An int assignment is atomic: no lock is needed to read it."""
+
+    def __init__(self, value: int = 0):
+        self.value = value
+
+    def __repr__(self) -> str:
+        return f"Generation({self.value})"
 
 
 def text_hash(text: str) -> str:

@@ -62,6 +62,10 @@ class Settings(BaseSettings):
     rerank_timeout_s: float = Field(10.0, gt=0, description="deadline of one remote rerank call; slower counts as an outage")
     rerank_l1_bytes: int = Field(8 * 1024 * 1024, gt=0, description="L1 budget for cached rerank scores (4 bytes each)")
 
+    # -- model drift (docs/drift.md) ---------------------------------------------------------------------
+    drift_check: bool = Field(True, description="fingerprint each model with canary texts and re-check it (a changed model gets a new space generation)")
+    drift_check_interval_s: float = Field(300.0, ge=0, description="seconds between drift checks after the one at start; 0 = only at start")
+
     # -- the KV-prefix registry (keep-warm of vLLM prefix-cache entries) ---------------------------------
     prefix_warm_budget_per_minute: int = Field(120, gt=0, description="most warm requests sent to vLLM a minute")
     prefix_min_rewarm_interval_s: float = Field(1.0, gt=0, description="shortest time between two warms of one prefix")

@@ -5,8 +5,9 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from ragcache.build import build_cache, load_encoder
+from ragcache.build import build_cache, drift_monitor, load_encoder
 from ragcache.cache import EmbeddingCache
+from ragcache.drift import DriftMonitor
 from ragcache.errors import InvalidInputError, NotFoundError
 from ragcache.knowledge import KnowledgeBase
 from ragcache.prefixes import PrefixRegistry, PrefixRegistryConfig
@@ -30,6 +31,7 @@ class ServiceState:
     knowledge: KnowledgeBase | None
     prefixes: PrefixRegistry
     rerankers: dict[str, RerankCache] = field(default_factory=dict)  # served name -> reranker behind its cache
+    drift: DriftMonitor | None = None
 
     @classmethod
     def open(cls, settings: Settings) -> ServiceState:
@@ -41,6 +43,8 @@ class ServiceState:
                 caches[model] = build_cache(settings, stores, load_encoder(settings, model))
             for reranker in build_rerankers(settings):
                 rerankers[reranker.name] = score_cache(settings, stores, reranker)
+            # Before the first request: a model that changed since the last run never serves old vectors.
+            drift = drift_monitor(settings, stores, caches).start()
         except BaseException:
             for closable in [*caches.values(), *rerankers.values()]:
                 closable.close()  # type: ignore[attr-defined]
@@ -58,7 +62,7 @@ class ServiceState:
             redis_client=stores.redis,  # type: ignore[arg-type]
         )
         prefixes.start()
-        return cls(settings, stores, caches, knowledge, prefixes, rerankers)
+        return cls(settings, stores, caches, knowledge, prefixes, rerankers, drift=drift)
 
     @property
     def default_model(self) -> str:
@@ -88,6 +92,8 @@ class ServiceState:
     def close(self) -> None:
         """Flush queued L2/L3 writes of every cache, then close the stores (graceful shutdown)."""
         self.prefixes.close()
+        if self.drift is not None:
+            self.drift.close()
         for cache in self.caches.values():
             cache.close()
         for reranker in self.rerankers.values():

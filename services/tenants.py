@@ -99,15 +99,18 @@ class TenantCaches:
         if not self.enabled or tenant is None:
             return shared
         with self._lock:
-            cache = self._caches.get((shared.space.space_id, tenant))
+            cache = self._caches.get((shared.encoder.space.space_id, tenant))
             if cache is None:
-                cache = self._caches[(shared.space.space_id, tenant)] = self._build(shared, tenant)
+                cache = self._caches[(shared.encoder.space.space_id, tenant)] = self._build(shared, tenant)
             return cache
 
     def _build(self, shared: EmbeddingCache, tenant: str) -> EmbeddingCache:
         encoder = NamespacedEncoder(shared.encoder, tenant)
         # The first level is the memory slab (build_cache): shared, so tenants add no memory budget.
-        return build_cache(self.state.settings, self.state.stores, encoder, l1=shared.tiers[0])  # type: ignore[arg-type]
+        # The model's generation is shared too: a drift switch moves the tenants' keys with the model's.
+        return build_cache(  # type: ignore[arg-type]
+            self.state.settings, self.state.stores, encoder, l1=shared.tiers[0], generation=shared.generation
+        )
 
     def caches(self) -> list[EmbeddingCache]:
         """The tenants' caches made so far (for the metrics: their hits are not in the shared caches')."""

@@ -1,0 +1,71 @@
+"""The drift check protects the local model when ``model_revision`` is set by hand (no content hash then):
+the real packaged model, copied, its weights changed on disk between two starts, real Redis and Milvus Lite."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file, save_file
+
+from ragcache.build import build_cache, drift_monitor, load_encoder
+from ragcache.settings import Settings
+from ragcache.stores import Stores
+from ragcache.tiers.compute import resolve_model_path
+
+TEXTS = ["how do I reset my password?", "shipping times to Norway", "refund policy for damaged goods"]
+COMPUTED = 3  # L1, L2, L3, compute
+# The last layer's output projection, scaled by 1.05: canaries move by ~3e-2, far past the float32 tolerance.
+PERTURBED_TENSOR, FACTOR = "encoder.layer.5.output.dense.weight", 1.05
+
+
+@pytest.fixture(scope="module")
+def model_copy(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("model") / "minilm"
+    shutil.copytree(resolve_model_path("all-MiniLM-L6-v2"), folder)
+    return folder
+
+
+def start(settings: Settings, stores: Stores):
+    """What a service start does for one model: load it, build its cache, run the drift check."""
+    cache = build_cache(settings, stores, load_encoder(settings))
+    monitor = drift_monitor(settings, stores, {settings.model: cache}).start()
+    return cache, monitor
+
+
+def test_weights_changed_under_a_fixed_revision_serve_no_old_vector(model_copy, redis_client, milvus_client):
+    settings = Settings(model=str(model_copy), model_revision="v1", write_behind=False, drift_check_interval_s=0,
+                        redis_url="redis://unused", milvus_uri="unused.db")
+    stores = Stores(redis_client, milvus_client)
+    cache, monitor = start(settings, stores)
+    assert cache.space.revision == "v1" and cache.space.generation == 0
+    old = cache.embed(TEXTS)
+    space_id = cache.space.space_id
+    monitor.close()
+    cache.close()
+
+    weights = load_file(model_copy / "model.safetensors")
+    weights[PERTURBED_TENSOR] = (weights[PERTURBED_TENSOR] * FACTOR).astype(np.float32)
+    save_file(weights, model_copy / "model.safetensors", metadata={"format": "pt"})
+
+    cache, monitor = start(settings, stores)  # a restart: same name, same hand-set revision, other weights
+    (state,) = monitor.states()
+    assert (state.generation, state.num_drift_events) == (1, 1) and state.last_distance > state.tolerance
+    assert cache.space.generation == 1 and cache.space.space_id != space_id
+    result = cache.embed_detailed(TEXTS)
+    assert (result.levels == COMPUTED).all()  # nothing of generation 0 found in L1, L2 or L3
+    np.testing.assert_array_equal(result.vectors, cache.encoder.encode(TEXTS).numpy())
+    assert not np.allclose(result.vectors, old, atol=1e-3)
+
+    # One more restart with the changed weights: the same generation, and its vectors served from L2.
+    monitor.close()
+    cache.close()
+    cache, monitor = start(settings, stores)
+    assert monitor.states()[0].generation == 1 and monitor.states()[0].num_drift_events == 0
+    again = cache.embed_detailed(TEXTS)
+    assert (again.levels == 1).all()
+    np.testing.assert_array_equal(again.vectors, result.vectors)
+    monitor.close()
+    cache.close()
