@@ -62,7 +62,8 @@ def build_cache(
         milvus = stores.milvus
         # One collection per space id, the key's: a drift switch moves to another collection, and a late
         # write of the old generation still goes to the old one (ragcache.tiers.spaces).
-        tiers.append(PerSpaceTier(lambda space_id: MilvusTier(milvus, space_id=space_id, dim=space.dim, dtype=dtype), dim=space.dim, dtype=dtype))
+        per_space = lambda space_id: MilvusTier(milvus, space_id=space_id, dim=space.dim, dtype=dtype)  # noqa: E731
+        tiers.append(PerSpaceTier(per_space, dim=space.dim, dtype=dtype))
     return EmbeddingCache(
         encoder,
         tiers,
@@ -82,7 +83,9 @@ def drift_monitor(settings: Settings, stores: Stores, caches: dict[str, Embeddin
 
     With ``drift_check`` off it checks nothing (every cache stays at the generation it has)."""
     fingerprints = Fingerprints.of(stores.redis, stores.milvus)
-    guards = [DriftGuard(name, cache.encoder, fingerprints, cache.generation) for name, cache in caches.items()] if settings.drift_check else []
+    if not settings.drift_check:
+        return DriftMonitor([])
+    guards = [DriftGuard(name, cache.encoder, fingerprints, cache.generation) for name, cache in caches.items()]
     return DriftMonitor(guards, interval_s=settings.drift_check_interval_s)
 
 

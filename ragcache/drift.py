@@ -21,8 +21,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Callable, Protocol, Sequence
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -208,7 +209,7 @@ class DriftMonitor:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def start(self) -> "DriftMonitor":
+    def start(self) -> DriftMonitor:
         self.check_all()
         if self.interval_s > 0 and self.guards:
             self._thread = threading.Thread(target=self._run, name="ragcache-drift-check", daemon=True)

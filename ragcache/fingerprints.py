@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Protocol
 
 import numpy as np
 from pymilvus import DataType
@@ -175,7 +176,7 @@ class Fingerprints:
         self.stores = list(stores) or [MemoryFingerprints()]
 
     @classmethod
-    def of(cls, redis_client=None, milvus_client=None) -> "Fingerprints":
+    def of(cls, redis_client=None, milvus_client=None) -> Fingerprints:
         stores: list[FingerprintStore] = []
         if redis_client is not None:
             stores.append(RedisFingerprints(redis_client))

@@ -108,8 +108,8 @@ class TenantCaches:
         encoder = NamespacedEncoder(shared.encoder, tenant)
         # The first level is the memory slab (build_cache): shared, so tenants add no memory budget.
         # The model's generation is shared too: a drift switch moves the tenants' keys with the model's.
-        return build_cache(  # type: ignore[arg-type]
-            self.state.settings, self.state.stores, encoder, l1=shared.tiers[0], generation=shared.generation
+        return build_cache(
+            self.state.settings, self.state.stores, encoder, l1=shared.tiers[0], generation=shared.generation  # type: ignore[arg-type]
         )
 
     def caches(self) -> list[EmbeddingCache]:

@@ -201,7 +201,8 @@ def test_the_monitor_switches_tenants_caches_with_the_model(redis_client, milvus
     monitor = drift_monitor(settings, Stores(redis_client, milvus_client), {"fake": shared}).start()
     from services.tenants import NamespacedEncoder
 
-    tenant = build_cache(settings, Stores(redis_client, milvus_client), NamespacedEncoder(encoder, "acme"), l1=shared.tiers[0], generation=shared.generation)
+    tenant_encoder = NamespacedEncoder(encoder, "acme")
+    tenant = build_cache(settings, Stores(redis_client, milvus_client), tenant_encoder, l1=shared.tiers[0], generation=shared.generation)
     tenant.embed(TEXTS)
     encoder.version = 1
     assert monitor.check_all() == 1

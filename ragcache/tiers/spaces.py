@@ -9,7 +9,7 @@ generation's collection, never the new one's.
 from __future__ import annotations
 
 import threading
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
