@@ -4,14 +4,15 @@ Concurrent misses for one key share one computation; misses from concurrent call
 model batch. A worker thread takes whatever is pending the moment the model is free (waiting at most
 ``max_wait_s`` for a batch to fill), so batches grow under load and cost no added latency when idle.
 
-The last ``num_recent`` results stay answerable here: a caller that missed every level just before another
-caller's result was computed (and before it reached L1) gets that result instead of computing it again.
+A result is forgotten here as soon as it is handed out: every repeat is answered by a level of the cache,
+counted and inside its budget, never by a memory of this batcher's own. A caller that missed L1 in the
+moment between another caller's computation ending and its write into L1 computes the text again: a rare,
+honest, counted recomputation rather than a hidden level.
 """
 
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 
@@ -29,15 +30,12 @@ class ComputeBatcher:
         *,
         max_batch: int = 64,
         max_wait_s: float = 0.002,
-        num_recent: int = 4096,
     ):
         self._encode = encode
         self.max_batch = max_batch
         self.max_wait_s = max_wait_s
         self._pending: list[tuple[str, str, Future]] = []
         self._in_flight: dict[str, Future] = {}
-        self._recent: OrderedDict[str, Future] = OrderedDict()
-        self.num_recent = num_recent
         self._cond = threading.Condition()
         self._closed = False
         self._worker = threading.Thread(target=self._run, name="ragcache-compute", daemon=True)
@@ -50,7 +48,7 @@ class ComputeBatcher:
             if self._closed:
                 raise RagCacheError("the compute batcher is closed")
             for key, text in zip(keys, texts):
-                future = self._in_flight.get(key) or self._recent.get(key)
+                future = self._in_flight.get(key)
                 if future is None:
                     future = Future()
                     self._in_flight[key] = future
@@ -82,12 +80,8 @@ class ComputeBatcher:
                 else:
                     future.set_result(result)
             with self._cond:
-                for (key, _, future), result in zip(batch, outcome):
+                for key, _, _ in batch:
                     self._in_flight.pop(key, None)
-                    if not isinstance(result, BaseException):
-                        self._recent[key] = future
-                while len(self._recent) > self.num_recent:
-                    self._recent.popitem(last=False)
 
     def _encode_isolating(self, texts: list[str]) -> list:
         """A vector or an exception per text. A failed batch is split in halves and each half encoded again,

@@ -87,3 +87,38 @@ def test_markdown_table_from_json():
     lines = markdown_from_json({"results": [result.to_dict()]}).splitlines()
     assert lines[0].startswith("| bench | goal |")
     assert lines[2] == "| http | 1 | /embed computed / L1 | 765.5 x | >= 100 x | **PASS** | a\\|b |"
+
+
+def test_a_failed_precondition_makes_a_figure_miss_even_when_its_number_passes():
+    passing = Figure("computed / L1", 500.0, "x", target=Target(">=", 100), requires=(("every text from L1", True),))
+    wrong_path = Figure("computed / L1", 500.0, "x", target=Target(">=", 100), requires=(("every text from L1", False),))
+    assert passing.verdict == "PASS" and wrong_path.verdict == "MISS"
+    assert wrong_path.annotated_note().startswith("precondition failed: every text from L1")
+    # A precondition alone judges a figure; True is never a number that passes a target.
+    assert Figure("hit rate", 0.8, requires=(("computed once", True),)).verdict == "PASS"
+    assert Figure("flag", True, target=Target("==", 1)).verdict == "MISS"
+
+
+def test_a_crashed_benchmark_is_a_miss_and_makes_the_command_fail():
+    from ragcache.bench import exit_status
+
+    crashed = BenchResult("zipf", "stream")
+    crashed.crashed(RuntimeError("boom"))
+    fine = BenchResult("l2", "keys")
+    fine.add("ratio", 2.0, "x", target=Target(">=", 1))
+    assert crashed.verdicts == ["MISS"] and "RuntimeError: boom" in crashed.figures[0].value
+    assert summary_line([fine, crashed]) == "1 PASS, 1 MISS of 2 targets"
+    assert exit_status([fine]) == 0
+    assert exit_status([fine, crashed]) == 1
+    assert exit_status([]) == 1
+
+
+def test_exact_lru_simulation_counts_hits_to_the_item():
+    from ragcache.bench.library import simulate_exact_lru
+
+    # Capacity 2. Request 1 computes a, b. Request 2: a hits; c computed, evicting b (a was just used).
+    # Request 3: b was evicted (found in L2, written back: evicts a... no: a and c are resident, b evicts
+    # the least recent, a); c hits once, counted per input (twice).
+    assert simulate_exact_lru([[0, 1], [0, 2], [1, 2, 2]], capacity=2) == 1 + 2
+    # Written-back L2 hits land before newly computed ones: with capacity 1 the computed one stays.
+    assert simulate_exact_lru([[0], [1], [0, 2], [2]], capacity=1) == 1

@@ -191,3 +191,16 @@ def test_embed_resident_answers_only_when_l1_holds_everything():
     np.testing.assert_array_equal(resident.vectors, expected[[1, 0, 1]])
     assert resident.served == {"L1": 3, "compute": 0}
     assert cache.stats().levels[0].hits == 3 and encoder.num_texts == 2
+
+
+def test_a_repeat_is_served_by_a_level_never_by_a_memory_of_the_batcher():
+    # L1 of one row and nothing below: the first text is evicted by the second, so its repeat must be
+    # computed again and counted as computed. (The batcher once kept 4,096 recent results, a level outside
+    # every budget that answered such repeats without the model while reporting them as computed.)
+    encoder = HashEncoder(DIM)
+    with EmbeddingCache(encoder, levels((1,)), write_behind=False) as cache:
+        cache.embed(["first"])
+        cache.embed(["second"])
+        result = cache.embed_detailed(["first"])
+    assert result.served == {"L1": 0, "compute": 1}
+    assert encoder.calls == [["first"], ["second"], ["first"]]

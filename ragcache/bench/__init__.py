@@ -125,7 +125,13 @@ def _run_command(args: argparse.Namespace) -> int:
     if args.seed:
         command += f" --seed {args.seed}"
     results = run_benchmarks(args.benchmarks, quick=args.quick, out=args.out, seed=args.seed, command=command, quiet=args.quiet)
-    return 0 if results else 1
+    return exit_status(results)
+
+
+def exit_status(results: list) -> int:
+    """0 when every target passed; 1 when any missed (a crashed benchmark is a MISS), so a script or CI
+    that runs ``ragcache bench`` sees a regression without reading the table."""
+    return 1 if not results or any(result.num_missed for result in results) else 0
 
 
 def run_benchmarks(names: list[str], *, quick: bool, out: Path, seed: int = 0, command: str = "", quiet: bool = False) -> list:
@@ -152,7 +158,7 @@ def run_benchmarks(names: list[str], *, quick: bool, out: Path, seed: int = 0, c
             except Exception as exc:  # noqa: BLE001 - one failed benchmark must not lose the others' figures
                 traceback.print_exc()
                 result = BenchResult(name, benchmark.help)
-                result.add("error", f"{type(exc).__name__}: {exc}"[:200])
+                result.crashed(exc)
             result.seconds = time.perf_counter() - t0
             results.append(result)
             _say(format_table([result]) + f"\n({result.seconds:.1f} s)")

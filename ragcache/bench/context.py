@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ import torch
 
 from ragcache.bench.corpus import Corpus, ZipfStream, build_corpus, zipf_stream
 
-__all__ = ["BenchContext", "RecordingEncoder", "Sizes"]
+__all__ = ["BenchContext", "CountingEncoder", "RecordingEncoder", "Sizes"]
 
 BATCH_SIZE = 32
 
@@ -220,3 +221,26 @@ def wait_until(predicate, timeout_s: float, interval_s: float = 0.1) -> bool:
             return True
         time.sleep(interval_s)
     return predicate()
+
+
+class CountingEncoder:
+    """The real model, counting every text the cache hands it before the model's own de-duplication: what
+    the cache asked to compute, which is what single flight and batching promise to keep down."""
+
+    def __init__(self, encoder):
+        self._encoder = encoder
+        self.space = encoder.space
+        self.device = encoder.device
+        self.dim = encoder.dim
+        self.texts_handed: list[str] = []
+        self.batch_sizes: list[int] = []
+        self._lock = threading.Lock()
+
+    def encode(self, texts: Sequence[str]) -> torch.Tensor:
+        with self._lock:
+            self.texts_handed.extend(texts)
+            self.batch_sizes.append(len(texts))
+        return self._encoder.encode(texts)
+
+    def stats(self):
+        return self._encoder.stats()

@@ -54,7 +54,12 @@ class Target:
 
 @dataclass(frozen=True)
 class Figure:
-    """One reported number. ``target`` set: it is judged; ``goal`` names the issue's target (e.g. "1")."""
+    """One reported number. ``target`` set: it is judged; ``goal`` names the issue's target (e.g. "1").
+
+    ``requires`` are the conditions the number means something under (every text computed, all from L1, the
+    result cache hit...), each a name and whether it held. A figure with one is judged even without a target,
+    and any condition that did not hold makes it a MISS: a figure measured on the wrong path never passes.
+    """
 
     name: str
     value: float | int | str | None
@@ -62,18 +67,37 @@ class Figure:
     target: Target | None = None
     goal: str = ""
     note: str = ""
+    requires: tuple[tuple[str, bool], ...] = ()
+
+    @property
+    def failed_requirements(self) -> list[str]:
+        return [name for name, held in self.requires if not held]
 
     @property
     def verdict(self) -> str:
-        if self.target is None:
+        if self.target is None and not self.requires:
             return ""
-        return PASS if isinstance(self.value, (int, float)) and self.target.met_by(self.value) else MISS
+        if self.failed_requirements:
+            return MISS
+        if self.target is None:
+            return PASS
+        # bool is an int: a precondition's True must never pass for a number.
+        numeric = isinstance(self.value, (int, float)) and not isinstance(self.value, bool)
+        return PASS if numeric and self.target.met_by(self.value) else MISS
 
     def to_dict(self) -> dict:
         data = asdict(self)
         data["target"] = None if self.target is None else self.target.describe(f" {self.unit}" if self.unit else "")
+        data["requires"] = {name: held for name, held in self.requires}
         data["verdict"] = self.verdict or None
         return data
+
+    def annotated_note(self) -> str:
+        """The note, led by the conditions that failed (the reason for a MISS a reader must see first)."""
+        failed = self.failed_requirements
+        if not failed:
+            return self.note
+        return "; ".join(["precondition failed: " + ", ".join(failed), self.note]).rstrip("; ")
 
 
 @dataclass
@@ -84,10 +108,28 @@ class BenchResult:
     details: dict = field(default_factory=dict)
     seconds: float = 0.0
 
-    def add(self, name: str, value, unit: str = "", *, target: Target | None = None, goal: str = "", note: str = "") -> Figure:
-        figure = Figure(name, value, unit, target, goal, note)
+    def add(
+        self,
+        name: str,
+        value,
+        unit: str = "",
+        *,
+        target: Target | None = None,
+        goal: str = "",
+        note: str = "",
+        requires: dict[str, bool] | None = None,
+    ) -> Figure:
+        figure = Figure(name, value, unit, target, goal, note, tuple((k, bool(v)) for k, v in (requires or {}).items()))
         self.figures.append(figure)
         return figure
+
+    def crashed(self, exc: BaseException) -> Figure:
+        """A benchmark that raised: one figure that is always a MISS, naming the error."""
+        return self.add("crashed", f"{type(exc).__name__}: {exc}"[:200], requires={"the benchmark ran to the end": False})
+
+    @property
+    def num_missed(self) -> int:
+        return self.verdicts.count(MISS)
 
     @property
     def verdicts(self) -> list[str]:
@@ -136,7 +178,7 @@ def format_table(results: Sequence[BenchResult]) -> str:
                     _format_number(figure.value) + (f" {figure.unit}" if figure.unit else ""),
                     figure.target.describe(figure.unit and f" {figure.unit}") if figure.target else "",
                     figure.verdict,
-                    figure.note,
+                    figure.annotated_note(),
                 )
             )
     widths = [max(len(row[column]) for row in rows) for column in range(len(header) - 1)]
@@ -254,9 +296,14 @@ def markdown_from_json(payload: dict) -> str:
         for figure in result["figures"]:
             value = _format_number(figure["value"]) + (f" {figure['unit']}" if figure["unit"] else "")
             cells = [result["name"], figure["goal"], figure["name"], value, figure["target"] or "",
-                     f"**{figure['verdict']}**" if figure["verdict"] else "", figure["note"]]
+                     f"**{figure['verdict']}**" if figure["verdict"] else "", _note_of(figure)]
             lines.append("| " + " | ".join(str(cell).replace("|", "\\|") for cell in cells) + " |")
     return "\n".join(lines)
+
+
+def _note_of(figure: dict) -> str:
+    failed = [name for name, held in (figure.get("requires") or {}).items() if not held]
+    return "; ".join(filter(None, ["precondition failed: " + ", ".join(failed) if failed else "", figure["note"]]))
 
 
 if __name__ == "__main__":  # python -m ragcache.bench.report bench-results/all.json > table.md
