@@ -82,8 +82,9 @@ class Figure:
         if self.target is None:
             return PASS
         # bool is an int: a precondition's True must never pass for a number.
-        numeric = isinstance(self.value, (int, float)) and not isinstance(self.value, bool)
-        return PASS if numeric and self.target.met_by(self.value) else MISS
+        if isinstance(self.value, bool) or not isinstance(self.value, (int, float)):
+            return MISS
+        return PASS if self.target.met_by(self.value) else MISS
 
     def to_dict(self) -> dict:
         data = asdict(self)
