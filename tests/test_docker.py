@@ -152,14 +152,35 @@ def test_gpu_stack_reserves_gpus_and_enables_prefix_caching():
     assert "hf-cache" in resolved("gpu")["volumes"]
 
 
-def test_lmcache_override_configures_the_connector():
-    vllm = resolved("gpu+lmcache")["services"]["vllm"]
+def test_lmcache_override_configures_the_connector_and_every_tier():
+    services = resolved("gpu+lmcache")["services"]
+    vllm = services["vllm"]
     command = vllm["command"]
     assert "--enable-prefix-caching" in command
     connector = command[command.index("--kv-transfer-config") + 1]
     assert '"kv_connector":"LMCacheConnectorV1"' in connector and '"kv_role":"kv_both"' in connector
-    assert {"LMCACHE_CHUNK_SIZE", "LMCACHE_LOCAL_CPU", "LMCACHE_MAX_LOCAL_CPU_SIZE"} <= set(vllm["environment"])
+    env = vllm["environment"]
+    # The source document's settings: 256-token chunks, a CPU tier, a local disk tier, a remote tier, async loading.
+    assert env["LMCACHE_CHUNK_SIZE"] == "256"
+    assert env["LMCACHE_LOCAL_CPU"] == "True" and float(env["LMCACHE_MAX_LOCAL_CPU_SIZE"]) > 0
+    disk = env["LMCACHE_LOCAL_DISK"]
+    assert disk.startswith("file://") and float(env["LMCACHE_MAX_LOCAL_DISK_SIZE"]) > 0
+    mounts = {volume.split(":")[1] for volume in vllm["volumes"]}
+    assert disk.removeprefix("file://").rstrip("/") in mounts, "the disk tier must live on a volume"
+    remote = env["LMCACHE_REMOTE_URL"]
+    assert remote == "lm://lmcache-server:65432" and "lmcache-server" in services
+    assert services["lmcache-server"]["entrypoint"][:1] == ["lmcache_server"]
+    assert vllm["depends_on"]["lmcache-server"]["condition"] == "service_healthy"
+    assert env["LMCACHE_ENABLE_ASYNC_LOADING"] == "True"
     assert vllm["deploy"]["resources"]["reservations"]["devices"], "the override must keep the GPU reservation"
+    assert "lmcache-disk" in resolved("gpu+lmcache")["volumes"]
+
+
+def test_every_lmcache_setting_is_documented():
+    names = set(re.findall(r"\bLMCACHE_[A-Z_]+\b", (DOCKER / "compose.gpu.lmcache.yaml").read_text()))
+    readme = (DOCKER / "README.md").read_text()
+    assert len(names) >= 8
+    assert not {name for name in names if f"`{name}`" not in readme}, "document each in docker/README.md"
 
 
 def test_every_ragcache_variable_in_docker_files_is_a_setting():
