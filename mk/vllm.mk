@@ -9,7 +9,7 @@ TINY_LLAMA := .cache/tiny-llama
 TINY_LLAMA_STAMP := $(TINY_LLAMA)/.built
 VLLM_ENV := RAGCACHE_VLLM_PYTHON=$(abspath $(VLLM_PY)) RAGCACHE_TINY_LLAMA=$(abspath $(TINY_LLAMA))
 
-.PHONY: vllm-env tiny-llama bench-prefixes
+.PHONY: vllm-env tiny-llama bench-prefixes bench-kv
 
 # torch first (the CPU wheel on local disk), then vLLM constrained to it; vLLM pulls CUDA builds of
 # torchvision/torchaudio/torchcodec that it does not need for text models and that break on import.
@@ -33,3 +33,6 @@ test-vllm: $(STAMP) $(VLLM_STAMP) $(TINY_LLAMA_STAMP)
 
 bench-prefixes: $(STAMP) $(VLLM_STAMP) $(TINY_LLAMA_STAMP)
 	$(PY) -m ragcache.bench.prefixes --vllm-python $(VLLM_PY) --model-path $(TINY_LLAMA)
+
+bench-kv: $(STAMP) $(VLLM_STAMP) $(TINY_LLAMA_STAMP)
+	$(PY) -m ragcache.bench.kv --vllm-python $(VLLM_PY) --model-path $(TINY_LLAMA)

@@ -59,14 +59,15 @@ def add_bench_commands(subparsers) -> argparse.ArgumentParser:
     bench = subparsers.add_parser("bench", help="run benchmarks (table + JSON)", description=__doc__,
                                   formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = bench.add_subparsers(dest="bench_command", metavar="BENCHMARK", required=True)
-    every = commands.add_parser("all", help="every benchmark below (prefixes excluded: it needs vLLM)")
+    every = commands.add_parser("all", help="every benchmark below (prefixes and kv excluded: they need vLLM)")
     _add_common(every)
     every.set_defaults(run=_run_command, benchmarks=list(BENCHMARKS))
     for benchmark in BENCHMARKS.values():
         parser = commands.add_parser(benchmark.name, help=benchmark.help)
         _add_common(parser)
         parser.set_defaults(run=_run_command, benchmarks=[benchmark.name])
-    _add_prefixes(commands)
+    _add_vllm(commands, "prefixes", "KV-prefix registry against a vLLM server (needs vLLM)")
+    _add_vllm(commands, "kv", "TTFT and tokens/s at concurrency 1-16, prefix caching off/on/kept warm (needs vLLM)")
     _add_load(commands)
     _add_gpu_l1(commands)
     return bench
@@ -79,14 +80,15 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
-def _add_prefixes(commands) -> None:
-    """``bench prefixes`` (KV-prefix registry against vLLM) when its module is present; never part of ``all``."""
-    if importlib.util.find_spec("ragcache.bench.prefixes") is None:
+def _add_vllm(commands, name: str, help: str) -> None:  # noqa: A002 - argparse's name
+    """``bench prefixes`` / ``bench kv`` (against vLLM) when the module is present; never part of ``all``."""
+    if importlib.util.find_spec(f"ragcache.bench.{name}") is None:
         return
-    module = importlib.import_module("ragcache.bench.prefixes")
-    parser = commands.add_parser("prefixes", help="KV-prefix registry against a vLLM server (needs vLLM)")
+    module = importlib.import_module(f"ragcache.bench.{name}")
+    parser = commands.add_parser(name, help=help)
     module.add_arguments(parser)
-    parser.set_defaults(run=lambda args: _print_plain(module.run(args)))
+    # run() prints its own table and writes the JSON; the report it returns is not printed again.
+    parser.set_defaults(run=lambda args: module.run(args) and 0)
 
 
 def _add_gpu_l1(commands) -> None:
@@ -112,12 +114,6 @@ def _add_load(commands) -> None:
     parser = commands.add_parser("load", help="mixed /embed, /v1/embeddings, /search load: zero errors, stable memory")
     load.add_arguments(parser)
     parser.set_defaults(run=load.run)
-
-
-def _print_plain(outcome) -> int:
-    if outcome is not None:
-        print(outcome)
-    return 0
 
 
 def _run_command(args: argparse.Namespace) -> int:

@@ -35,6 +35,8 @@ class VLLMServerConfig:
     memory_utilization: float = 0.15
     startup_timeout_s: float = 240.0
     log_path: Path | None = None
+    # Off only to measure what prefix caching is worth (``ragcache bench kv``).
+    enable_prefix_caching: bool = True
 
 
 class VLLMServer:
@@ -56,7 +58,8 @@ class VLLMServer:
             str(c.python), "-m", "vllm.entrypoints.openai.api_server",
             "--model", str(c.model), "--served-model-name", c.served_model_name,
             "--host", "127.0.0.1", "--port", str(self.port),
-            "--enable-prefix-caching", "--enable-prompt-tokens-details", "--enforce-eager",
+            "--enable-prefix-caching" if c.enable_prefix_caching else "--no-enable-prefix-caching",
+            "--enable-prompt-tokens-details", "--enforce-eager",
             "--block-size", str(c.block_size), "--num-gpu-blocks-override", str(c.num_blocks),
             "--max-model-len", str(c.max_model_len), "--dtype", "float32",
             "--gpu-memory-utilization", str(c.memory_utilization),
