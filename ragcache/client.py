@@ -62,6 +62,7 @@ from ragcache.errors import (
 )
 from ragcache.prefixes.model import Prefix, PromptForm, RegisterResult, Target, WarmOutcome, WarmResult, check_name
 from ragcache.prefixes.text import Chunk, assemble_prompt, render_messages, render_text
+from ragcache.redact import redact_text, redact_url
 from ragcache.rerank.base import RerankHit, RerankResult
 from ragcache.results import CollectionInfo, IngestResult, SearchHit, SearchResult, SearchTimings
 
@@ -252,7 +253,7 @@ class _Operations:
             # httpx serialises the body while building the request: a value JSON cannot hold.
             return InvalidInputError(f"{call.method} {call.path}: the request is not valid JSON: {exc}")
         reason = "timed out" if isinstance(exc, httpx.TimeoutException) else "cannot be reached"
-        return ServiceUnavailableError(f"{call.method} {call.path}: ragcache at {self.base_url} {reason}: {exc!r}")
+        return ServiceUnavailableError(f"{call.method} {call.path}: ragcache at {redact_url(self.base_url)} {reason}: {redact_text(repr(exc), self.base_url)}")
 
 
 class Client(_Operations):

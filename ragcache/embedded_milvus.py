@@ -9,6 +9,7 @@ it to see what an outage does.
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import time
@@ -72,8 +73,20 @@ class MilvusLiteServer:
         self.stop()
         raise TierUnavailableError("L3", f"milvus-lite server did not listen on port {self.port}")
 
+    def pause(self) -> None:
+        """SIGSTOP the server: it keeps its port and accepts connections but answers nothing, as a hung
+        Milvus does (the fault a stopped process cannot show: refusals come at once, silence never ends)."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """SIGCONT: a paused server answers again."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGCONT)
+
     def stop(self) -> None:
         if self.process is not None:
+            self.resume()  # a paused process would not act on SIGTERM before the wait runs out
             stop_process(self.process)
             if self.process.stderr:
                 self.process.stderr.close()

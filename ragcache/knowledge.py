@@ -18,6 +18,7 @@ than a silently meaningless ranking.
 from __future__ import annotations
 
 import json
+import logging
 import secrets
 import threading
 import time
@@ -47,7 +48,8 @@ from ragcache.errors import ConflictError, InvalidInputError, NotFoundError, Rag
 from ragcache.keys import EmbeddingSpace
 from ragcache.result_cache import ResultCache
 from ragcache.results import CollectionInfo, IngestResult, SearchHit, SearchResult, SearchTimings
-from ragcache.tiers.milvus import milvus_failures
+from ragcache.tiers.base import TierHealth
+from ragcache.tiers.milvus import milvus_error_message, milvus_failures
 
 __all__ = ["KnowledgeBase", "CollectionInfo", "IngestResult", "SearchHit", "SearchResult", "SearchTimings"]
 
@@ -64,6 +66,8 @@ DESCRIPTION_FORMAT = "ragcache.knowledge/2"
 BATCH_ROWS = 256
 STORE = "knowledge"
 PK_LENGTH = 32
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -100,7 +104,9 @@ class KnowledgeBase:
         self.max_top_k = max_top_k
         self._clock = clock
         self._collections: dict[str, _Collection] = {}
-        self._lock = threading.Lock()
+        self._creating: dict[str, threading.Lock] = {}  # one per collection name, held while creating it
+        self._lock = threading.Lock()  # guards the two dicts only, never held while Milvus is asked
+        self.health = TierHealth()  # the breaker of Milvus as the knowledge base's store
 
     # ---- collections -----------------------------------------------------------------------------------
 
@@ -112,7 +118,7 @@ class KnowledgeBase:
     def drop_collection(self, collection: str) -> None:
         """Delete a collection and all its documents."""
         meta = self._lookup(check_collection_name(collection))
-        self._call(meta, self.milvus.drop_collection, meta.milvus_name)
+        self._call(meta, "drop_collection", meta.milvus_name)
         with self._lock:
             self._collections.pop(meta.name, None)
         if self.results is not None:
@@ -120,10 +126,7 @@ class KnowledgeBase:
 
     def list_collections(self) -> list[CollectionInfo]:
         """Every knowledge-base collection in the database, by name."""
-        try:
-            milvus_names = self.milvus.list_collections()
-        except milvus_failures as exc:
-            raise TierUnavailableError(STORE, f"Milvus failed: {exc}") from exc
+        milvus_names = self._milvus("list_collections", collection=None)
         infos = []
         for milvus_name in milvus_names:
             name = collection_name_from_milvus(milvus_name)
@@ -156,7 +159,7 @@ class KnowledgeBase:
         ]
         try:
             for start in range(0, len(rows), BATCH_ROWS):
-                self._call(meta, self.milvus.upsert, meta.milvus_name, rows[start : start + BATCH_ROWS])
+                self._call(meta, "upsert", meta.milvus_name, rows[start : start + BATCH_ROWS])
         finally:
             # Also after a partial failure: some batches may have landed, and cached results must not hide them.
             self._invalidate(meta)
@@ -180,7 +183,7 @@ class KnowledgeBase:
         existing = self._existing_ids(meta, checked)
         if existing:
             try:
-                self._call(meta, self.milvus.delete, meta.milvus_name, ids=[_pk(doc_id) for doc_id in existing])
+                self._call(meta, "delete", meta.milvus_name, ids=[_pk(doc_id) for doc_id in existing])
             finally:
                 self._invalidate(meta)
         return len(existing)
@@ -259,7 +262,7 @@ class KnowledgeBase:
     ) -> tuple[SearchHit, ...]:
         rows = self._call(
             meta,
-            self.milvus.search,
+            "search",
             meta.milvus_name,
             data=[vector],
             anns_field="vector",
@@ -277,27 +280,22 @@ class KnowledgeBase:
     # ---- internals ---------------------------------------------------------------------------------------
 
     def _lookup(self, name: str) -> _Collection:
-        """The collection's record, read from Milvus (and loaded for search) on first use in this process."""
+        """The collection's record, read from Milvus (and loaded for search) on first use in this process.
+
+        No lock is held while Milvus is asked: a slow or hung Milvus must not stall every other collection's
+        requests behind this one. Two threads may both read a new record; the calls are idempotent, and the
+        first record stored wins."""
         meta = self._collections.get(name)
         if meta is not None:
             return meta
         milvus_name = milvus_collection_name(name)
-        try:
-            with self._lock:
-                meta = self._collections.get(name)
-                if meta is not None:
-                    return meta
-                if not self.milvus.has_collection(milvus_name):
-                    raise NotFoundError(f"collection {name!r} does not exist")
-                meta = _parse_description(name, milvus_name, self.milvus.describe_collection(milvus_name))
-                # A collection must be loaded before search or get; after a restart it is not.
-                self.milvus.load_collection(milvus_name)
-                self._collections[name] = meta
-                return meta
-        except RagCacheError:
-            raise
-        except milvus_failures as exc:
-            raise _converted(exc, name) from exc
+        if not self._milvus("has_collection", milvus_name, collection=name):
+            raise NotFoundError(f"collection {name!r} does not exist")
+        meta = _parse_description(name, milvus_name, self._milvus("describe_collection", milvus_name, collection=name))
+        # A collection must be loaded before search or get; after a restart it is not.
+        self._milvus("load_collection", milvus_name, collection=name)
+        with self._lock:
+            return self._collections.setdefault(name, meta)
 
     def _ensure(self, name: str, space: EmbeddingSpace) -> _Collection:
         """The collection, created for ``space`` when missing; ``ConflictError`` when it has another space."""
@@ -318,7 +316,7 @@ class KnowledgeBase:
             "dim": space.dim,
             "uid": secrets.token_hex(8),
         }
-        schema = self.milvus.create_schema(
+        schema = MilvusClient.create_schema(
             auto_id=False, enable_dynamic_field=False, description=json.dumps(description)
         )
         schema.add_field("pk", DataType.VARCHAR, is_primary=True, max_length=PK_LENGTH)
@@ -326,46 +324,71 @@ class KnowledgeBase:
         schema.add_field("text", DataType.VARCHAR, max_length=MAX_TEXT_BYTES)
         schema.add_field("metadata", DataType.JSON)
         schema.add_field("vector", DataType.FLOAT_VECTOR, dim=space.dim)
-        index_params = self.milvus.prepare_index_params()
+        index_params = MilvusClient.prepare_index_params()
         index_params.add_index(field_name="vector", index_type=self.index_type, metric_type=METRIC)
-        try:
-            with self._lock:
-                if not self.milvus.has_collection(milvus_name):
-                    # Strong consistency: a search right after an ingest sees the ingested documents.
-                    self.milvus.create_collection(
-                        milvus_name, schema=schema, index_params=index_params, consistency_level="Strong"
-                    )
-        except milvus_failures as exc:
-            raise _converted(exc, name) from exc
+        # One creation at a time per name (two would race to write different descriptions); other
+        # collections go on meanwhile, and each call here has the Milvus deadline.
+        with self._lock:
+            creating = self._creating.setdefault(name, threading.Lock())
+        with creating:
+            if not self._milvus("has_collection", milvus_name, collection=name):
+                # Strong consistency: a search right after an ingest sees the ingested documents.
+                self._milvus("create_collection", milvus_name, schema=schema, index_params=index_params,
+                             consistency_level="Strong", collection=name)
         return self._lookup(name)  # also when another process created it first: its record wins
 
     def _existing_ids(self, meta: _Collection, ids: list[str]) -> list[str]:
         found: set[str] = set()
         for start in range(0, len(ids), BATCH_ROWS):
             batch = ids[start : start + BATCH_ROWS]
-            rows = self._call(meta, self.milvus.get, meta.milvus_name, ids=[_pk(doc_id) for doc_id in batch], output_fields=["id"])
+            rows = self._call(meta, "get", meta.milvus_name, ids=[_pk(doc_id) for doc_id in batch], output_fields=["id"])
             found.update(row["id"] for row in rows)
         return [doc_id for doc_id in ids if doc_id in found]
 
     def _info(self, meta: _Collection) -> CollectionInfo:
-        rows = self._call(meta, self.milvus.query, meta.milvus_name, filter="", output_fields=["count(*)"])
+        rows = self._call(meta, "query", meta.milvus_name, filter="", output_fields=["count(*)"])
         return CollectionInfo(meta.name, meta.space_id, meta.model, meta.dim, int(rows[0]["count(*)"]))
 
     def _invalidate(self, meta: _Collection) -> None:
         if self.results is not None:
             self.results.bump(meta.uid)
 
-    def _call(self, meta: _Collection, method: Callable, *args, filter_given: bool = False, **kwargs) -> Any:
-        """Call a Milvus method, converting its failures into ragcache errors."""
+    def _call(self, meta: _Collection, method: str, *args, filter_given: bool = False, **kwargs) -> Any:
+        """Call a Milvus method on a known collection; one another process dropped is forgotten here too."""
         try:
-            return method(*args, **kwargs)
-        except milvus_failures as exc:
-            error = _converted(exc, meta.name, filter_given=filter_given)
-            if isinstance(error, NotFoundError):  # dropped by another process: forget it here too
-                with self._lock:
-                    self._collections.pop(meta.name, None)
-            raise error from exc
+            return self._milvus(method, *args, collection=meta.name, filter_given=filter_given, **kwargs)
+        except NotFoundError:
+            with self._lock:
+                self._collections.pop(meta.name, None)
+            raise
 
+    def _milvus(self, method: str, *args, collection: str | None, filter_given: bool = False, **kwargs) -> Any:
+        """Call the Milvus client's ``method`` behind the circuit breaker, converting its failures.
+
+        A failure of Milvus itself (refused, timed out: the client gives every call a deadline) opens the
+        breaker, and until a probe succeeds the knowledge base answers at once with ``TierUnavailableError``
+        rather than making each request wait out the deadline. An answer that is an error about the request
+        (no such collection, a bad filter) is Milvus working: it closes the breaker."""
+        if not self.health.should_try():
+            raise TierUnavailableError(STORE, f"Milvus is down (retry when it is back): {self.health.last_error}")
+        try:
+            result = getattr(self.milvus, method)(*args, **kwargs)
+        except milvus_failures as exc:
+            error = _converted(exc, collection, filter_given=filter_given)
+            self._note(error)
+            raise error from exc
+        except TierUnavailableError as exc:  # a server client that cannot connect (stores.MilvusConnection)
+            self._note(exc)
+            raise
+        self._note(None)
+        return result
+
+    def _note(self, error: RagCacheError | None) -> None:
+        if isinstance(error, TierUnavailableError):
+            if self.health.record_failure(error):
+                log.warning("the knowledge base's Milvus is down; requests get 503 until it is back: %s", error)
+        elif self.health.record_success():
+            log.warning("the knowledge base's Milvus is back")
 
 def _check_space(meta: _Collection, space: EmbeddingSpace) -> None:
     if meta.space_id != space.space_id:
@@ -400,16 +423,17 @@ def _parse_description(name: str, milvus_name: str, described: dict) -> _Collect
         raise ConflictError(f"Milvus collection {milvus_name!r} exists but is not a ragcache knowledge base") from exc
 
 
-def _converted(exc: BaseException, name: str, *, filter_given: bool = False) -> RagCacheError:
+def _converted(exc: BaseException, name: str | None, *, filter_given: bool = False) -> RagCacheError:
     code = getattr(exc, "code", None)
-    message = str(getattr(exc, "message", None) or exc)
-    if code == 100 or "collection not found" in message.lower():
+    message = milvus_error_message(exc)
+    if name is not None and (code == 100 or "collection not found" in message.lower()):
         return NotFoundError(f"collection {name!r} does not exist")
     # Milvus answers a filter it cannot parse or type-check with 1100 (invalid parameter) or a message
     # about the expression; anything else (unreachable, timed out, ...) is the store failing.
     if filter_given and (code == 1100 or "expr" in message.lower()):
         return InvalidInputError(f"filter is not a valid Milvus expression: {message.strip()}", field="filter")
-    return TierUnavailableError(STORE, f"Milvus failed on collection {name!r} (retry when it is back): {message.strip()}")
+    where = "" if name is None else f" on collection {name!r}"
+    return TierUnavailableError(STORE, f"Milvus failed{where} (retry when it is back): {message}")
 
 
 def _hits_from_json(value: Any) -> tuple[SearchHit, ...] | None:

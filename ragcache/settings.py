@@ -13,6 +13,7 @@ from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from ragcache.errors import ConfigError
+from ragcache.redact import redact_url
 
 __all__ = ["Settings"]
 
@@ -42,6 +43,11 @@ class Settings(BaseSettings):
     redis_refresh_ttl_on_hit: bool = Field(False, description="an L2 hit restarts the entry's time to live (sliding expiry)")
     redis_timeout_s: float = Field(0.5, gt=0, description="connect and read timeout of a Redis call; slower counts as a failure")
     milvus_uri: str = Field("", description="default: <data_dir>/milvus.db (Milvus Lite); 'off': no L3")
+    milvus_timeout_s: float = Field(5.0, gt=0, description="deadline of every Milvus call (L3 and the knowledge base); slower counts as an outage")
+    # Credentials apart from the URI, never printed (repr=False); a URI is only ever shown redacted (ragcache.redact).
+    milvus_user: str | None = Field(None, repr=False, description="Milvus user (with milvus_password)")
+    milvus_password: str | None = Field(None, repr=False, description="Milvus password")
+    milvus_token: str | None = Field(None, repr=False, description="Milvus token ('user:password' or an API key); wins over user/password")
     data_dir: Path = Field(Path("data"), description="local state: the embedded Redis's snapshots, the default Milvus Lite file")
     write_behind: bool = Field(True, description="store in L2/L3 from a worker thread")
 
@@ -90,6 +96,11 @@ class Settings(BaseSettings):
     rate_limit_per_s: float | None = Field(None, gt=0, description="requests a second per key; unset = no limit")
     rate_limit_burst: int | None = Field(None, gt=0, description="bucket size; default: 2 x rate, at least 1")
     request_timeout_s: float = Field(60.0, gt=0, description="a request still unanswered after this gets 504")
+
+    def __repr_args__(self):
+        # A URI may still carry a password (redis://:secret@host): shown redacted, like everywhere else.
+        for name, value in super().__repr_args__():
+            yield name, redact_url(value) if name in ("redis_url", "milvus_uri") else value
 
     def bind_refusal(self, host: str) -> str | None:
         """Why the service must not bind ``host`` with these settings, or None: a non-loopback address

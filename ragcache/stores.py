@@ -4,9 +4,11 @@ search results) and Milvus (L3 and the knowledge base), plus the embedded Redis 
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from pathlib import Path
+from typing import Callable
 
 import redis
 from pymilvus import MilvusClient
@@ -14,77 +16,120 @@ from redis.cluster import RedisCluster
 
 from ragcache.embedded_redis import EmbeddedRedis
 from ragcache.errors import ConfigError, TierUnavailableError
+from ragcache.redact import redact_text, redact_url
 from ragcache.redis_client import open_redis
 from ragcache.settings import Settings
+from ragcache.tiers.milvus import milvus_failures
 
-__all__ = ["ReconnectingMilvus", "Stores", "connect_milvus", "open_milvus"]
+__all__ = ["MilvusConnection", "Stores", "connect_milvus", "open_milvus"]
 
 log = logging.getLogger(__name__)
 
 
-def open_milvus(uri: str) -> MilvusClient:
-    """A Milvus client: Milvus Lite for a path ending in ``.db``, a server for ``http(s)://``."""
-    if uri.endswith(".db"):
-        Path(uri).parent.mkdir(parents=True, exist_ok=True)
-    elif not uri.startswith(("http://", "https://", "tcp://")):
-        raise ConfigError(f"milvus_uri {uri!r}: use a path ending in .db (Milvus Lite) or http://host:port")
-    try:
-        return MilvusClient(uri)
-    except Exception as exc:  # pymilvus raises several unrelated types when it cannot connect
-        raise ConfigError(f"cannot open Milvus at {uri}: {exc}") from exc
+# Methods of MilvusClient that only build a local object: every other method talks to Milvus and gets a deadline.
+_LOCAL_METHODS = frozenset({"create_schema", "prepare_index_params", "close"})
+DEFAULT_MILVUS_TIMEOUT_S: float = Settings.model_fields["milvus_timeout_s"].default
 
 
-class ReconnectingMilvus:
-    """A Milvus server client that may start while the server is down, and connects when it is back.
+class MilvusConnection:
+    """A Milvus client whose every call has a deadline, and which may start while a server is down.
 
-    pymilvus connects when a ``MilvusClient`` is made, so a server down at start-up would stop the service,
-    where a server that goes down later only makes L3 and the knowledge base fail (a miss, or a 503). Here
-    every use first makes sure a client exists; while none can be made, the use raises
-    ``TierUnavailableError``, which the levels and the knowledge base already treat as an outage (with
-    back-off, so a down server is not asked on every request). Milvus Lite (a ``.db`` path) is never
-    wrapped: failing to open a local file is a configuration error, to report at once.
+    Deadline: pymilvus waits without limit unless each call passes ``timeout=`` (a paused server, SIGSTOP,
+    held a request for minutes). Every method that reaches Milvus gets ``timeout=timeout_s`` here, so no
+    caller can forget it; a call past it raises grpc's DEADLINE_EXCEEDED, which L3 and the knowledge base
+    count as an outage like a refused connection. Milvus Lite opened from a ``.db`` file runs the same gRPC
+    server in a child process (over a local socket), and the deadline holds there too.
+
+    Late start: pymilvus connects when a ``MilvusClient`` is made, so a server down at start-up would stop
+    the service, where a server that goes down later only makes L3 and the knowledge base fail (a miss, or a
+    503). For a server (``lazy=True``) every use first makes sure a client exists; while none can be made,
+    the use raises ``TierUnavailableError``. Milvus Lite is opened at once: failing to open a local file is
+    a configuration error, to report at once.
+
+    Credentials come apart from the URI (``user``/``password`` or ``token``) and are never shown; the URI
+    itself is only ever shown redacted.
     """
 
-    def __init__(self, uri: str):
+    def __init__(self, uri: str, *, timeout_s: float = DEFAULT_MILVUS_TIMEOUT_S, user: str | None = None,
+                 password: str | None = None, token: str | None = None, lazy: bool = False,
+                 client_factory: Callable[..., MilvusClient] = MilvusClient):
         self.uri = uri
+        self.timeout_s = timeout_s
+        self._credentials = {"user": user or "", "password": password or "", "token": token or ""}
+        self._client_factory = client_factory
         self._client: MilvusClient | None = None
         self._lock = threading.Lock()
+        if not lazy:
+            self._connected()
+            return
         try:
             self._connected()
         except TierUnavailableError as exc:
             log.warning("%s; starting without it: L3 misses and the knowledge base answers 503 until it is back", exc)
 
+    def __repr__(self) -> str:
+        return f"MilvusConnection({redact_url(self.uri)!r}, timeout_s={self.timeout_s})"
+
     def _connected(self) -> MilvusClient:
         with self._lock:
             if self._client is None:
-                try:
-                    self._client = MilvusClient(self.uri)
-                except Exception as exc:  # pymilvus raises several unrelated types when it cannot connect
-                    raise TierUnavailableError("Milvus", f"cannot reach the server at {self.uri}: {exc}") from exc
+                self._client = self._open()
             return self._client
 
+    def _open(self) -> MilvusClient:
+        shown = redact_url(self.uri)
+        try:
+            return self._client_factory(self.uri, timeout=self.timeout_s, **self._credentials)
+        except milvus_failures as exc:
+            message = redact_text(str(exc), self.uri, *self._credentials.values())
+            raise TierUnavailableError("Milvus", f"cannot reach the server at {shown}: {message}") from exc
+
     def __getattr__(self, name: str):
-        return getattr(self._connected(), name)
+        method = getattr(self._connected(), name)
+        if name in _LOCAL_METHODS or name.startswith("_") or not callable(method):
+            return method
+        return functools.partial(_with_deadline, method, self.timeout_s)
 
     def close(self) -> None:
+        """Close the client; later calls fail as pymilvus fails on a closed client (they do not reconnect)."""
         with self._lock:
             if self._client is not None:
                 self._client.close()
-                self._client = None
 
 
-def connect_milvus(uri: str) -> MilvusClient | ReconnectingMilvus:
-    """Milvus Lite opened now (errors at once), or a server client that tolerates a server down at start."""
-    if uri.startswith(("http://", "https://", "tcp://")):
-        return ReconnectingMilvus(uri)
-    return open_milvus(uri)
+def _with_deadline(method: Callable, timeout_s: float, *args, **kwargs):
+    kwargs.setdefault("timeout", timeout_s)
+    return method(*args, **kwargs)
+
+
+def open_milvus(uri: str, *, timeout_s: float = DEFAULT_MILVUS_TIMEOUT_S, **credentials) -> MilvusConnection:
+    """Milvus Lite for a path ending in ``.db`` (opened now: an error is a ``ConfigError``), a server for
+    ``http(s)://`` (connected on first use); every call with a deadline of ``timeout_s``."""
+    if uri.endswith(".db"):
+        Path(uri).parent.mkdir(parents=True, exist_ok=True)
+        try:
+            return MilvusConnection(uri, timeout_s=timeout_s)
+        except Exception as exc:  # noqa: BLE001 - at start-up, milvus_lite raises several unrelated types for a file it cannot open
+            raise ConfigError(f"cannot open Milvus at {uri}: {exc}") from exc
+    if not uri.startswith(("http://", "https://", "tcp://")):
+        raise ConfigError(f"milvus_uri {redact_url(uri)!r}: use a path ending in .db (Milvus Lite) or http://host:port")
+    return MilvusConnection(uri, timeout_s=timeout_s, lazy=True, **credentials)
+
+
+def connect_milvus(settings: Settings) -> MilvusConnection | None:
+    """The Milvus of ``settings`` (None when L3 is off), with its deadline and credentials."""
+    uri = settings.resolved_milvus_uri
+    if uri is None:
+        return None
+    return open_milvus(uri, timeout_s=settings.milvus_timeout_s, user=settings.milvus_user,
+                       password=settings.milvus_password, token=settings.milvus_token)
 
 
 class Stores:
     """Shared clients. ``redis`` is None when L2 is off, a ``RedisCluster`` when the URL names a cluster
     (see ``ragcache.redis_client``); ``milvus`` is None when L3 is off."""
 
-    def __init__(self, redis_client: redis.Redis | RedisCluster | None, milvus: MilvusClient | None, embedded: EmbeddedRedis | None = None):
+    def __init__(self, redis_client: redis.Redis | RedisCluster | None, milvus: MilvusConnection | MilvusClient | None, embedded: EmbeddedRedis | None = None):
         self.redis = redis_client
         self.milvus = milvus
         self.embedded_redis = embedded
@@ -99,9 +144,7 @@ class Stores:
                 embedded = EmbeddedRedis(settings.data_dir / "redis")
                 url = embedded.url
             redis_client = open_redis(url, timeout_s=settings.redis_timeout_s)
-        uri = settings.resolved_milvus_uri
-        milvus = connect_milvus(uri) if uri else None
-        return cls(redis_client, milvus, embedded)
+        return cls(redis_client, connect_milvus(settings), embedded)
 
     def close(self) -> None:
         if self.redis is not None:

@@ -10,6 +10,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.responses import Response
 
 import ragcache
+from ragcache.redact import redact_url
+from services.auth import principal_of
 from services.responses import JSONResponse
 from services.state import ServiceState
 
@@ -53,45 +55,49 @@ async def health(request: Request) -> JSONResponse:
     return JSONResponse({"status": "degraded" if down else "ok", "levels_down": down})
 
 
-@router.get("/info", summary="Models, embedding spaces, levels and versions")
+@router.get("/info", summary="Models and dimensions; for an admin key also levels, settings and versions")
 async def info(request: Request) -> JSONResponse:
     state: ServiceState = request.app.state.ragcache
+    models = [{"name": name, "dim": cache.space.dim, "dtype": cache.space.dtype} for name, cache in state.caches.items()]
+    if "admin" not in principal_of(request).scopes:
+        # Any key may call /info to learn what it can embed with; level states, raw errors, L1 usage and
+        # where the stores are belong to the operator (an error may name a host, a URI its credentials).
+        return JSONResponse({"default_model": state.default_model, "models": models})
+    return JSONResponse(_admin_info(state, models))
+
+
+def _admin_info(state: ServiceState, models: list[dict]) -> dict:
     import fastapi
     import pymilvus
     import redis
     import sentence_transformers
     import torch
 
-    return JSONResponse(
-        {
-            "default_model": state.default_model,
-            "models": [
-                {
-                    "name": name,
-                    "dim": cache.space.dim,
-                    "dtype": cache.space.dtype,
-                    "max_seq_length": cache.space.max_seq_length,
-                    "space": cache.space.describe(),
-                    "device": str(cache.device),
-                    "levels": cache.level_states(),
-                }
-                for name, cache in state.caches.items()
-            ],
-            "settings": {
-                "max_batch": state.settings.max_batch,
-                "truncate": state.settings.truncate,
-                "l1_bytes": state.settings.l1_bytes,
-                "redis": "embedded" if state.stores.embedded_redis else ("off" if state.stores.redis is None else "external"),
-                "milvus": state.settings.resolved_milvus_uri or "off",
-            },
-            "versions": {
-                "ragcache": ragcache.__version__,
-                "python": platform.python_version(),
-                "torch": torch.__version__,
-                "sentence_transformers": sentence_transformers.__version__,
-                "redis_py": redis.__version__,
-                "pymilvus": pymilvus.__version__,
-                "fastapi": fastapi.__version__,
-            },
-        }
-    )
+    for model, cache in zip(models, state.caches.values()):
+        model.update(
+            max_seq_length=cache.space.max_seq_length,
+            space=cache.space.describe(),
+            device=str(cache.device),
+            levels=cache.level_states(),
+        )
+    return {
+        "default_model": state.default_model,
+        "models": models,
+        "settings": {
+            "max_batch": state.settings.max_batch,
+            "truncate": state.settings.truncate,
+            "l1_bytes": state.settings.l1_bytes,
+            "redis": "embedded" if state.stores.embedded_redis else ("off" if state.stores.redis is None else "external"),
+            # Redacted: a URI may carry a user and password (ragcache.redact).
+            "milvus": redact_url(state.settings.resolved_milvus_uri) or "off",
+        },
+        "versions": {
+            "ragcache": ragcache.__version__,
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "sentence_transformers": sentence_transformers.__version__,
+            "redis_py": redis.__version__,
+            "pymilvus": pymilvus.__version__,
+            "fastapi": fastapi.__version__,
+        },
+    }

@@ -9,26 +9,40 @@ import logging
 import threading
 from collections.abc import Sequence
 
+import grpc
 import numpy as np
 import torch
 from pymilvus import DataType, MilvusClient
+from pymilvus.exceptions import MilvusException
 
 from ragcache.errors import TierUnavailableError
 from ragcache.tiers.base import TierHits
 
-__all__ = ["MilvusTier", "milvus_failures"]
+__all__ = ["MilvusTier", "milvus_error_message", "milvus_failures"]
 
 TEXT_HASH_LENGTH = 32
 MAX_ROWS_PER_CALL = 2000
 
 log = logging.getLogger(__name__)
 
-try:  # grpc errors can escape pymilvus on a dropped connection; they are failures of the level too.
-    import grpc
+# What a failing Milvus raises through pymilvus, and nothing else: MilvusException (a status from the server,
+# a connection pymilvus gave up on, its retry deadline passed) and grpc's errors, which pymilvus lets escape
+# unconverted (DEADLINE_EXCEEDED when a call's ``timeout`` passes, UNAVAILABLE on a dropped connection;
+# FutureTimeoutError while a channel waits to be ready). A bug in ragcache (a TypeError, a KeyError) is
+# not one of them: it propagates, rather than showing as "store unavailable".
+milvus_failures: tuple[type[BaseException], ...] = (MilvusException, grpc.RpcError, grpc.FutureTimeoutError)
 
-    milvus_failures: tuple[type[BaseException], ...] = (Exception, grpc.RpcError)
-except ImportError:  # pragma: no cover - grpc ships with pymilvus
-    milvus_failures = (Exception,)
+
+def milvus_error_message(exc: BaseException) -> str:
+    """One line for a Milvus failure: grpc's own text spans several lines and names its internal classes."""
+    if isinstance(exc, grpc.RpcError) and callable(getattr(exc, "code", None)):
+        code = exc.code()
+        if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+            return "no answer within the deadline (milvus_timeout_s)"
+        return f"{code.name}: {exc.details()}" if callable(getattr(exc, "details", None)) else code.name
+    if isinstance(exc, grpc.FutureTimeoutError):
+        return "no connection within the deadline (milvus_timeout_s)"
+    return str(getattr(exc, "message", None) or exc).strip()
 
 
 class MilvusTier:
@@ -48,30 +62,52 @@ class MilvusTier:
         self._ready = False
         self.num_corrupt = 0
         self._ready_lock = threading.Lock()
+        self._num_failed_prepares = 0  # failed tries to prepare the collection, and why the last one failed
+        self._last_failure: str | None = None
 
     def _ensure_collection(self) -> None:
         if self._ready:
             return
+        num_failed = self._num_failed_prepares
         with self._ready_lock:
             if self._ready:
                 return
-            if self.client.has_collection(self.collection) and self._stored_dim() != self.dim:
-                self._replace_foreign_collection()
-            if not self.client.has_collection(self.collection):
-                schema = self.client.create_schema(auto_id=False, enable_dynamic_field=False)
-                schema.add_field("key", DataType.VARCHAR, is_primary=True, max_length=TEXT_HASH_LENGTH)
-                schema.add_field("vector", DataType.FLOAT_VECTOR, dim=self.dim)
-                index_params = self.client.prepare_index_params()
-                # Lookups here are by primary key only; FLAT costs nothing to build and lets the collection load.
-                index_params.add_index(field_name="vector", index_type="FLAT", metric_type="IP")
-                self.client.create_collection(self.collection, schema=schema, index_params=index_params)
-            self.client.load_collection(self.collection)
-            self._ready = True
+            if self._num_failed_prepares != num_failed:
+                # Another thread failed to prepare while this one waited for the lock: trying again at once
+                # would make every waiting caller pay one more deadline in turn (a hung Milvus at start-up).
+                raise TierUnavailableError(self.name, self._last_failure or "Milvus failed")
+            try:
+                self._prepare_collection()
+            except milvus_failures as exc:
+                self._note_failed_prepare(f"Milvus failed: {milvus_error_message(exc)}")
+                raise
+            except TierUnavailableError as exc:  # a server client that cannot connect (stores.MilvusConnection)
+                self._note_failed_prepare(str(exc))
+                raise
+
+    def _note_failed_prepare(self, message: str) -> None:
+        self._last_failure = message
+        self._num_failed_prepares += 1
+
+    def _prepare_collection(self) -> None:
+        """Create the collection when missing (or holding other vectors), and load it."""
+        if self.client.has_collection(self.collection) and self._stored_dim() != self.dim:
+            self._replace_foreign_collection()
+        if not self.client.has_collection(self.collection):
+            schema = MilvusClient.create_schema(auto_id=False, enable_dynamic_field=False)
+            schema.add_field("key", DataType.VARCHAR, is_primary=True, max_length=TEXT_HASH_LENGTH)
+            schema.add_field("vector", DataType.FLOAT_VECTOR, dim=self.dim)
+            index_params = MilvusClient.prepare_index_params()
+            # Lookups here are by primary key only; FLAT costs nothing to build and lets the collection load.
+            index_params.add_index(field_name="vector", index_type="FLAT", metric_type="IP")
+            self.client.create_collection(self.collection, schema=schema, index_params=index_params)
+        self.client.load_collection(self.collection)
+        self._ready = True
 
     def _failed(self, exc: BaseException) -> TierUnavailableError:
         # A restarted Milvus has the collection unloaded: the next call creates/loads it again.
         self._ready = False
-        return TierUnavailableError(self.name, f"Milvus failed: {exc}")
+        return TierUnavailableError(self.name, f"Milvus failed: {milvus_error_message(exc)}")
 
     def _stored_dim(self) -> int | None:
         described = self.client.describe_collection(self.collection)
@@ -145,8 +181,11 @@ class MilvusTier:
 
     def count(self) -> int:
         """Number of vectors stored (Milvus' own row count)."""
-        self._ensure_collection()
-        return int(self.client.get_collection_stats(self.collection).get("row_count", 0))
+        try:
+            self._ensure_collection()
+            return int(self.client.get_collection_stats(self.collection).get("row_count", 0))
+        except milvus_failures as exc:
+            raise self._failed(exc) from exc
 
     def close(self) -> None:
         """The client belongs to the shared ``Stores``; nothing to release here."""
