@@ -253,7 +253,8 @@ class _Operations:
             # httpx serialises the body while building the request: a value JSON cannot hold.
             return InvalidInputError(f"{call.method} {call.path}: the request is not valid JSON: {exc}")
         reason = "timed out" if isinstance(exc, httpx.TimeoutException) else "cannot be reached"
-        return ServiceUnavailableError(f"{call.method} {call.path}: ragcache at {redact_url(self.base_url)} {reason}: {redact_text(repr(exc), self.base_url)}")
+        shown = redact_text(repr(exc), self.base_url)
+        return ServiceUnavailableError(f"{call.method} {call.path}: ragcache at {redact_url(self.base_url)} {reason}: {shown}")
 
 
 class Client(_Operations):

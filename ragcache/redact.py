@@ -20,10 +20,8 @@ HIDDEN = "***"
 _SECRET_PARAMS = ("password", "token", "secret", "key", "auth")
 
 
-def redact_url(url: str | None) -> str | None:
+def redact_url(url: str) -> str:
     """``url`` with its user info and secret query values replaced by ``***``; a file path is unchanged."""
-    if not url:
-        return url
     return ",".join(_redact_one(part) for part in url.split(","))
 
 
@@ -32,7 +30,7 @@ def redact_text(text: str, *urls: str | None) -> str:
     for url in urls:
         if not url:
             continue
-        text = text.replace(url, redact_url(url) or "")
+        text = text.replace(url, redact_url(url))
         for part in url.split(","):
             password = urlsplit(part.strip()).password if "://" in part else None
             if password:

@@ -95,7 +95,8 @@ def _probe_cluster(url: str, options: dict) -> bool:
     try:
         return bool(probe.info("cluster").get("cluster_enabled"))
     except redis.RedisError as exc:
-        log.warning("Redis at %s did not answer (%s): treating it as a single server, not a cluster", redact_url(url), redact_text(str(exc), url))
+        log.warning("Redis at %s did not answer (%s): treating it as a single server, not a cluster",
+                    redact_url(url), redact_text(str(exc), url))
         return False
     finally:
         probe.close()
@@ -119,6 +120,8 @@ def _open_cluster(seeds: list[str], options: dict) -> RedisCluster:
         # The first seed carries the options every node shares (user, password, TLS); the others add addresses.
         return _RedisCluster(url=first, startup_nodes=startup_nodes, retry=_cluster_retry(), **options)
     except (KeyError, ValueError) as exc:
-        raise ConfigError(f"redis_url {redact_url(','.join(seeds))!r}: a cluster seed must be redis://host:port or rediss://host:port") from exc
+        shown = redact_url(",".join(seeds))
+        raise ConfigError(f"redis_url {shown!r}: a cluster seed must be redis://host:port or rediss://host:port") from exc
     except REDIS_ERRORS as exc:
-        raise ConfigError(f"cannot reach the Redis Cluster at any of {redact_url(','.join(seeds))}: {redact_text(str(exc), *seeds)}") from exc
+        shown = redact_url(",".join(seeds))
+        raise ConfigError(f"cannot reach the Redis Cluster at any of {shown}: {redact_text(str(exc), *seeds)}") from exc

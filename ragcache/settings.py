@@ -43,7 +43,9 @@ class Settings(BaseSettings):
     redis_refresh_ttl_on_hit: bool = Field(False, description="an L2 hit restarts the entry's time to live (sliding expiry)")
     redis_timeout_s: float = Field(0.5, gt=0, description="connect and read timeout of a Redis call; slower counts as a failure")
     milvus_uri: str = Field("", description="default: <data_dir>/milvus.db (Milvus Lite); 'off': no L3")
-    milvus_timeout_s: float = Field(5.0, gt=0, description="deadline of every Milvus call (L3 and the knowledge base); slower counts as an outage")
+    milvus_timeout_s: float = Field(
+        5.0, gt=0, description="deadline of every Milvus call (L3 and the knowledge base); slower counts as an outage"
+    )
     # Credentials apart from the URI, never printed (repr=False); a URI is only ever shown redacted (ragcache.redact).
     milvus_user: str | None = Field(None, repr=False, description="Milvus user (with milvus_password)")
     milvus_password: str | None = Field(None, repr=False, description="Milvus password")
@@ -100,7 +102,7 @@ class Settings(BaseSettings):
     def __repr_args__(self):
         # A URI may still carry a password (redis://:secret@host): shown redacted, like everywhere else.
         for name, value in super().__repr_args__():
-            yield name, redact_url(value) if name in ("redis_url", "milvus_uri") else value
+            yield name, redact_url(value) if name in ("redis_url", "milvus_uri") and value else value
 
     def bind_refusal(self, host: str) -> str | None:
         """Why the service must not bind ``host`` with these settings, or None: a non-loopback address

@@ -7,8 +7,8 @@ from __future__ import annotations
 import functools
 import logging
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import redis
 from pymilvus import MilvusClient
@@ -129,7 +129,12 @@ class Stores:
     """Shared clients. ``redis`` is None when L2 is off, a ``RedisCluster`` when the URL names a cluster
     (see ``ragcache.redis_client``); ``milvus`` is None when L3 is off."""
 
-    def __init__(self, redis_client: redis.Redis | RedisCluster | None, milvus: MilvusConnection | MilvusClient | None, embedded: EmbeddedRedis | None = None):
+    def __init__(
+        self,
+        redis_client: redis.Redis | RedisCluster | None,
+        milvus: MilvusConnection | MilvusClient | None,
+        embedded: EmbeddedRedis | None = None,
+    ):
         self.redis = redis_client
         self.milvus = milvus
         self.embedded_redis = embedded

@@ -89,7 +89,7 @@ def _admin_info(state: ServiceState, models: list[dict]) -> dict:
             "l1_bytes": state.settings.l1_bytes,
             "redis": "embedded" if state.stores.embedded_redis else ("off" if state.stores.redis is None else "external"),
             # Redacted: a URI may carry a user and password (ragcache.redact).
-            "milvus": redact_url(state.settings.resolved_milvus_uri) or "off",
+            "milvus": redact_url(uri) if (uri := state.settings.resolved_milvus_uri) else "off",
         },
         "versions": {
             "ragcache": ragcache.__version__,

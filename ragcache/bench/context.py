@@ -61,7 +61,7 @@ class BenchContext:
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="ragcache-bench-"))
         self._vectors: dict[str, np.ndarray] = {}
         self._redis: Any = None  # an EmbeddedRedis, started on first use
-        self._milvus = None
+        self._milvus: Any = None  # a ragcache.stores.MilvusConnection, opened on first use
         self.service: Any = None  # a running ragcache service shared by the HTTP benchmarks (bench.service)
 
     # ---- workload ----------------------------------------------------------------------------------------
