@@ -157,12 +157,13 @@ class KnowledgeBase:
             {"pk": _pk(document.id), "id": document.id, "text": document.text, "metadata": document.metadata, "vector": vector}
             for document, vector in zip(checked, vectors)
         ]
+        self._invalidate(meta, written=False)
         try:
             for start in range(0, len(rows), BATCH_ROWS):
                 self._call(meta, "upsert", meta.milvus_name, rows[start : start + BATCH_ROWS])
         finally:
             # Also after a partial failure: some batches may have landed, and cached results must not hide them.
-            self._invalidate(meta)
+            self._invalidate(meta, written=True)
         served = embedded.served
         num_computed = served.get(embedded.level_names[-1], 0)
         return IngestResult(
@@ -182,10 +183,11 @@ class KnowledgeBase:
         # Milvus reports every requested id as deleted, so the count comes from asking which exist.
         existing = self._existing_ids(meta, checked)
         if existing:
+            self._invalidate(meta, written=False)
             try:
                 self._call(meta, "delete", meta.milvus_name, ids=[_pk(doc_id) for doc_id in existing])
             finally:
-                self._invalidate(meta)
+                self._invalidate(meta, written=True)
         return len(existing)
 
     def search(
@@ -349,9 +351,20 @@ class KnowledgeBase:
         rows = self._call(meta, "query", meta.milvus_name, filter="", output_fields=["count(*)"])
         return CollectionInfo(meta.name, meta.space_id, meta.model, meta.dim, int(rows[0]["count(*)"]))
 
-    def _invalidate(self, meta: _Collection) -> None:
-        if self.results is not None:
+    def _invalidate(self, meta: _Collection, *, written: bool) -> None:
+        """Bump the collection's result version, before a write (a Redis that cannot take it refuses the write
+        before anything changed) and after it (a search during the write may have cached the old contents).
+        Every replica reads the same version key, so a write whose bump failed must not be acknowledged."""
+        if self.results is None:
+            return
+        try:
             self.results.bump(meta.uid)
+        except TierUnavailableError as exc:
+            outcome = ("the change may have landed, and searches on other replicas may show the old contents until it is "
+                       "repeated: retry the request") if written else "nothing was changed: retry when Redis is back"
+            raise TierUnavailableError(
+                "result cache", f"cached search results of collection {meta.name!r} could not be invalidated; {outcome}"
+            ) from exc
 
     def _call(self, meta: _Collection, method: str, *args, filter_given: bool = False, **kwargs) -> Any:
         """Call a Milvus method on a known collection; one another process dropped is forgotten here too."""

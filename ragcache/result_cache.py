@@ -7,8 +7,10 @@ never read again and expire by TTL. Redis being down skips the cache, never fail
 Two details keep stale results out:
 - a version key that does not exist yet starts at a random 63-bit number (``SET NX``), so a version key
   lost to a Redis eviction or restart never restarts at a number whose old results may still be stored;
-- a bump that fails (Redis down) leaves the collection *pending*: this process reads and writes no cached
-  results for it until a later bump succeeds.
+- a bump that fails (Redis down) raises ``TierUnavailableError``: other replicas read the same Redis, and
+  only a bump that landed there stops them serving the collection as it was (the knowledge base bumps
+  before and after every write and answers 503 when it cannot). The collection is also left *pending*: this
+  process reads and writes no cached results for it until a later bump succeeds.
 Collections are named by their uid (random per creation), so a dropped and re-created collection of the
 same name shares nothing with its predecessor.
 
@@ -29,6 +31,7 @@ import redis.asyncio
 import xxhash
 from redis.cluster import RedisCluster
 
+from ragcache.errors import TierUnavailableError
 from ragcache.redis_client import REDIS_ERRORS, asyncio_twin
 from ragcache.tiers.base import TierHealth
 
@@ -37,6 +40,7 @@ __all__ = ["ResultCache"]
 log = logging.getLogger(__name__)
 
 KEY_PREFIX = "rc:kb"
+TIER = "result cache"
 
 
 class ResultCache:
@@ -108,7 +112,16 @@ class ResultCache:
             self._succeeded()
 
     def bump(self, collection_uid: str) -> None:
-        """Invalidate every cached result of the collection (call after its contents changed)."""
+        """Invalidate every cached result of the collection (call after its contents changed).
+
+        Raises ``TierUnavailableError`` when Redis did not confirm it: the replicas sharing this Redis would
+        keep serving the old results until their TTL, so the caller must not report the change as done.
+        """
+        failure = self._try_bump(collection_uid)
+        if failure is not None:
+            raise TierUnavailableError(TIER, f"Redis did not take the invalidation: {failure}") from failure
+
+    def _try_bump(self, collection_uid: str) -> Exception | None:
         try:
             self._version(collection_uid)  # make sure a missing key starts at a random number, not at 0
             self.client.incr(self._version_key(collection_uid))
@@ -116,10 +129,11 @@ class ResultCache:
             with self._lock:
                 self._pending.add(collection_uid)
             self._failed(exc)
-            return
+            return exc
         with self._lock:
             self._pending.discard(collection_uid)
         self._succeeded()
+        return None
 
     def discard(self, collection_uid: str) -> None:
         """Forget a dropped collection's version (its uid is never used again; results expire by TTL)."""
@@ -137,8 +151,7 @@ class ResultCache:
             return False
         if collection_uid in self._pending:
             # A bump this process owes failed: it must succeed before any cached result is trusted again.
-            self.bump(collection_uid)
-            return collection_uid not in self._pending
+            return self._try_bump(collection_uid) is None
         return True
 
     def _version(self, collection_uid: str) -> int:

@@ -179,16 +179,68 @@ def test_result_cache_is_shared_between_instances_and_not_reused_after_recreate(
     assert [hit.id for hit in fresh.hits] == ["berlin"]
 
 
-def test_redis_down_skips_the_result_cache(milvus_client, cache):
+def _dead_redis() -> redis.Redis:
     with socket.socket() as sock:  # a port nothing listens on
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    dead = redis.Redis(port=port, socket_connect_timeout=0.2, socket_timeout=0.2)
-    kb = KnowledgeBase(milvus_client, redis=dead)
-    kb.add_documents("no-redis", DOCS, cache=cache)
-    found = kb.search("no-redis", "bread", cache=cache)
+    return redis.Redis(port=port, socket_connect_timeout=0.2, socket_timeout=0.2)
+
+
+def test_redis_down_skips_the_result_cache_for_searches(milvus_client, cache):
+    KnowledgeBase(milvus_client).add_documents("no-redis", DOCS, cache=cache)
+    found = KnowledgeBase(milvus_client, redis=_dead_redis()).search("no-redis", "bread", cache=cache)
     assert found.result_cache == "off"
     assert found.hits[0].id == "bread"
+
+
+def test_a_write_whose_invalidation_redis_cannot_take_is_refused_before_it_changes_anything(milvus_client, cache):
+    """Other replicas read the same Redis: a write acknowledged without its bump would leave them serving the
+    collection as it was until the TTL. Redis is asked first, so the refusal comes before any change."""
+    kb = KnowledgeBase(milvus_client, redis=_dead_redis())
+    with pytest.raises(TierUnavailableError, match="could not be invalidated; nothing was changed"):
+        kb.add_documents("refused-write", DOCS, cache=cache)
+    assert KnowledgeBase(milvus_client).collection_info("refused-write").num_documents == 0
+    KnowledgeBase(milvus_client).add_documents("refused-write", DOCS[:1], cache=cache)
+    with pytest.raises(TierUnavailableError, match="nothing was changed"):
+        kb.delete_documents("refused-write", ["kv"])
+    assert KnowledgeBase(milvus_client).collection_info("refused-write").num_documents == 1
+
+
+class FailingIncr:
+    """A real Redis client whose INCR fails once armed (fault injection for the bump after a write)."""
+
+    def __init__(self, client: redis.Redis):
+        self.client, self.armed = client, False
+
+    def __getattr__(self, name):
+        return getattr(self.client, name)
+
+    def incr(self, key):
+        if self.armed:
+            raise redis.ConnectionError("injected: the connection dropped")
+        return self.client.incr(key)
+
+
+def test_a_write_whose_second_bump_fails_is_not_acknowledged(milvus_client, redis_client, cache):
+    """A search during a write may cache the old contents at the version the first bump made; only the
+    second bump clears that, so the write fails (503 in the service) when the second one does not land."""
+    flaky = FailingIncr(redis_client)
+
+    class ArmedByUpsert:
+        """The real Milvus client; an upsert arms the Redis fault once Milvus has taken the rows."""
+
+        def __getattr__(self, name):
+            return getattr(milvus_client, name)
+
+        def upsert(self, *args, **kwargs):
+            result = milvus_client.upsert(*args, **kwargs)
+            flaky.armed = True
+            return result
+
+    kb = KnowledgeBase(ArmedByUpsert(), redis=flaky)
+    with pytest.raises(TierUnavailableError, match="may have landed"):
+        kb.add_documents("second-bump", DOCS[2:], cache=cache)
+    assert KnowledgeBase(milvus_client).collection_info("second-bump").num_documents == 2
 
 
 def test_list_collections_names_spaces_and_sizes(milvus_client, cache):

@@ -14,13 +14,14 @@ import pytest
 import redis
 import torch
 
-from ragcache.bench.replicas import start_replicas, stop_replicas
-from ragcache.bench.service import served
+from ragcache.bench.replicas import stop_replicas
+from ragcache.bench.service import ServiceProcess, served
 from ragcache.cache import EmbeddingCache
 from ragcache.embedded_milvus import MilvusLiteServer
 from ragcache.embedded_redis import EmbeddedRedis
 from ragcache.flight import RedisFlight
 from ragcache.tiers import MemoryTier, RedisTier
+from tests.tcp_proxy import TcpProxy
 
 # Generous: a loaded test machine must not turn a slow holder into a second computation.
 WAIT_MS = 60_000
@@ -82,21 +83,37 @@ def test_two_caches_with_the_real_model_compute_each_text_once(encoder, redis_ur
 
 
 @pytest.fixture(scope="module")
-def replicas(tmp_path_factory):
+def shared_redis(tmp_path_factory):
+    redis_server = EmbeddedRedis(tmp_path_factory.mktemp("replicas-redis"))
+    yield redis_server
+    redis_server.stop()
+
+
+@pytest.fixture(scope="module")
+def redis_proxy(shared_redis):
+    """The first replica reaches the shared Redis through this proxy, so a test can cut it off alone."""
+    proxy = TcpProxy("127.0.0.1", shared_redis.port)
+    yield proxy
+    proxy.close()
+
+
+@pytest.fixture(scope="module")
+def replicas(tmp_path_factory, shared_redis, redis_proxy):
     workdir = tmp_path_factory.mktemp("replicas")
-    shared_redis = EmbeddedRedis(workdir / "redis")
     milvus = MilvusLiteServer(workdir / "milvus" / "shared.db")
-    env = {"RAGCACHE_SINGLE_FLIGHT_WAIT_MS": str(WAIT_MS), "RAGCACHE_SINGLE_FLIGHT_TTL_MS": str(WAIT_MS)}
-    try:
-        services = start_replicas(workdir, 2, redis_url=shared_redis.url, milvus_url=milvus.url, extra_env=env)
-    except BaseException:
+    env = {"RAGCACHE_MILVUS_URI": milvus.url,
+           "RAGCACHE_SINGLE_FLIGHT_WAIT_MS": str(WAIT_MS), "RAGCACHE_SINGLE_FLIGHT_TTL_MS": str(WAIT_MS)}
+    with ThreadPoolExecutor(2) as pool:
+        futures = [pool.submit(ServiceProcess, workdir, redis_url=url, extra_env=env)
+                   for url in (redis_proxy.url(), shared_redis.url)]
+    services = [future.result() for future in futures if future.exception() is None]
+    if len(services) < len(futures):
+        stop_replicas(services)
         milvus.stop()
-        shared_redis.stop()
-        raise
+        raise next(future.exception() for future in futures if future.exception() is not None)
     yield services
     stop_replicas(services)
     milvus.stop()
-    shared_redis.stop()
 
 
 def test_a_text_computed_by_one_replica_is_a_hit_for_the_other(replicas):
@@ -147,3 +164,35 @@ def test_texts_missed_by_both_replicas_at_once_are_computed_once(replicas):
     assert all(served(response)["L3"] == 0 for per_replica in answers for response in per_replica)
     for first, second in zip(*answers):
         np.testing.assert_array_equal(np.array(first.json()), np.array(second.json()))
+
+
+def _ids(response) -> set[str]:
+    return {hit["id"] for hit in response.json()["hits"]}
+
+
+def test_a_delete_that_cannot_invalidate_the_shared_result_cache_is_refused(replicas, redis_proxy):
+    """The cached result lists live in the shared Redis: a delete acknowledged by a replica that could not
+    invalidate them there would leave the other replica serving the deleted document until the TTL."""
+    cut_off, other = replicas
+    collection = f"invalidation_{uuid.uuid4().hex[:8]}"
+    documents = [{"id": "kept", "text": "Redis keeps cached search results for a few minutes."},
+                 {"id": "deleted", "text": "Cached search results must not outlive the documents they name."}]
+    other.post("/documents", {"collection": collection, "documents": documents})
+    query = {"query": "cached search results", "collection": collection, "top_k": 5}
+    assert _ids(other.post("/search", query)) == {"kept", "deleted"}
+    assert other.post("/search", query).json()["result_cache"] == "hit"
+
+    redis_proxy.cut()
+    try:
+        refused = cut_off.client.request("DELETE", "/documents", json={"collection": collection, "ids": ["deleted"]})
+    finally:
+        redis_proxy.restore()
+    assert refused.status_code == 503, refused.text
+    assert "nothing was changed" in refused.json()["error"]["message"]
+    # The refused delete changed nothing, so the other replica's cached list is still the truth.
+    assert _ids(other.post("/search", query)) == {"kept", "deleted"}
+
+    deleted = cut_off.client.request("DELETE", "/documents", json={"collection": collection, "ids": ["deleted"]})
+    assert deleted.status_code == 200, deleted.text
+    after = other.post("/search", query).json()
+    assert after["result_cache"] == "miss" and {hit["id"] for hit in after["hits"]} == {"kept"}
