@@ -82,6 +82,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+SERVE_OPTIONS = {
+    "timeout_graceful_shutdown": 30,
+    # uvicorn's default (5 s) closes idle keep-alive connections so soon that a client (or a load balancer,
+    # whose idle timeout is often 60 s) reusing one at that instant gets a reset; the server must outlast them.
+    "timeout_keep_alive": 75,
+}
+
+
 def run_serve(args) -> int:
     import uvicorn
 
@@ -108,10 +116,7 @@ def run_serve(args) -> int:
         port=args.port or settings.port,
         workers=args.workers,
         log_level=args.log_level,
-        timeout_graceful_shutdown=30,
-        # uvicorn's default (5 s) closes idle keep-alive connections so soon that a client (or a load balancer,
-        # whose idle timeout is often 60 s) reusing one at that instant gets a reset; the server must outlast them.
-        timeout_keep_alive=75,
+        **SERVE_OPTIONS,
     )
     return 0
 

@@ -15,7 +15,7 @@ import torch
 
 from ragcache.bench.context import BATCH_SIZE, BenchContext
 from ragcache.bench.corpus import corpus_chunks
-from ragcache.bench.report import BenchResult, Target, median
+from ragcache.bench.report import BenchResult, Target, interleaved, median
 from ragcache.bench.service import ServiceProcess, run_load, served
 from ragcache.bench.systems import BareModel
 
@@ -48,8 +48,47 @@ def bench_http(ctx: BenchContext) -> BenchResult:
     result = BenchResult("http", "the service over loopback HTTP (1 worker)")
     service = _service(ctx)
     _latency(ctx, service, result)
+    _hot_floor(ctx, service, result)
     _throughput(ctx, service, result)
     return result
+
+
+def _hot_floor(ctx: BenchContext, service: ServiceProcess, result: BenchResult) -> None:
+    """A 32-text request answered from L1 against the floor: a route of the same server process that returns
+    the same response bytes precomputed (services/bench_floor.py). Interleaved, medians; JSON and base64."""
+    from services.bench_floor import FLOOR_PATH
+
+    texts = ctx.unseen_texts(BATCH_SIZE, skip=5200)
+    shapes = {
+        "/embed JSON": ("/embed", {"inputs": texts, "normalize": False}),
+        "/v1/embeddings base64": ("/v1/embeddings", {"input": texts, "model": MODEL, "encoding_format": "base64"}),
+    }
+    client = service.client
+    repeats = 60 if ctx.quick else 200
+    details = {}
+    for name, (path, body) in shapes.items():
+        content = orjson.dumps(body)
+        headers = {"content-type": "application/json"}
+        service.post(path, body)  # computed once: every later answer comes from L1
+        answer = client.post(path, content=content, headers=headers)
+        client.put(FLOOR_PATH, content=answer.content)
+        from_l1 = served(answer)["L1"] == BATCH_SIZE
+        samples = interleaved(
+            {
+                "cache": lambda path=path, content=content: client.post(path, content=content, headers=headers),
+                "floor": lambda content=content: client.post(FLOOR_PATH, content=content, headers=headers),
+            },
+            repeats=repeats,
+            warmup=10,
+        )
+        same_bytes = client.post(FLOOR_PATH, content=content, headers=headers).content == answer.content
+        cache_ms, floor_ms = median(samples["cache"]) * 1000, median(samples["floor"]) * 1000
+        result.add(f"{name} from L1 / floor (same bytes, same process)", cache_ms / floor_ms, "x",
+                   target=Target("<=", 2.0), goal="4",
+                   note=f"p50 {cache_ms:.2f} ms vs {floor_ms:.2f} ms; {len(answer.content):,} response bytes",
+                   requires={"every text from L1": from_l1, "the floor answered the same bytes": same_bytes})
+        details[name] = {"cache_ms": cache_ms, "floor_ms": floor_ms, "response_bytes": len(answer.content)}
+    result.details["hot_floor"] = details
 
 
 def _latency(ctx: BenchContext, service: ServiceProcess, result: BenchResult) -> None:

@@ -52,8 +52,13 @@ class ServiceProcess:
         }
         self.log_path = data_dir / "service.log"
         self._log = self.log_path.open("wb")
-        command = [sys.executable, "-c", "import sys; from ragcache.cli import main; sys.exit(main())",
-                   "serve", "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1", "--log-level", log_level]
+        # `ragcache serve`'s uvicorn settings, with the app that adds the bench's floor route (services/bench_floor.py).
+        serve = (
+            "import uvicorn; from ragcache.cli import SERVE_OPTIONS; "
+            "uvicorn.run('services.bench_floor:create_bench_app', factory=True, host='127.0.0.1', "
+            f"port={self.port}, workers=1, log_level={log_level!r}, **SERVE_OPTIONS)"
+        )
+        command = [sys.executable, "-c", serve]
         self.process = subprocess.Popen(command, env=env, stdout=self._log, stderr=subprocess.STDOUT)
         self.client = httpx.Client(base_url=self.url, timeout=120.0)
         self._wait_healthy(timeout_s)
