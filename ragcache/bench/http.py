@@ -66,9 +66,9 @@ def _hot_floor(ctx: BenchContext, service: ServiceProcess, result: BenchResult) 
     client = service.client
     repeats = 60 if ctx.quick else 200
     details = {}
+    headers = {"content-type": "application/json"}
     for name, (path, body) in shapes.items():
         content = orjson.dumps(body)
-        headers = {"content-type": "application/json"}
         service.post(path, body)  # computed once: every later answer comes from L1
         answer = client.post(path, content=content, headers=headers)
         client.put(FLOOR_PATH, content=answer.content)
