@@ -6,6 +6,7 @@ import argparse
 import os
 import sys
 from itertools import islice
+from typing import Any
 
 from ragcache.errors import ConfigError, RagCacheError
 
@@ -82,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-SERVE_OPTIONS = {
+SERVE_OPTIONS: dict[str, Any] = {
     "timeout_graceful_shutdown": 30,
     # uvicorn's default (5 s) closes idle keep-alive connections so soon that a client (or a load balancer,
     # whose idle timeout is often 60 s) reusing one at that instant gets a reset; the server must outlast them.

@@ -59,7 +59,7 @@ def _hot_floor(ctx: BenchContext, service: ServiceProcess, result: BenchResult) 
     from services.bench_floor import FLOOR_PATH
 
     texts = ctx.unseen_texts(BATCH_SIZE, skip=5200)
-    shapes = {
+    shapes: dict[str, tuple[str, dict[str, Any]]] = {
         "/embed JSON": ("/embed", {"inputs": texts, "normalize": False}),
         "/v1/embeddings base64": ("/v1/embeddings", {"input": texts, "model": MODEL, "encoding_format": "base64"}),
     }
@@ -73,11 +73,14 @@ def _hot_floor(ctx: BenchContext, service: ServiceProcess, result: BenchResult) 
         answer = client.post(path, content=content, headers=headers)
         client.put(FLOOR_PATH, content=answer.content)
         from_l1 = served(answer)["L1"] == BATCH_SIZE
+        def cache_call(path: str = path, content: bytes = content) -> object:
+            return client.post(path, content=content, headers=headers)
+
+        def floor_call(content: bytes = content) -> object:
+            return client.post(FLOOR_PATH, content=content, headers=headers)
+
         samples = interleaved(
-            {
-                "cache": lambda path=path, content=content: client.post(path, content=content, headers=headers),
-                "floor": lambda content=content: client.post(FLOOR_PATH, content=content, headers=headers),
-            },
+            {"cache": cache_call, "floor": floor_call},
             repeats=repeats,
             warmup=10,
         )
