@@ -37,6 +37,13 @@ ANY_KEY = "any key"  # a route any valid key may call, whatever its scopes
 # page makes carries the key the operator typed in.
 OPEN_PATHS = frozenset({"/health", "/docs", "/docs/oauth2-redirect", "/openapi.json", "/redoc"}) | UI_PATHS
 TENANT_PATTERN = re.compile(r"[A-Za-z][A-Za-z0-9]{0,15}")
+# A key given in plain text (RAGCACHE_API_KEY, or 'key' in a key file) is at least this long: a short one
+# could be guessed ('openssl rand -hex 24' makes 48 characters).
+MIN_KEY_CHARS = 16
+# Requests with a missing or wrong key, per client address: this many at once, then this many a second;
+# beyond that the address gets 429 before its key is even looked at (a guesser learns nothing more).
+FAILED_AUTH_BURST = 30
+FAILED_AUTH_PER_S = 2.0
 
 # Every route of the app, by method and path template. A route missing here needs ``admin`` (a new route
 # is closed until someone decides otherwise); tests/test_access.py checks that every route is listed.
@@ -103,6 +110,9 @@ class KeyRing:
         """``api_key`` (all scopes), then ``api_keys`` (JSON text), then ``api_keys_file`` (JSON or TOML)."""
         keys: list[ApiKey] = []
         if settings.api_key:
+            if len(settings.api_key) < MIN_KEY_CHARS:
+                raise ConfigError(f"RAGCACHE_API_KEY must be at least {MIN_KEY_CHARS} characters "
+                                  f"(got {len(settings.api_key)}): make one with 'openssl rand -hex 24'")
             keys.append(ApiKey("api_key", digest(settings.api_key), frozenset(SCOPES)))
         if settings.api_keys:
             keys += parse_keys(_load_json(settings.api_keys, "RAGCACHE_API_KEYS"), "RAGCACHE_API_KEYS")
@@ -179,8 +189,8 @@ def _key_digest(entry: dict, where: str) -> bytes:
     if (hashed is None) == (plain is None):
         raise ConfigError(f"{where} needs exactly one of 'sha256' (hex digest of the key, preferred) or 'key'")
     if plain is not None:
-        if not isinstance(plain, str) or len(plain) < 16:
-            raise ConfigError(f"{where}: 'key' must be a string of at least 16 characters")
+        if not isinstance(plain, str) or len(plain) < MIN_KEY_CHARS:
+            raise ConfigError(f"{where}: 'key' must be a string of at least {MIN_KEY_CHARS} characters")
         return digest(plain)
     if not isinstance(hashed, str) or not re.fullmatch(r"[0-9a-fA-F]{64}", hashed):
         raise ConfigError(f"{where}: 'sha256' must be 64 hex digits "
@@ -232,11 +242,13 @@ def required_scope(table: list[tuple[str, re.Pattern, str]], method: str, path: 
 class AccessMiddleware:
     """Authenticate (401), authorise by route (403) and rate-limit per key (429) before anything else runs."""
 
-    def __init__(self, app: ASGIApp, *, keys: KeyRing, limiter: RateLimiter, routes: list[tuple[str, str]]):
+    def __init__(self, app: ASGIApp, *, keys: KeyRing, limiter: RateLimiter, routes: list[tuple[str, str]],
+                 failed_auth: RateLimiter | None = None):
         self.app = app
         self.keys = keys
         self.limiter = limiter
         self.table = route_table(routes)
+        self.failed_auth = failed_auth or RateLimiter(FAILED_AUTH_PER_S, FAILED_AUTH_BURST)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         # Paths are judged as the router matches them: without the root path an ASGI server puts in front
@@ -259,8 +271,15 @@ class AccessMiddleware:
         """The caller's key (None on an open service), or the 401/403 that refuses the request."""
         if not self.keys.keys:
             return None, None
+        address = f"client:{_client_address(scope)}"
+        wait_s = self.failed_auth.wait_s(address)
+        if wait_s > 0:
+            retry_after = str(max(1, math.ceil(wait_s)))
+            message = f"too many requests with a missing or wrong API key from this address: retry after {retry_after} s"
+            return None, error_response(429, "rate_limited", message, headers={"Retry-After": retry_after})
         key = self.keys.find(_bearer(scope))
         if key is None:
+            self.failed_auth.take(address)
             message = "missing or wrong API key: send 'Authorization: Bearer <key>'"
             return None, error_response(401, "unauthorized", message, headers={"WWW-Authenticate": "Bearer"})
         needed = required_scope(self.table, scope["method"], get_route_path(scope))
@@ -272,7 +291,7 @@ class AccessMiddleware:
     def _limit(self, scope: Scope, key: ApiKey | None) -> Response | None:
         """The 429 for a caller over its rate: a key's bucket, or on an open service one per client address."""
         if key is None:
-            caller, name, rate, burst = f"client:{(scope.get('client') or ('unknown',))[0]}", "this client", None, None
+            caller, name, rate, burst = f"client:{_client_address(scope)}", "this client", None, None
         else:
             caller, name, rate, burst = f"key:{key.name}", key.name, key.rate_limit_per_s, key.rate_limit_burst
         wait_s = self.limiter.take(caller, rate, burst)
@@ -281,6 +300,10 @@ class AccessMiddleware:
         retry_after = str(max(1, math.ceil(wait_s)))
         message = f"rate limit of {name} exceeded: retry after {retry_after} s"
         return error_response(429, "rate_limited", message, headers={"Retry-After": retry_after})
+
+
+def _client_address(scope: Scope) -> str:
+    return str((scope.get("client") or ("unknown",))[0])
 
 
 def _bearer(scope: Scope) -> str:

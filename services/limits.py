@@ -39,6 +39,11 @@ class TokenBucket:
             return 0.0
         return (1 - self.tokens) / self.rate_per_s
 
+    def wait_s(self, now: float) -> float:
+        """What ``take`` would answer, without taking a token."""
+        tokens = min(self.burst, self.tokens + (now - self.updated) * self.rate_per_s)
+        return 0.0 if tokens >= 1 else (1 - tokens) / self.rate_per_s
+
 
 class RateLimiter:
     """One token bucket per caller; a key's own rate overrides the default (None = unlimited).
@@ -67,6 +72,12 @@ class RateLimiter:
             while len(self._buckets) > MAX_BUCKETS:
                 self._buckets.popitem(last=False)
             return bucket.take(now)
+
+    def wait_s(self, caller: str) -> float:
+        """0 when ``caller`` has a token left (or no bucket yet), else the seconds until it has one."""
+        with self._lock:
+            bucket = self._buckets.get(caller)
+            return 0.0 if bucket is None else bucket.wait_s(self._clock())
 
 
 class LimitsMiddleware:

@@ -15,7 +15,7 @@ from services.app import create_app
 from services.auth import OPEN_PATHS, ROUTE_SCOPES, SCOPES, AccessMiddleware, ApiKey, KeyRing, required_scope, route_table
 from services.limits import RateLimiter
 from tests.live_server import LiveServer
-from tests.test_limits import asgi_messages
+from tests.test_limits import Clock, asgi_messages
 
 LEGACY = "legacy-single-key-0123456789"
 KEYS = {
@@ -243,7 +243,38 @@ def test_key_files_in_toml_and_environment_json(tmp_path):
     assert ring.find("writer-key").scopes == frozenset({"ingest"})
     assert ring.find("env-key-0123456789ab").name == "env"
     assert ring.find("writer-key ") is None and ring.find("") is None
-    assert KeyRing.from_settings(Settings(api_key="k", redis_url="off")).find("k").scopes == frozenset(SCOPES)
+    assert KeyRing.from_settings(Settings(api_key=LEGACY, redis_url="off")).find(LEGACY).scopes == frozenset(SCOPES)
+
+
+def test_a_short_legacy_key_is_refused_at_start():
+    with pytest.raises(ConfigError, match="RAGCACHE_API_KEY must be at least 16 characters"):
+        KeyRing.from_settings(Settings(api_key="k3y", redis_url="off"))
+
+
+def test_failed_authentication_is_rate_limited_per_client_address():
+    """Past its budget of wrong keys an address gets 429 before its key is looked at, so a guesser learns
+    nothing more from it, even with the right key; other addresses are unaffected."""
+
+    async def ok_app(scope, receive, send):
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    keys = KeyRing.from_settings(Settings(api_key=LEGACY, redis_url="off"))
+    failures = RateLimiter(0.01, 2, clock=Clock())
+    middleware = AccessMiddleware(ok_app, keys=keys, limiter=RateLimiter(None, None), routes=[], failed_auth=failures)
+
+    def status_for(address, key):
+        headers = [(b"authorization", f"Bearer {key}".encode())]
+        first = asgi_messages(middleware, {"client": (address, 5000), "headers": headers})[0]
+        return first["status"], dict(first["headers"]).get(b"retry-after")
+
+    assert status_for("10.0.0.1", LEGACY) == (200, None)
+    assert status_for("10.0.0.1", "wrong-key") == (401, None)
+    assert status_for("10.0.0.1", "wrong-key") == (401, None)
+    assert status_for("10.0.0.1", "wrong-key") == (429, b"100")
+    assert status_for("10.0.0.1", LEGACY) == (429, b"100")
+    assert status_for("10.0.0.2", "wrong-key") == (401, None)
+    assert status_for("10.0.0.2", LEGACY) == (200, None)
 
 
 def test_no_key_never_matches_and_keys_never_show_in_the_settings_repr():
