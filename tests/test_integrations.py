@@ -126,7 +126,8 @@ async def test_llamaindex_embedding_async(client, async_client):
     embed_model = RagCacheEmbedding(async_client=async_client)
     vectors = await embed_model.aget_text_embedding_batch(["one text", "another text"])
     np.testing.assert_array_equal(np.array(vectors, dtype=np.float32), client.embed(["one text", "another text"]))
-    np.testing.assert_array_equal(np.array(await embed_model.aget_query_embedding("one text"), dtype=np.float32), client.embed(["one text"])[0])
+    query_vector = await embed_model.aget_query_embedding("one text")
+    np.testing.assert_array_equal(np.array(query_vector, dtype=np.float32), client.embed(["one text"])[0])
 
 
 def test_llamaindex_vector_store_index_built_with_the_embedding(client):
