@@ -51,6 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
             sub.add_argument("--collection", required=True)
             sub.add_argument("--chunk-chars", type=int, default=1200)
             sub.add_argument("--batch", type=int, default=256, help="documents per request")
+            sub.add_argument("--sync", action="store_true", help="then delete the documents this run did not send (admin key)")
+            sub.add_argument("--scope", default=None, help="with --sync: a filter limiting what may be deleted")
             sub.add_argument("--quiet", action="store_true", help="no progress bar")
         elif name == "search":
             sub.add_argument("query")
@@ -152,15 +154,28 @@ def run_ingest(args) -> int:
     from ragcache.ingest import iter_documents
     from ragcache.progress import progress_bar
 
+    if args.scope is not None and not args.sync:
+        raise RagCacheError("--scope limits what --sync deletes: use it with --sync")
     documents = iter_documents(args.path, max_chars=args.chunk_chars)
-    totals = {"received": 0, "computed": 0}
+    totals = dict.fromkeys(["received", "unchanged", "replaced", "added", "deleted", "computed"], 0)
+    sent: set[str] = set()
     with _client(args) as client, progress_bar(unit="doc", desc=f"ingest -> {args.collection}", quiet=args.quiet) as progress:
         while batch := list(islice(documents, args.batch)):
             result = client.add_documents(args.collection, batch)
-            totals["received"] += result.num_received
-            totals["computed"] += result.num_computed
+            sent.update(document["id"] for document in batch)
+            for name, count in [("received", result.num_received), ("unchanged", result.num_unchanged),
+                                ("replaced", result.num_replaced), ("added", result.num_inserted), ("computed", result.num_computed)]:
+                totals[name] += count
             progress.update(len(batch))
-    print(f"{totals['received']} documents in {args.collection!r} ({totals['computed']} embeddings computed, the rest from cache)")
+        if args.sync:
+            # Across many requests, "gone from the source" is every listed id that no batch sent.
+            gone = [doc_id for doc_id in client.list_ids(args.collection, args.scope) if doc_id not in sent]
+            for start in range(0, len(gone), args.batch):
+                totals["deleted"] += client.delete_documents(args.collection, gone[start : start + args.batch])
+    print(
+        f"{totals['received']} documents in {args.collection!r}: {totals['unchanged']} unchanged, {totals['replaced']} replaced, "
+        f"{totals['added']} added, {totals['deleted']} deleted ({totals['computed']} embeddings computed, the rest from cache)"
+    )
     return 0
 
 

@@ -155,11 +155,22 @@ class _Operations:
         body: dict[str, Any] = {"query": query, "documents": list(texts), "top_n": top_n, "model": model}
         return self._call(_Call("POST", "/rerank", body, _parse_rerank))
 
-    def add_documents(self, collection: str, documents: Sequence[Mapping[str, Any] | Any]) -> IngestResult:
-        """Embed and upsert documents (``{"id", "text", "metadata"}`` mappings or ``Document``s) by id."""
+    def add_documents(
+        self, collection: str, documents: Sequence[Mapping[str, Any] | Any], *, sync: Mapping[str, Any] | None = None
+    ) -> IngestResult:
+        """Embed and upsert documents (``{"id", "text", "metadata"}`` mappings or ``Document``s) by id; a document
+        stored with the same text and metadata is skipped. ``sync`` (``{"cleanup": "incremental" | "full",
+        "scope": filter}``, an admin key) also deletes what is gone from the source (``ragcache.sync``)."""
         rows = [dataclasses.asdict(doc) if dataclasses.is_dataclass(doc) else dict(doc) for doc in documents]  # type: ignore[arg-type]
         body = self._with_model({"collection": collection, "documents": rows})
+        if sync is not None:
+            body["sync"] = dict(sync)
         return self._call(_Call("POST", "/documents", body, functools.partial(_parse_dataclass, IngestResult)))
+
+    def list_ids(self, collection: str, filter: str | None = None) -> list[str]:  # noqa: A002 - the API's name
+        """The ids of the collection's documents (matching ``filter``, a Milvus expression)."""
+        body = {"collection": collection, "filter": filter}
+        return self._call(_Call("POST", "/documents/ids", body, _parse_ids))
 
     def delete_documents(self, collection: str, ids: Sequence[str]) -> int:
         """Delete documents by id; returns how many existed."""
@@ -488,6 +499,10 @@ def _parse_dataclass(cls: type, payload: dict) -> Any:
     # Unknown fields are ignored, so a newer server that reports more does not break an older client.
     names = {f.name for f in dataclasses.fields(cls)}
     return cls(**{name: value for name, value in payload.items() if name in names})
+
+
+def _parse_ids(payload: dict) -> list[str]:
+    return [str(doc_id) for doc_id in payload["ids"]]
 
 
 def _parse_num_deleted(payload: dict) -> int:

@@ -12,6 +12,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import xxhash
+
 from ragcache.errors import InvalidInputError, InvalidTextError
 
 __all__ = [
@@ -27,6 +29,8 @@ __all__ = [
     "check_query",
     "check_top_k",
     "check_filter",
+    "content_hash",
+    "CONTENT_HASH_LENGTH",
 ]
 
 # Milvus counts VARCHAR max_length in bytes (Milvus Lite does not enforce it; a server does), so the
@@ -38,6 +42,9 @@ COLLECTION_NAME_PATTERN = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,62}")
 MILVUS_PREFIX = "kb_"
 
 
+CONTENT_HASH_LENGTH = 32
+
+
 @dataclass(frozen=True)
 class Document:
     """One document: a caller-chosen id (upserts replace by id), its text, and JSON metadata."""
@@ -45,6 +52,13 @@ class Document:
     id: str
     text: str
     metadata: dict[str, Any] = field(default_factory=dict)
+
+
+def content_hash(document: Document) -> str:
+    """xxh3-128 of the document's text and metadata (keys sorted, so key order does not count): equal hashes,
+    equal stored rows, so a re-ingest can skip the document without embedding or writing it."""
+    canonical = json.dumps([document.text, document.metadata], sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    return xxhash.xxh3_128_hexdigest(canonical.encode("utf-8"))
 
 
 def check_collection_name(name: object) -> str:

@@ -32,6 +32,7 @@ from pymilvus import DataType, MilvusClient
 
 from ragcache.cache import EmbeddingCache
 from ragcache.documents import (
+    CONTENT_HASH_LENGTH,
     MAX_ID_BYTES,
     MAX_TEXT_BYTES,
     Document,
@@ -42,12 +43,14 @@ from ragcache.documents import (
     check_query,
     check_top_k,
     collection_name_from_milvus,
+    content_hash,
     milvus_collection_name,
 )
 from ragcache.errors import ConflictError, InvalidInputError, NotFoundError, RagCacheError, TierUnavailableError
 from ragcache.keys import EmbeddingSpace
 from ragcache.result_cache import ResultCache
 from ragcache.results import CollectionInfo, IngestResult, SearchHit, SearchResult, SearchTimings
+from ragcache.sync import MAX_LISTED_IDS, SyncOptions, source_expression, sources_of
 from ragcache.tiers.base import TierHealth
 from ragcache.tiers.milvus import milvus_error_message, milvus_failures
 
@@ -80,6 +83,7 @@ class _Collection:
     model: str
     dim: int
     uid: str
+    hashed: bool = False  # has the content_hash field; collections made before it are compared by their text
 
 
 class KnowledgeBase:
@@ -144,19 +148,51 @@ class KnowledgeBase:
     # ---- documents -------------------------------------------------------------------------------------
 
     def add_documents(
-        self, collection: str, documents: Sequence[Document | dict], *, cache: EmbeddingCache
+        self,
+        collection: str,
+        documents: Sequence[Document | dict],
+        *,
+        cache: EmbeddingCache,
+        sync: SyncOptions | None = None,
     ) -> IngestResult:
-        """Embed the documents through ``cache`` and upsert them by id, creating the collection if needed."""
+        """Embed the documents through ``cache`` and upsert them by id, creating the collection if needed.
+
+        A document stored with the same content hash is left alone (nothing embedded or written); ``sync``
+        then deletes what is gone from the source (``ragcache.sync``)."""
         checked = check_documents(documents)
         meta = self._ensure(check_collection_name(collection), cache.space)
-        ids = [document.id for document in checked]
-        num_existing = len(self._existing_ids(meta, ids))
-        embedded = cache.embed_detailed([document.text for document in checked])
+        hashes = [content_hash(document) for document in checked]
+        stored = self._stored_hashes(meta, [document.id for document in checked])
+        changed = [index for index, document in enumerate(checked) if stored.get(document.id) != hashes[index]]
+        num_replaced = sum(1 for index in changed if checked[index].id in stored)
+        served: dict[str, int] = {}
+        if changed:
+            served = self._upsert(meta, [checked[index] for index in changed], [hashes[index] for index in changed], cache)
+        num_deleted = 0 if sync is None else self._clean_up(meta, checked, sync)
+        num_computed = served.get(cache.level_names[-1], 0)
+        return IngestResult(
+            collection=meta.name,
+            num_received=len(checked),
+            num_inserted=len(changed) - num_replaced,
+            num_replaced=num_replaced,
+            num_cached=len(changed) - num_computed,
+            num_computed=num_computed,
+            served=served,
+            num_unchanged=len(checked) - len(changed),
+            num_deleted=num_deleted,
+        )
+
+    def _upsert(self, meta: _Collection, documents: list[Document], hashes: list[str], cache: EmbeddingCache) -> dict[str, int]:
+        """Embed and upsert; returns how many embeddings each level served."""
+        embedded = cache.embed_detailed([document.text for document in documents])
         vectors = np.asarray(embedded.vectors, dtype=np.float32)  # Milvus stores float32 vectors
         rows = [
             {"pk": _pk(document.id), "id": document.id, "text": document.text, "metadata": document.metadata, "vector": vector}
-            for document, vector in zip(checked, vectors)
+            for document, vector in zip(documents, vectors)
         ]
+        if meta.hashed:
+            for row, digest in zip(rows, hashes):
+                row["content_hash"] = digest
         self._invalidate(meta, written=False)
         try:
             for start in range(0, len(rows), BATCH_ROWS):
@@ -164,28 +200,86 @@ class KnowledgeBase:
         finally:
             # Also after a partial failure: some batches may have landed, and cached results must not hide them.
             self._invalidate(meta, written=True)
-        served = embedded.served
-        num_computed = served.get(embedded.level_names[-1], 0)
-        return IngestResult(
-            collection=meta.name,
-            num_received=len(checked),
-            num_inserted=len(checked) - num_existing,
-            num_replaced=num_existing,
-            num_cached=len(checked) - num_computed,
-            num_computed=num_computed,
-            served=served,
+        return embedded.served
+
+    def _stored_hashes(self, meta: _Collection, ids: list[str]) -> dict[str, str]:
+        """id -> content hash of the stored documents among ``ids``. A collection made before content hashes
+        has its stored text and metadata read and hashed instead (slower, same answer)."""
+        fields = ["id", "content_hash"] if meta.hashed else ["id", "text", "metadata"]
+        found: dict[str, str] = {}
+        for start in range(0, len(ids), BATCH_ROWS):
+            batch = ids[start : start + BATCH_ROWS]
+            rows = self._call(meta, "get", meta.milvus_name, ids=[_pk(doc_id) for doc_id in batch], output_fields=fields)
+            for row in rows:
+                stored = row["content_hash"] if meta.hashed else content_hash(Document(row["id"], row["text"], row.get("metadata") or {}))
+                found[row["id"]] = stored
+        return found
+
+    def _clean_up(self, meta: _Collection, kept: list[Document], sync: SyncOptions) -> int:
+        """Delete the documents of the sync's scope that this request did not send; returns how many."""
+        if sync.cleanup == "incremental":
+            sources = sources_of(kept)
+            if not sources:
+                return 0
+            expression = source_expression(sources)
+        else:
+            expression = sync.scope or ""
+        try:
+            listed = self._list_ids(meta, expression)
+        except InvalidInputError as exc:
+            raise InvalidInputError(f"sync.scope is not a valid filter: {exc}", field="sync.scope") from exc
+        kept_ids = {document.id for document in kept}
+        return self._delete_existing(meta, [doc_id for doc_id in listed if doc_id not in kept_ids])
+
+    def list_ids(self, collection: str, filter: str | None = None) -> list[str]:  # noqa: A002 - the API's name
+        """The ids of the collection's documents (matching ``filter``), at most ``MAX_LISTED_IDS``."""
+        meta = self._lookup(check_collection_name(collection))
+        return self._list_ids(meta, check_filter(filter) or "")
+
+    def _list_ids(self, meta: _Collection, expression: str) -> list[str]:
+        filter_given = bool(expression)
+        iterator = self._call(
+            meta, "query_iterator", meta.milvus_name, batch_size=1000, filter=expression, output_fields=["id"],
+            filter_given=filter_given,
         )
+        ids: list[str] = []
+        try:
+            while batch := self._next_batch(meta, iterator, filter_given):
+                ids.extend(row["id"] for row in batch)
+                if len(ids) > MAX_LISTED_IDS:
+                    raise InvalidInputError(
+                        f"more than {MAX_LISTED_IDS} documents match: narrow the filter (or sync scope)", field="filter"
+                    )
+        finally:
+            iterator.close()
+        return ids
+
+    def _next_batch(self, meta: _Collection, iterator: Any, filter_given: bool) -> list[dict]:
+        """The iterator's next page, its failures converted and counted like any Milvus call's."""
+        try:
+            batch = iterator.next()
+        except milvus_failures as exc:
+            error = _converted(exc, meta.name, filter_given=filter_given)
+            self._note(error)
+            raise error from exc
+        self._note(None)
+        return batch
 
     def delete_documents(self, collection: str, ids: Sequence[str]) -> int:
         """Delete documents by id; returns how many existed (unknown ids are ignored)."""
         checked = check_ids(ids)
         meta = self._lookup(check_collection_name(collection))
+        return self._delete_existing(meta, checked)
+
+    def _delete_existing(self, meta: _Collection, ids: list[str]) -> int:
         # Milvus reports every requested id as deleted, so the count comes from asking which exist.
-        existing = self._existing_ids(meta, checked)
+        existing = self._existing_ids(meta, ids)
         if existing:
             self._invalidate(meta, written=False)
             try:
-                self._call(meta, "delete", meta.milvus_name, ids=[_pk(doc_id) for doc_id in existing])
+                for start in range(0, len(existing), BATCH_ROWS):
+                    pks = [_pk(doc_id) for doc_id in existing[start : start + BATCH_ROWS]]
+                    self._call(meta, "delete", meta.milvus_name, ids=pks)
             finally:
                 self._invalidate(meta, written=True)
         return len(existing)
@@ -325,6 +419,7 @@ class KnowledgeBase:
         schema.add_field("id", DataType.VARCHAR, max_length=MAX_ID_BYTES)
         schema.add_field("text", DataType.VARCHAR, max_length=MAX_TEXT_BYTES)
         schema.add_field("metadata", DataType.JSON)
+        schema.add_field("content_hash", DataType.VARCHAR, max_length=CONTENT_HASH_LENGTH)
         schema.add_field("vector", DataType.FLOAT_VECTOR, dim=space.dim)
         index_params = MilvusClient.prepare_index_params()
         index_params.add_index(field_name="vector", index_type=self.index_type, metric_type=METRIC)
@@ -431,7 +526,8 @@ def _parse_description(name: str, milvus_name: str, described: dict) -> _Collect
             )
         if found != DESCRIPTION_FORMAT:
             raise ValueError(found)
-        return _Collection(name, milvus_name, record["space_id"], record["model"], int(record["dim"]), record["uid"])
+        hashed = any(field.get("name") == "content_hash" for field in described.get("fields", []))
+        return _Collection(name, milvus_name, record["space_id"], record["model"], int(record["dim"]), record["uid"], hashed)
     except (ValueError, TypeError, KeyError, AttributeError) as exc:
         raise ConflictError(f"Milvus collection {milvus_name!r} exists but is not a ragcache knowledge base") from exc
 

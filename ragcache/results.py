@@ -24,11 +24,13 @@ class CollectionInfo:
 class IngestResult:
     collection: str
     num_received: int
-    num_inserted: int  # ids that were new
-    num_replaced: int  # ids that existed and were overwritten
+    num_inserted: int  # ids that were new (added)
+    num_replaced: int  # ids that existed with other content and were overwritten
     num_cached: int  # embeddings served by a cache level
     num_computed: int  # embeddings the model computed
     served: dict[str, int] = field(default_factory=dict)  # level name -> embeddings it served
+    num_unchanged: int = 0  # ids stored with the same content hash: nothing embedded, nothing written
+    num_deleted: int = 0  # documents removed by a sync's cleanup (gone from their source)
 
 
 @dataclass(frozen=True)

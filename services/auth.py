@@ -54,6 +54,7 @@ ROUTE_SCOPES: dict[tuple[str, str], str] = {
     ("POST", "/rerank"): "search",
     ("GET", "/collections"): "search",
     ("POST", "/documents"): "ingest",
+    ("POST", "/documents/ids"): "ingest",
     ("DELETE", "/documents"): "admin",
     ("POST", "/prefixes"): "admin",
     ("DELETE", "/prefixes/{name}"): "admin",

@@ -13,11 +13,12 @@ from fastapi import APIRouter, Request
 
 from ragcache.errors import InvalidInputError, TierUnavailableError
 from ragcache.knowledge import KnowledgeBase
+from ragcache.sync import SyncOptions
 from services.auth import principal_of
 from services.errors import HTTPError
 from services.responses import JSONResponse
 from services.routes_embed import blocking, cache_of, check_count, check_text_size
-from services.schemas import AddDocumentsRequest, DeleteDocumentsRequest, SearchRequest
+from services.schemas import AddDocumentsRequest, DeleteDocumentsRequest, ListIdsRequest, SearchRequest
 from services.state import ServiceState
 from services.tenants import public_collection, public_names, stored_collection
 
@@ -37,9 +38,23 @@ async def add_documents(body: AddDocumentsRequest, request: Request) -> JSONResp
     stored = stored_collection(principal_of(request).tenant, body.collection)
     cache = cache_of(request, body.model)
     documents = [document.model_dump() for document in body.documents]
+    sync = None
+    if body.sync is not None:
+        # A sync deletes documents, which DELETE /documents reserves for admin keys: the same rule here.
+        if "admin" not in principal_of(request).scopes:
+            raise HTTPError(403, "sync deletes documents, which needs the 'admin' scope", field="sync", type="forbidden")
+        sync = SyncOptions(body.sync.cleanup, body.sync.scope)
     with public_names(stored, body.collection):
-        result = await blocking(knowledge_of(state).add_documents, stored, documents, cache=cache)
+        result = await blocking(knowledge_of(state).add_documents, stored, documents, cache=cache, sync=sync)
     return JSONResponse(dataclasses.replace(result, collection=body.collection))
+
+
+@router.post("/documents/ids", summary="The ids of a collection's documents (optionally filtered), for syncing")
+async def list_ids(body: ListIdsRequest, request: Request) -> JSONResponse:
+    stored = stored_collection(principal_of(request).tenant, body.collection)
+    with public_names(stored, body.collection):
+        ids = await blocking(knowledge_of(request.app.state.ragcache).list_ids, stored, body.filter)
+    return JSONResponse({"collection": body.collection, "ids": ids})
 
 
 @router.delete("/documents", summary="Delete documents by id")

@@ -72,10 +72,27 @@ def _depth(value: object) -> int:
     return deepest
 
 
+class SyncIn(Body):
+    """Delete what is gone from the source after this ingest (ragcache.sync); needs the ``admin`` scope."""
+
+    cleanup: Literal["incremental", "full"] = Field(
+        "incremental",
+        description="incremental: documents of this request's sources (metadata.source) that it did not send; "
+        "full: every document (of `scope`) that it did not send",
+    )
+    scope: StrictStr | None = Field(None, max_length=MAX_FILTER_CHARS, description="full only: a filter limiting what may be deleted")
+
+
 class AddDocumentsRequest(Body):
     collection: StrictStr = COLLECTION
     documents: list[DocumentIn] = Field(min_length=1)
     model: StrictStr | None = None
+    sync: SyncIn | None = Field(None, description="unchanged documents are always skipped; this also deletes what is gone")
+
+
+class ListIdsRequest(Body):
+    collection: StrictStr = COLLECTION
+    filter: StrictStr | None = Field(None, max_length=MAX_FILTER_CHARS, description="Milvus boolean expression")
 
 
 class DeleteDocumentsRequest(Body):

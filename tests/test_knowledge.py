@@ -80,7 +80,11 @@ def test_ingest_then_search_finds_the_relevant_document_first(kb, cache):
 
 def test_reingest_replaces_by_id_and_embeddings_come_from_the_cache(kb, cache):
     kb.add_documents("reingest", DOCS, cache=cache)
-    result = kb.add_documents("reingest", DOCS, cache=cache)
+    unchanged = kb.add_documents("reingest", DOCS, cache=cache)
+    assert (unchanged.num_inserted, unchanged.num_replaced, unchanged.num_unchanged) == (0, 0, 4)
+    # New metadata, same texts: every document replaced, every embedding from the cache.
+    relabelled = [{**doc, "metadata": {**doc["metadata"], "v": 2}} for doc in DOCS]
+    result = kb.add_documents("reingest", relabelled, cache=cache)
     assert (result.num_inserted, result.num_replaced) == (0, 4)
     assert (result.num_cached, result.num_computed) == (4, 0)
     assert result.served == {"L1": 4, "compute": 0}
