@@ -84,6 +84,13 @@ class DriftState:
     last_drift_at: float | None
     last_error: str | None
 
+    @property
+    def status(self) -> str:
+        """``check_failing`` while the last check failed, ``changed`` once a drift was seen, else ``stable``."""
+        if self.last_error is not None:
+            return "check_failing"
+        return "changed" if self.num_drift_events else "stable"
+
 
 def fingerprint_distance(current: np.ndarray, stored: np.ndarray) -> float:
     """The largest relative L2 distance of one canary; infinite when the shapes differ (another dimension)."""

@@ -8,9 +8,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from ragcache.cache import EmbeddingCache
+from ragcache.drift import DriftState
 from ragcache.stats import LatencyHistogram
 
-__all__ = ["CacheCollector"]
+__all__ = ["CacheCollector", "DriftCollector"]
 
 
 class CacheCollector(Collector):
@@ -77,3 +78,31 @@ def _buckets(histogram: LatencyHistogram) -> tuple[list[tuple[str, int]], float]
     """Prometheus' (le, cumulative count) pairs ending with +Inf, and the sum."""
     buckets = [(repr(bound), count) for bound, count in zip(histogram.bounds_s, histogram.counts)]
     return [*buckets, ("+Inf", histogram.num_calls)], histogram.sum_s
+
+
+class DriftCollector(Collector):
+    """The drift check of every model (``ragcache.drift``): events, checks, the generation in use."""
+
+    def __init__(self, states: Callable[[], Iterable[DriftState]]):
+        self._states = states
+
+    def collect(self):
+        labels = ["model"]
+        events = CounterMetricFamily("ragcache_drift_events", "Times the model behind a name was found changed", labels=labels)
+        checks = CounterMetricFamily("ragcache_drift_checks", "Drift checks run (canaries embedded and compared)", labels=labels)
+        errors = CounterMetricFamily("ragcache_drift_check_errors", "Drift checks that failed (model or stores)", labels=labels)
+        generation = GaugeMetricFamily("ragcache_space_generation", "The space generation the model embeds under", labels=labels)
+        distance = GaugeMetricFamily(
+            "ragcache_drift_canary_distance", "Largest relative canary distance at the last check", labels=labels
+        )
+        tolerance = GaugeMetricFamily("ragcache_drift_tolerance", "Canary distance beyond which the model changed", labels=labels)
+        for state in self._states():
+            model = [state.model]
+            events.add_metric(model, state.num_drift_events)
+            checks.add_metric(model, state.num_checks)
+            errors.add_metric(model, state.num_check_errors)
+            generation.add_metric(model, state.generation)
+            tolerance.add_metric(model, state.tolerance)
+            if state.last_distance is not None:
+                distance.add_metric(model, state.last_distance)
+        yield from (events, checks, errors, generation, distance, tolerance)

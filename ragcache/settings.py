@@ -71,9 +71,7 @@ class Settings(BaseSettings):
     rerank_l1_bytes: int = Field(8 * 1024 * 1024, gt=0, description="L1 budget for cached rerank scores (4 bytes each)")
 
     # -- model drift (docs/drift.md) ---------------------------------------------------------------------
-    drift_check: bool = Field(
-        True, description="fingerprint each model with canary texts and re-check it (a changed model gets a new space generation)"
-    )
+    drift_check: bool = Field(True, description="check each model against canaries stored with its space (changed: new generation)")
     drift_check_interval_s: float = Field(300.0, ge=0, description="seconds between drift checks after the one at start; 0 = only at start")
 
     # -- the KV-prefix registry (keep-warm of vLLM prefix-cache entries) ---------------------------------

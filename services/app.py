@@ -12,7 +12,7 @@ from anyio import to_thread
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 
-from ragcache.metrics import CacheCollector
+from ragcache.metrics import CacheCollector, DriftCollector
 from ragcache.prefixes.metrics import register_prefix_metrics
 from ragcache.settings import Settings
 from services import prefixes_api, routes_embed, routes_ops, routes_rerank, routes_retrieval, routes_ui
@@ -35,6 +35,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         tenant_caches = app.state.tenant_caches = TenantCaches(state, enabled=settings.tenant_cache_namespaces)
         app.state.metrics_registry.register(CacheCollector(lambda: [*state.caches.values(), *tenant_caches.caches()]))
         register_prefix_metrics(state.prefixes, app.state.metrics_registry)
+        app.state.metrics_registry.register(DriftCollector(lambda: state.drift.states() if state.drift else []))
         try:
             yield
         finally:

@@ -10,6 +10,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.responses import Response
 
 import ragcache
+from ragcache.drift import DriftState
 from ragcache.redact import redact_url
 from services.auth import principal_of
 from services.responses import JSONResponse
@@ -21,12 +22,14 @@ router = APIRouter(tags=["operations"])
 @router.get("/stats", summary="Hit rates per level and per model, since start and over the recent window")
 async def stats(request: Request) -> JSONResponse:
     state: ServiceState = request.app.state.ragcache
+    drift = _drift_of(state)
     models = {
         name: {
             "space": cache.space.describe(),
             "levels": cache.level_states(),
             "since_start": asdict(cache.stats()),
             "recent": asdict(cache.stats(recent=True)),
+            "drift": drift.get(name),
         }
         for name, cache in state.caches.items()
     }
@@ -52,7 +55,24 @@ async def metrics(request: Request) -> Response:
 async def health(request: Request) -> JSONResponse:
     state: ServiceState = request.app.state.ragcache
     down = sorted({level for cache in state.caches.values() for level, s in cache.level_states().items() if not s["up"]})
-    return JSONResponse({"status": "degraded" if down else "ok", "levels_down": down})
+    # Per model: stable, changed (the model behind the name changed and a new space generation is served;
+    # the service is fine), or check_failing (the canaries could not be checked; the last generation stays).
+    # No error text: /health is open, and an error may name a host (/stats, admin only, has it).
+    drift = {
+        name: {"status": s.status, "generation": s.generation, "num_drift_events": s.num_drift_events,
+               "last_drift_at": s.last_drift_at}
+        for name, s in _drift_states(state).items()
+    }
+    return JSONResponse({"status": "degraded" if down else "ok", "levels_down": down, "drift": drift})
+
+
+def _drift_states(state: ServiceState) -> dict[str, DriftState]:
+    return {s.model: s for s in state.drift.states()} if state.drift is not None else {}
+
+
+def _drift_of(state: ServiceState) -> dict[str, dict]:
+    """Each model's drift check, for /stats (``ragcache.drift.DriftState`` plus its status)."""
+    return {name: {**asdict(s), "status": s.status} for name, s in _drift_states(state).items()}
 
 
 @router.get("/info", summary="Models and dimensions; for an admin key also levels, settings and versions")

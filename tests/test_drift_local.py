@@ -69,3 +69,39 @@ def test_weights_changed_under_a_fixed_revision_serve_no_old_vector(model_copy, 
     np.testing.assert_array_equal(again.vectors, result.vectors)
     monitor.close()
     cache.close()
+
+
+def test_the_service_says_so_in_health_stats_and_metrics(tmp_path, redis_url):
+    """Over real HTTP: a service restarted on changed weights (same revision label) reports the drift and
+    computes every text again rather than serving what the old weights left in Redis and Milvus."""
+    import httpx
+
+    from tests.live_server import LiveServer
+
+    folder = tmp_path / "minilm"
+    shutil.copytree(resolve_model_path("all-MiniLM-L6-v2"), folder)
+    settings = Settings(model=str(folder), model_revision="v1", redis_url=redis_url, data_dir=tmp_path / "data",
+                        drift_check_interval_s=0, write_behind=False)
+    with LiveServer(settings) as server:
+        health = httpx.get(server.url + "/health").json()
+        assert health["drift"][str(folder)]["status"] == "stable"
+        first = httpx.post(server.url + "/embed", json={"inputs": TEXTS}, timeout=60)
+        assert first.headers["X-Cache-Compute"] == str(len(TEXTS))
+
+    weights = load_file(folder / "model.safetensors")
+    weights[PERTURBED_TENSOR] = (weights[PERTURBED_TENSOR] * FACTOR).astype(np.float32)
+    save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+
+    with LiveServer(settings) as server:
+        health = httpx.get(server.url + "/health").json()
+        assert health["status"] == "ok"
+        drift = health["drift"][str(folder)]
+        assert (drift["status"], drift["generation"], drift["num_drift_events"]) == ("changed", 1, 1)
+        again = httpx.post(server.url + "/embed", json={"inputs": TEXTS}, timeout=60)
+        assert again.headers["X-Cache-Compute"] == str(len(TEXTS))  # nothing of the old weights served
+        assert not np.allclose(np.array(again.json()), np.array(first.json()), atol=1e-3)
+        stats = httpx.get(server.url + "/stats").json()["models"][str(folder)]
+        assert stats["drift"]["num_drift_events"] == 1 and stats["space"]["generation"] == 1
+        metrics = httpx.get(server.url + "/metrics").text
+        assert f'ragcache_drift_events_total{{model="{folder}"}} 1.0' in metrics
+        assert f'ragcache_space_generation{{model="{folder}"}} 1.0' in metrics
