@@ -11,6 +11,7 @@ import json
 import re
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import httpx
@@ -18,6 +19,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from ragcache.processes import free_port, stop_process, wait_healthy
 from ragcache.settings import Settings
 from ragcache.stats import LATENCY_BUCKETS_S, LevelRecorder
 from tests.live_server import LiveServer
@@ -37,16 +39,26 @@ def promtool() -> str:
 
 
 @pytest.fixture(scope="module")
-def scraped(redis_server, tmp_path_factory) -> str:
-    """/metrics of a real service after some traffic through every level, and its /stats at that moment."""
+def service(redis_server, tmp_path_factory):
+    """A real service (open, on loopback) that has served traffic through every level."""
     with LiveServer(Settings(redis_url=redis_server, data_dir=tmp_path_factory.mktemp("observability"))) as live:
         with httpx.Client(base_url=live.url, timeout=60) as http:
-            texts = [f"observability text {i}" for i in range(5)]
-            for _ in range(3):
-                assert http.post("/embed", json={"inputs": texts}).status_code == 200
+            embed_repeatedly(http, 3)
             live.state.caches[live.state.default_model].flush()
-            metrics, stats = http.get("/metrics").text, http.get("/stats").json()
-    return metrics, stats
+            live.http = http
+            yield live
+
+
+def embed_repeatedly(http: httpx.Client, times: int) -> None:
+    texts = [f"observability text {i}" for i in range(5)]
+    for _ in range(times):
+        assert http.post("/embed", json={"inputs": texts}).status_code == 200
+
+
+@pytest.fixture(scope="module")
+def scraped(service) -> tuple[str, dict]:
+    """/metrics of the service after its first traffic, and its /stats at that moment."""
+    return service.http.get("/metrics").text, service.http.get("/stats").json()
 
 
 def families(text: str) -> dict:
@@ -86,7 +98,7 @@ def test_metrics_histograms_agree_with_stats(scraped):
     since_start = stats["models"][model]["since_start"]
     requests = [s for s in found["ragcache_request_duration_seconds"].samples if s.labels["model"] == model]
     count = next(s.value for s in requests if s.name.endswith("_count"))
-    assert count == since_start["requests"] == 3
+    assert count == since_start["requests"] >= 3
     buckets = [s for s in requests if s.name.endswith("_bucket")]
     assert [s.labels["le"] for s in buckets][-1] == "+Inf" and buckets[-1].value == count
     assert all(a.value <= b.value for a, b in zip(buckets, buckets[1:]))  # cumulative
@@ -143,3 +155,66 @@ def test_dashboard_is_well_formed_and_uses_the_provisioned_datasource():
         assert subject in titles
     provider = yaml.safe_load((MONITORING / "grafana" / "provisioning" / "dashboards" / "ragcache.yaml").read_text())
     assert provider["providers"][0]["options"]["path"] == "/var/lib/grafana/dashboards"
+
+
+def panel_queries() -> list[tuple[str, str]]:
+    """(panel title, PromQL) of every panel, with Grafana's variables replaced as Grafana would."""
+    dashboard = json.loads(DASHBOARD.read_text())
+    return [(panel["title"], target["expr"].replace("$__rate_interval", "30s").replace("$model", ".*"))
+            for panel in dashboard["panels"] for target in panel["targets"]]
+
+
+def test_every_panel_query_is_valid_promql(tmp_path):
+    # promtool parses recording rules with Prometheus' own PromQL parser: one rule per panel query.
+    rules = [{"record": f"dashboard:query_{i}", "expr": query} for i, (_, query) in enumerate(panel_queries())]
+    (tmp_path / "rules.yml").write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}))
+    result = subprocess.run([promtool(), "check", "rules", str(tmp_path / "rules.yml")], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.fixture(scope="module")
+def prometheus(service, tmp_path_factory):
+    """Debian's Prometheus scraping the service every second; its HTTP API URL."""
+    executable = shutil.which("prometheus")
+    if executable is None:
+        pytest.fail("prometheus is not installed (apt-get install prometheus; make test does: mk/system.mk)")
+    folder = tmp_path_factory.mktemp("prometheus")
+    target = service.url.removeprefix("http://")
+    config = {"global": {"scrape_interval": "1s"}, "scrape_configs": [{"job_name": "ragcache", "static_configs": [{"targets": [target]}]}]}
+    (folder / "prometheus.yml").write_text(yaml.safe_dump(config))
+    url = f"http://127.0.0.1:{free_port()}"
+    log = (folder / "prometheus.log").open("w")
+    process = subprocess.Popen([executable, f"--config.file={folder / 'prometheus.yml'}", f"--storage.tsdb.path={folder / 'data'}",
+                                f"--web.listen-address={url.removeprefix('http://')}"], stdout=log, stderr=subprocess.STDOUT)
+    try:
+        wait_healthy(process, url + "/-/ready", name="prometheus", timeout_s=60, interval_s=0.2,
+                     log_tail=lambda: (folder / "prometheus.log").read_text()[-2000:])
+        yield url
+    finally:
+        stop_process(process)
+        log.close()
+
+
+def query(prometheus: str, promql: str) -> list:
+    answer = httpx.get(prometheus + "/api/v1/query", params={"query": promql}, timeout=30).json()
+    assert answer["status"] == "success", (promql, answer)
+    return answer["data"]["result"]
+
+
+def test_a_real_prometheus_answers_every_panel_from_the_service(service, prometheus):
+    # Traffic while Prometheus scrapes, so that every rate() has two samples that differ.
+    deadline = time.monotonic() + 60
+    while not query(prometheus, 'up{job="ragcache"} == 1'):
+        assert time.monotonic() < deadline, "Prometheus never scraped the service"
+        time.sleep(0.5)
+    for _ in range(4):
+        embed_repeatedly(service.http, 2)
+        time.sleep(1.2)
+    time.sleep(2)
+    answers = {(title, promql): query(prometheus, promql) for title, promql in panel_queries()}
+    # The prefix panels are empty without a vLLM target to warm; every cache panel has data.
+    empty = [title for (title, _), result in answers.items() if not result and "refix" not in title]
+    assert not empty, f"panels without data: {empty}"
+    hit_rate = {series["metric"].get("level"): float(series["value"][1])
+                for series in answers[next(key for key in answers if "ragcache_hits_total" in key[1] and "/" in key[1])]}
+    assert 0 < hit_rate["L1"] <= 1

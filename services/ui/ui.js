@@ -165,6 +165,14 @@
       record(model, entry.since_start);
       return renderModel(model, entry);
     });
+    // Rerankers' scores are cached like vectors, with the same figures: the same card, named as such.
+    for (const [name, entry] of Object.entries(stats.rerankers || {})) {
+      record("reranker " + name, entry.since_start);
+      sections.push(renderModel("reranker " + name, entry));
+    }
+    // Sections this page does not know yet (a newer service) are still shown, as plain values.
+    const unknown = Object.entries(stats).filter(([name]) => !["models", "rerankers", "prefixes"].includes(name));
+    if (unknown.length) sections.push(renderExtras(unknown));
     $("models").replaceChildren(...sections);
     renderTargets(stats.prefixes && stats.prefixes.targets ? stats.prefixes.targets : []);
   }
