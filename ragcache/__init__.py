@@ -41,6 +41,7 @@ _LAZY = {
     "load_encoder": "ragcache.build",
     "open_cache": "ragcache.build",
     "KnowledgeBase": "ragcache.knowledge",
+    "SearchOptions": "ragcache.retrieval",
     "Client": "ragcache.client",
     "AsyncClient": "ragcache.client",
 }
@@ -75,6 +76,7 @@ if TYPE_CHECKING:
     from ragcache.client import AsyncClient, Client
     from ragcache.keys import EmbeddingSpace, text_hash
     from ragcache.knowledge import KnowledgeBase
+    from ragcache.retrieval import SearchOptions
     from ragcache.settings import Settings
     from ragcache.stats import CacheStats, LevelStats
     from ragcache.stores import Stores

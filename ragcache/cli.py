@@ -59,6 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
             sub.add_argument("--collection", required=True)
             sub.add_argument("--top-k", type=int, default=5)
             sub.add_argument("--filter", default=None)
+            _add_search_options(sub)
         elif name == "stats":
             sub.add_argument("--watch", action="store_true", help="refresh in place: live hit rates per level")
             sub.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes (with --watch)")
@@ -179,13 +180,34 @@ def run_ingest(args) -> int:
     return 0
 
 
+def _add_search_options(sub) -> None:
+    sub.add_argument("--mode", choices=["dense", "keyword", "hybrid"], default="dense")
+    sub.add_argument("--fusion", choices=["rrf", "weighted"], default="rrf", help="how hybrid fuses the two rankings")
+    sub.add_argument("--rrf-k", type=int, default=60)
+    sub.add_argument("--dense-weight", type=float, default=0.5, help="weighted fusion: the dense share")
+    sub.add_argument("--offset", type=int, default=0, help="hits (or groups) to skip: paging")
+    sub.add_argument("--score-threshold", type=float, default=None)
+    sub.add_argument("--mmr-lambda", type=float, default=None, help="MMR diversity (1: relevance only)")
+    sub.add_argument("--group-by-source", action="store_true", help="at most --group-size hits per source file")
+    sub.add_argument("--group-size", type=int, default=1)
+
+
 def run_search(args) -> int:
+    from ragcache.retrieval import SearchOptions
+
+    options = SearchOptions(
+        mode=args.mode, fusion=args.fusion, rrf_k=args.rrf_k, dense_weight=args.dense_weight, offset=args.offset,
+        score_threshold=args.score_threshold, mmr_lambda=args.mmr_lambda, group_by_source=args.group_by_source,
+        group_size=args.group_size,
+    )
     with _client(args) as client:
-        result = client.search(args.query, collection=args.collection, top_k=args.top_k, filter=args.filter)
-    for rank, hit in enumerate(result.hits, start=1):
+        result = client.search(args.query, collection=args.collection, top_k=args.top_k, filter=args.filter, options=options)
+    for rank, hit in enumerate(result.hits, start=args.offset + 1):
         text = " ".join(hit.text.split())
         print(f"{rank:>2}. {hit.score:.4f}  {hit.id}  {text[:100]}")
-    print(f"({len(result.hits)} hits; query embedding from {result.embedding_level}; {result.timings_ms.total:.1f} ms)")
+    if result.fallback:
+        print(f"warning: {result.fallback}")
+    print(f"({len(result.hits)} hits, {result.mode}; query embedding from {result.embedding_level}; {result.timings_ms.total:.1f} ms)")
     return 0
 
 

@@ -64,12 +64,14 @@ from ragcache.prefixes.model import Prefix, PromptForm, RegisterResult, Target, 
 from ragcache.prefixes.text import Chunk, assemble_prompt, render_messages, render_text
 from ragcache.redact import redact_text, redact_url
 from ragcache.rerank.base import RerankHit, RerankResult
-from ragcache.results import CollectionInfo, IngestResult, SearchHit, SearchResult, SearchTimings
+from ragcache.results import CollectionInfo, IngestResult, SearchGroup, SearchHit, SearchResult, SearchTimings
+from ragcache.retrieval import SearchOptions
 
 __all__ = [
     "Client",
     "AsyncClient",
     "SearchResponse",
+    "SearchOptions",
     "AuthenticationError",
     "ServiceUnavailableError",
     "ServiceError",
@@ -141,11 +143,17 @@ class _Operations:
         return self._call(_Call("POST", "/v1/embeddings", body, functools.partial(_parse_embeddings, len(items))))
 
     def search(
-        self, query: str, collection: str, top_k: int = 10, filter: str | None = None  # noqa: A002 - the API's name
+        self,
+        query: str,
+        collection: str,
+        top_k: int = 10,
+        filter: str | None = None,  # noqa: A002 - the API's name
+        options: SearchOptions | None = None,
     ) -> SearchResult:
         """The ``top_k`` documents of ``collection`` nearest to ``query``; ``filter`` is a Milvus expression
-        on the documents, e.g. ``metadata["lang"] == "en"``."""
-        body = self._with_model({"query": query, "collection": collection, "top_k": top_k, "filter": filter})
+        on the documents, e.g. ``metadata["lang"] == "en"``; ``options`` picks the mode (dense, keyword,
+        hybrid), fusion, paging, threshold, MMR and grouping."""
+        body = self._with_model({"query": query, "collection": collection, "top_k": top_k, "filter": filter, **_options_body(options)})
         return self._call(_Call("POST", "/search", body, _parse_search))
 
     def rerank(self, query: str, texts: Sequence[str], *, top_n: int | None = None, model: str | None = None) -> RerankResult:
@@ -154,6 +162,17 @@ class _Operations:
         # The Cohere shape: its answer is an object, which carries the served counts (TEI's is a bare list).
         body: dict[str, Any] = {"query": query, "documents": list(texts), "top_n": top_n, "model": model}
         return self._call(_Call("POST", "/rerank", body, _parse_rerank))
+    def search_many(
+        self,
+        queries: Sequence[str],
+        collection: str,
+        top_k: int = 10,
+        filter: str | None = None,  # noqa: A002 - the API's name
+        options: SearchOptions | None = None,
+    ) -> list[SearchResult]:
+        """``search`` for several queries in one request (``POST /search/batch``); results in query order."""
+        body = {"queries": list(queries), "collection": collection, "top_k": top_k, "filter": filter, **_options_body(options)}
+        return self._call(_Call("POST", "/search/batch", self._with_model(body), _parse_search_batch))
 
     def add_documents(
         self, collection: str, documents: Sequence[Mapping[str, Any] | Any], *, sync: Mapping[str, Any] | None = None
@@ -476,23 +495,37 @@ def _decode_vector(embedding: str | list) -> np.ndarray:
     return np.asarray(embedding, dtype=np.float32)
 
 
+def _options_body(options: SearchOptions | None) -> dict[str, Any]:
+    """The options that differ from the defaults (a server that predates an option still takes the rest)."""
+    if options is None:
+        return {}
+    default = SearchOptions()
+    return {name: value for name, value in dataclasses.asdict(options).items() if getattr(default, name) != value}
+
+
 def _parse_search(payload: dict) -> SearchResult:
     hits = tuple(
         SearchHit(str(hit["id"]), float(hit["score"]), str(hit.get("text", "")), dict(hit.get("metadata") or {}))
         for hit in payload["hits"]
     )
     timings = payload.get("timings_ms") or {}
+    groups = payload.get("groups")
     return SearchResult(
         hits=hits,
         embedding_level=payload.get("embedding_level"),
         timings_ms=SearchTimings(*(float(timings.get(name, 0.0)) for name in ("embed", "search", "total"))),
         result_cache=payload.get("result_cache", "off"),
+        mode=payload.get("mode", "dense"),
+        fallback=payload.get("fallback"),
+        groups=None if groups is None else tuple(SearchGroup(str(g["source"]), tuple(g["ids"])) for g in groups),
     )
 
 
 def _parse_rerank(payload: dict) -> RerankResult:
     hits = tuple(RerankHit(int(item["index"]), float(item["relevance_score"])) for item in payload["results"])
     return RerankResult(str(payload.get("model", "")), hits, {str(k): int(v) for k, v in (payload.get("served") or {}).items()})
+def _parse_search_batch(payload: dict) -> list[SearchResult]:
+    return [_parse_search(result) for result in payload["results"]]
 
 
 def _parse_dataclass(cls: type, payload: dict) -> Any:

@@ -17,6 +17,7 @@ than a silently meaningless ranking.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import secrets
@@ -48,13 +49,15 @@ from ragcache.documents import (
 )
 from ragcache.errors import ConflictError, InvalidInputError, NotFoundError, RagCacheError, TierUnavailableError
 from ragcache.keys import EmbeddingSpace
+from ragcache.keyword import SPARSE_FIELD, add_keyword_index, has_keyword_index, keyword_search_params
 from ragcache.result_cache import ResultCache
 from ragcache.results import CollectionInfo, IngestResult, SearchHit, SearchResult, SearchTimings
+from ragcache.retrieval import SearchOptions, finish, fuse, group_hits
 from ragcache.sync import MAX_LISTED_IDS, SyncOptions, source_expression, sources_of
 from ragcache.tiers.base import TierHealth
 from ragcache.tiers.milvus import milvus_error_message, milvus_failures
 
-__all__ = ["KnowledgeBase", "CollectionInfo", "IngestResult", "SearchHit", "SearchResult", "SearchTimings"]
+__all__ = ["KnowledgeBase", "CollectionInfo", "IngestResult", "SearchHit", "SearchOptions", "SearchResult", "SearchTimings"]
 
 # Cosine, not inner product: a space may store unnormalised vectors (normalize=False is the default), and
 # sentence-transformers models are trained for cosine similarity. On normalised vectors the two rank
@@ -69,6 +72,8 @@ DESCRIPTION_FORMAT = "ragcache.knowledge/2"
 BATCH_ROWS = 256
 STORE = "knowledge"
 PK_LENGTH = 32
+MAX_QUERIES = 256  # queries in one search_many call
+KEYWORD_STORE = "keyword index"
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +89,29 @@ class _Collection:
     dim: int
     uid: str
     hashed: bool = False  # has the content_hash field; collections made before it are compared by their text
+    keyword: bool = False  # has the BM25 field (ragcache.keyword); collections made before it do not
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """A search's checked arguments."""
+
+    meta: _Collection
+    queries: list[str]
+    query_keys: list[str]
+    params: str  # the result-cache key's parameters: top_k, filter and every option
+    expression: str | None
+    top_k: int
+    options: SearchOptions
+    query_cache: EmbeddingCache
+
+
+@dataclass(frozen=True)
+class _Ranked:
+    """One query's hits from one ranked list, and their vectors when MMR asked for them."""
+
+    hits: tuple[SearchHit, ...]
+    vectors: dict[str, np.ndarray]
 
 
 class KnowledgeBase:
@@ -111,6 +139,7 @@ class KnowledgeBase:
         self._creating: dict[str, threading.Lock] = {}  # one per collection name, held while creating it
         self._lock = threading.Lock()  # guards the two dicts only, never held while Milvus is asked
         self.health = TierHealth()  # the breaker of Milvus as the knowledge base's store
+        self.keyword_health = TierHealth()  # the keyword (BM25) searches' own: dense search goes on without them
 
     # ---- collections -----------------------------------------------------------------------------------
 
@@ -292,26 +321,50 @@ class KnowledgeBase:
         cache: EmbeddingCache,
         top_k: int = 10,
         filter: str | None = None,  # noqa: A002 - the public name of the parameter, as in the HTTP API
+        options: SearchOptions | None = None,
+        query_cache: EmbeddingCache | None = None,
     ) -> SearchResult:
         """The ``top_k`` documents nearest to ``query``, optionally filtered by a Milvus boolean expression
-        (e.g. ``metadata["lang"] == "en"``)."""
-        meta, query_key, params, expression = self._prepare_search(collection, query, cache, top_k, filter, self._lookup)
-        started = self._clock()
-        cached, version = (None, None) if self.results is None else self.results.get(meta.uid, query_key, params)
-        if cached is not None and (hit := self._cached_result(cached, started)) is not None:
-            return hit
+        (e.g. ``metadata["lang"] == "en"``) and ranked as ``options`` say (dense by default).
 
-        embed_started = self._clock()
-        embedded = cache.embed_detailed([query])
-        level = embedded.level_names[int(embedded.levels[0])]
-        search_started = self._clock()
-        hits = self._nearest(meta, np.asarray(embedded.vectors, dtype=np.float32)[0], top_k, expression)
-        finished = self._clock()
-        if version is not None and self.results is not None:
-            self.results.put(meta.uid, version, query_key, params, [[h.id, h.score, h.text, h.metadata] for h in hits])
-        embed_ms, search_ms = _ms(search_started - embed_started), _ms(finished - search_started)
-        timings = SearchTimings(embed=embed_ms, search=search_ms, total=_ms(finished - started))
-        return SearchResult(hits, level, timings, "off" if version is None else "miss")
+        ``cache`` is the space the collection's documents were embedded in; ``query_cache``, when given,
+        embeds the query instead: the same model under its query prompt (``ragcache.prompts``)."""
+        return self.search_many(
+            collection, [query], cache=cache, top_k=top_k, filter=filter, options=options, query_cache=query_cache
+        )[0]
+
+    def search_many(
+        self,
+        collection: str,
+        queries: Sequence[str],
+        *,
+        cache: EmbeddingCache,
+        top_k: int = 10,
+        filter: str | None = None,  # noqa: A002 - the public name of the parameter, as in the HTTP API
+        options: SearchOptions | None = None,
+        query_cache: EmbeddingCache | None = None,
+    ) -> list[SearchResult]:
+        """``search`` for several queries at once: one embedding batch and one Milvus search per ranked list
+        for all of them; each query's result is cached on its own."""
+        plan = self._plan(collection, queries, cache, query_cache, top_k, filter, options, self._lookup)
+        assert plan is not None  # _lookup finds the collection or raises
+        started = self._clock()
+        results: list[SearchResult | None] = [None] * len(plan.queries)
+        versions: list[int | None] = [None] * len(plan.queries)
+        if self.results is not None:
+            for index, query_key in enumerate(plan.query_keys):
+                cached, versions[index] = self.results.get(plan.meta.uid, query_key, plan.params)
+                if cached is not None:
+                    results[index] = self._cached_result(cached, started, plan.options)
+        fresh = [index for index, result in enumerate(results) if result is None]
+        if fresh:
+            for index, result in zip(fresh, self._search_fresh(plan, fresh, started)):
+                version = versions[index]
+                results[index] = dataclasses.replace(result, result_cache="off" if version is None else "miss")
+                if version is not None and self.results is not None and result.fallback is None:  # a degraded answer is not kept
+                    value = [[h.id, h.score, h.text, h.metadata] for h in result.hits]
+                    self.results.put(plan.meta.uid, version, plan.query_keys[index], plan.params, value)
+        return [result for result in results if result is not None]  # every one is set by now
 
     async def search_cached(
         self,
@@ -321,57 +374,139 @@ class KnowledgeBase:
         cache: EmbeddingCache,
         top_k: int = 10,
         filter: str | None = None,  # noqa: A002 - the public name of the parameter, as in the HTTP API
+        options: SearchOptions | None = None,
+        query_cache: EmbeddingCache | None = None,
     ) -> SearchResult | None:
         """The cached result of ``search`` with these arguments, found without blocking (for an event loop);
         None when there is none (or it cannot be had without blocking): then call ``search``."""
         if self.results is None:
             return None
-        prepared = self._prepare_search(collection, query, cache, top_k, filter, self._collections.get)
-        if prepared[0] is None:
+        plan = self._plan(collection, [query], cache, query_cache, top_k, filter, options, self._collections.get)
+        if plan is None:
             return None  # not yet known in this process: finding it asks Milvus, which blocks
-        meta, query_key, params, _ = prepared
         started = self._clock()
-        cached = await self.results.aget(meta.uid, query_key, params)
-        return None if cached is None else self._cached_result(cached, started)
+        cached = await self.results.aget(plan.meta.uid, plan.query_keys[0], plan.params)
+        return None if cached is None else self._cached_result(cached, started, plan.options)
 
-    def _prepare_search(self, collection, query, cache, top_k, filter, find):  # noqa: A002
-        """Validated search arguments: (collection record or None, query key, params, filter expression)."""
+    def _plan(self, collection, queries, cache, query_cache, top_k, filter, options, find) -> _Plan | None:  # noqa: A002
+        """The search's checked arguments (every one checked before Milvus is asked); None when ``find``
+        does not know the collection."""
         name = check_collection_name(collection)
-        query = check_query(query)
+        checked = _check_queries(queries)
         top_k = check_top_k(top_k, self.max_top_k)
         expression = check_filter(filter)
+        options = options or SearchOptions()
+        query_cache = query_cache or cache
+        _check_query_space(cache.space, query_cache.space)
         meta = find(name)
-        if meta is not None:
-            _check_space(meta, cache.space)
-        query_key = cache.space.keys(cache.space.prepare([query]))[0]
-        return meta, query_key, json.dumps([top_k, expression]), expression
+        if meta is None:
+            return None
+        _check_space(meta, cache.space)
+        if options.uses_keyword and not meta.keyword:
+            raise InvalidInputError(
+                f"mode={options.mode!r} needs a keyword index, and collection {meta.name!r} was created without one "
+                "(before ragcache kept one): search it with mode='dense', or ingest into a new collection",
+                field="mode",
+            )
+        query_keys = query_cache.space.keys(query_cache.space.prepare(checked))
+        params = json.dumps([top_k, expression, options.key()], sort_keys=True)
+        return _Plan(meta, checked, query_keys, params, expression, top_k, options, query_cache)
 
-    def _cached_result(self, cached, started: float) -> SearchResult | None:
+    def _search_fresh(self, plan: _Plan, fresh: list[int], started: float) -> list[SearchResult]:
+        """Search Milvus for the queries at ``fresh``: the keyword list first (so that its failure can turn
+        the search dense before anything is embedded), then the query vectors and the dense list."""
+        meta, options, texts = plan.meta, plan.options, [plan.queries[index] for index in fresh]
+        limit, with_vectors = options.num_candidates(plan.top_k), options.mmr_lambda is not None
+        keyword: list[_Ranked] = [_Ranked((), {})] * len(texts)
+        fallback = None
+        search_s = 0.0
+        if options.uses_keyword:
+            keyword_started = self._clock()
+            try:
+                keyword = self._ranked(meta, SPARSE_FIELD, texts, limit, plan.expression, with_vectors)
+            except TierUnavailableError as exc:
+                fallback = f"keyword search failed, so dense search answered: {exc}"
+                log.warning("collection %r: %s", meta.name, fallback)
+                options = dataclasses.replace(options, mode="dense")
+            search_s += self._clock() - keyword_started
+        embed_started = self._clock()
+        levels: list[str | None] = [None] * len(texts)
+        vectors = None
+        if options.uses_dense or with_vectors:
+            embedded = plan.query_cache.embed_detailed(texts)
+            vectors = np.asarray(embedded.vectors, dtype=np.float32)  # Milvus searches float32 vectors
+            levels = [embedded.level_names[int(level)] for level in embedded.levels]
+        dense_started = self._clock()
+        dense: list[_Ranked] = [_Ranked((), {})] * len(texts)
+        if options.uses_dense and vectors is not None:
+            dense = self._ranked(meta, "vector", list(vectors), limit, plan.expression, with_vectors)
+        finished = self._clock()
+        search_s += finished - dense_started
+        timings = SearchTimings(embed=_ms(dense_started - embed_started), search=_ms(search_s), total=_ms(finished - started))
+        results = []
+        for position in range(len(texts)):
+            ranked = fuse(options, dense[position].hits, keyword[position].hits)
+            hits = finish(
+                options,
+                ranked,
+                plan.top_k,
+                query_vector=None if vectors is None else vectors[position],
+                vectors={**keyword[position].vectors, **dense[position].vectors},
+            )
+            groups = group_hits(hits, options.group_size) if options.group_by_source else None
+            results.append(SearchResult(hits, levels[position], timings, "miss", options.mode, fallback, groups))
+        return results
+
+    def _cached_result(self, cached, started: float, options: SearchOptions) -> SearchResult | None:
         hits = _hits_from_json(cached)
         if hits is None:
             return None
         elapsed_ms = _ms(self._clock() - started)
-        return SearchResult(hits, None, SearchTimings(0.0, elapsed_ms, elapsed_ms), "hit")
+        groups = group_hits(hits, options.group_size) if options.group_by_source else None
+        return SearchResult(hits, None, SearchTimings(0.0, elapsed_ms, elapsed_ms), "hit", options.mode, None, groups)
 
-    def _nearest(
-        self, meta: _Collection, vector: np.ndarray, top_k: int, expression: str | None
-    ) -> tuple[SearchHit, ...]:
-        rows = self._call(
-            meta,
-            "search",
-            meta.milvus_name,
-            data=[vector],
-            anns_field="vector",
-            limit=top_k,
-            filter=expression or "",
-            output_fields=["id", "text", "metadata"],
-            search_params={"metric_type": METRIC},
-            filter_given=expression is not None,
-        )[0]
-        return tuple(
-            SearchHit(row["entity"]["id"], float(row["distance"]), row["entity"]["text"], row["entity"].get("metadata") or {})
-            for row in rows
-        )
+    def _ranked(
+        self, meta: _Collection, field: str, data: list, limit: int, expression: str | None, with_vectors: bool
+    ) -> list[_Ranked]:
+        """One ranked list per query: the nearest rows of ``field`` (``vector``: cosine; the sparse field:
+        BM25 of the query's text), with their vectors when asked (for MMR)."""
+        output_fields = ["id", "text", "metadata", *(["vector"] if with_vectors else [])]
+        arguments: dict[str, Any] = dict(data=data, anns_field=field, limit=limit, filter=expression or "", output_fields=output_fields)
+        if field == SPARSE_FIELD:
+            rows_per_query = self._keyword_search(meta, filter_given=expression is not None, **arguments)
+        else:
+            arguments["search_params"] = {"metric_type": METRIC}
+            rows_per_query = self._call(meta, "search", meta.milvus_name, filter_given=expression is not None, **arguments)
+        ranked = []
+        for rows in rows_per_query:
+            hits = tuple(
+                SearchHit(row["entity"]["id"], float(row["distance"]), row["entity"]["text"], row["entity"].get("metadata") or {})
+                for row in rows
+            )
+            vectors = (
+                {row["entity"]["id"]: np.asarray(row["entity"]["vector"], dtype=np.float32) for row in rows}
+                if with_vectors
+                else {}
+            )
+            ranked.append(_Ranked(hits, vectors))
+        return ranked
+
+    def _keyword_search(self, meta: _Collection, *, filter_given: bool, **arguments) -> Any:
+        """A BM25 search, behind a breaker of its own: a failing keyword index makes searches fall back to
+        dense (``TierUnavailableError`` here), and must not mark Milvus down while dense search still works.
+        While it is down, keyword searches fall back at once, and one per back-off probes it."""
+        if not self.keyword_health.should_try():
+            raise TierUnavailableError(KEYWORD_STORE, f"down, retried with back-off: {self.keyword_health.last_error}")
+        try:
+            rows = self.milvus.search(meta.milvus_name, search_params=keyword_search_params(), **arguments)
+        except milvus_failures as exc:
+            error = _converted(exc, meta.name, filter_given=filter_given)
+            if isinstance(error, TierUnavailableError) and self.keyword_health.record_failure(error):
+                log.warning("keyword index of %r is failing; keyword searches fall back to dense: %s", meta.name, error)
+            raise error from exc
+        if self.keyword_health.record_success():
+            log.warning("keyword index of %r is back", meta.name)
+        return rows
 
     # ---- internals ---------------------------------------------------------------------------------------
 
@@ -417,12 +552,13 @@ class KnowledgeBase:
         )
         schema.add_field("pk", DataType.VARCHAR, is_primary=True, max_length=PK_LENGTH)
         schema.add_field("id", DataType.VARCHAR, max_length=MAX_ID_BYTES)
-        schema.add_field("text", DataType.VARCHAR, max_length=MAX_TEXT_BYTES)
+        schema.add_field("text", DataType.VARCHAR, max_length=MAX_TEXT_BYTES, enable_analyzer=True)
         schema.add_field("metadata", DataType.JSON)
         schema.add_field("content_hash", DataType.VARCHAR, max_length=CONTENT_HASH_LENGTH)
         schema.add_field("vector", DataType.FLOAT_VECTOR, dim=space.dim)
         index_params = MilvusClient.prepare_index_params()
         index_params.add_index(field_name="vector", index_type=self.index_type, metric_type=METRIC)
+        add_keyword_index(schema, index_params)
         # One creation at a time per name (two would race to write different descriptions); other
         # collections go on meanwhile, and each call here has the Milvus deadline.
         with self._lock:
@@ -508,6 +644,30 @@ def _check_space(meta: _Collection, space: EmbeddingSpace) -> None:
         )
 
 
+def _check_queries(queries: object) -> list[str]:
+    """Valid queries; one query is named ``query`` (``search``), several ``queries[i]`` (``search_many``)."""
+    if isinstance(queries, str) or not isinstance(queries, Sequence) or not 1 <= len(queries) <= MAX_QUERIES:
+        raise InvalidInputError(f"queries must be a list of 1 to {MAX_QUERIES} strings", field="queries")
+    if len(queries) == 1:
+        return [check_query(queries[0])]
+    checked = []
+    for index, query in enumerate(queries):
+        try:
+            checked.append(check_query(query))
+        except InvalidInputError as exc:
+            raise InvalidInputError(str(exc).replace("query", f"queries[{index}]", 1), field=f"queries[{index}]") from exc
+    return checked
+
+
+def _check_query_space(space: EmbeddingSpace, query_space: EmbeddingSpace) -> None:
+    """A query cache must be the documents' model and settings, differing at most in the prompt."""
+    if dataclasses.replace(query_space, prompt=None) != dataclasses.replace(space, prompt=None):
+        raise ConflictError(
+            f"the query is embedded in space {query_space.space_id} ({query_space.model}), which is not the "
+            f"documents' space {space.space_id} ({space.model}) under another prompt: their vectors cannot be compared"
+        )
+
+
 def _pk(document_id: str) -> str:
     """The primary key of a document: xxh3-128 of its id. Milvus Lite builds the expressions behind upsert,
     get and delete from primary keys without escaping them, so an id with a quote or a non-ASCII character
@@ -527,7 +687,8 @@ def _parse_description(name: str, milvus_name: str, described: dict) -> _Collect
         if found != DESCRIPTION_FORMAT:
             raise ValueError(found)
         hashed = any(field.get("name") == "content_hash" for field in described.get("fields", []))
-        return _Collection(name, milvus_name, record["space_id"], record["model"], int(record["dim"]), record["uid"], hashed)
+        return _Collection(name, milvus_name, record["space_id"], record["model"], int(record["dim"]), record["uid"],
+                           hashed=hashed, keyword=has_keyword_index(described))
     except (ValueError, TypeError, KeyError, AttributeError) as exc:
         raise ConflictError(f"Milvus collection {milvus_name!r} exists but is not a ragcache knowledge base") from exc
 

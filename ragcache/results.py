@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["CollectionInfo", "IngestResult", "SearchHit", "SearchResult", "SearchTimings"]
+__all__ = ["CollectionInfo", "IngestResult", "SearchGroup", "SearchHit", "SearchResult", "SearchTimings"]
 
 
 @dataclass(frozen=True)
@@ -36,9 +36,17 @@ class IngestResult:
 @dataclass(frozen=True)
 class SearchHit:
     id: str
-    score: float  # cosine similarity, higher is nearer
+    score: float  # higher is nearer: cosine similarity (dense), BM25 (keyword) or the fused score (hybrid)
     text: str
     metadata: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class SearchGroup:
+    """The hits of one source document (``group_by_source``), best first; ``ids`` name hits of the result."""
+
+    source: str
+    ids: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -56,3 +64,6 @@ class SearchResult:
     embedding_level: str | None  # the level that served the query's vector; None when the result was cached
     timings_ms: SearchTimings
     result_cache: str  # "hit", "miss", or "off" (no Redis, or Redis unusable right now)
+    mode: str = "dense"  # the mode that answered: the one asked for, or "dense" after a fallback
+    fallback: str | None = None  # why the asked mode fell back to dense (keyword index failing); None when it did not
+    groups: tuple[SearchGroup, ...] | None = None  # with group_by_source: the hits by source document

@@ -52,6 +52,7 @@ ROUTE_SCOPES: dict[tuple[str, str], str] = {
     ("POST", "/v1/embeddings"): "embed",
     ("POST", "/search"): "search",
     ("POST", "/rerank"): "search",
+    ("POST", "/search/batch"): "search",
     ("GET", "/collections"): "search",
     ("POST", "/documents"): "ingest",
     ("POST", "/documents/ids"): "ingest",

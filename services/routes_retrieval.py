@@ -13,12 +13,13 @@ from fastapi import APIRouter, Request
 
 from ragcache.errors import InvalidInputError, TierUnavailableError
 from ragcache.knowledge import KnowledgeBase
+from ragcache.results import SearchResult
 from ragcache.sync import SyncOptions
 from services.auth import principal_of
 from services.errors import HTTPError
 from services.responses import JSONResponse
 from services.routes_embed import blocking, cache_of, check_count, check_text_size
-from services.schemas import AddDocumentsRequest, DeleteDocumentsRequest, ListIdsRequest, SearchRequest
+from services.schemas import AddDocumentsRequest, BatchSearchRequest, DeleteDocumentsRequest, ListIdsRequest, SearchRequest
 from services.state import ServiceState
 from services.tenants import public_collection, public_names, stored_collection
 
@@ -75,13 +76,15 @@ async def list_collections(request: Request) -> JSONResponse:
     return JSONResponse({"collections": [dataclasses.replace(info, name=name) for info, name in own if name is not None]})
 
 
-@router.post("/search", summary="The documents nearest to a query")
+@router.post("/search", summary="The documents nearest to a query (dense, keyword or hybrid)")
 async def search(body: SearchRequest, request: Request) -> JSONResponse:
+    """``X-Search-Mode`` names the mode that answered; ``X-Search-Fallback: dense`` (and the body's
+    ``fallback``) says that a keyword or hybrid search was answered by dense search alone."""
     state: ServiceState = request.app.state.ragcache
     check_text_size(body.query, "query", state.settings.max_text_bytes)
     stored = stored_collection(principal_of(request).tenant, body.collection)
     cache, knowledge = cache_of(request, body.model), knowledge_of(state)
-    arguments: dict[str, Any] = dict(cache=cache, top_k=body.top_k, filter=body.filter)
+    arguments: dict[str, Any] = dict(cache=cache, top_k=body.top_k, filter=body.filter, options=body.options())
     # The filter is Milvus' expression language over this one collection's fields; it cannot name another
     # collection, and tenants are kept apart by collection, so no filter reaches another tenant's documents.
     with public_names(stored, body.collection):
@@ -89,13 +92,36 @@ async def search(body: SearchRequest, request: Request) -> JSONResponse:
         # (embedding, Milvus) blocks, so it runs in a worker thread.
         cached = await knowledge.search_cached(stored, body.query, **arguments)
         if cached is not None:
-            return JSONResponse(cached)
+            return JSONResponse(cached, headers=search_headers([cached]))
         try:
-            return JSONResponse(await blocking(knowledge.search, stored, body.query, **arguments))
+            result = await blocking(knowledge.search, stored, body.query, **arguments)
         except TierUnavailableError as exc:
             if body.filter is None or not await searches_without_filter(knowledge, stored, body.query, cache):
                 raise
             raise InvalidInputError(f"filter could not be evaluated by Milvus: {exc}", field="filter") from exc
+    return JSONResponse(result, headers=search_headers([result]))
+
+
+@router.post("/search/batch", summary="Several queries against one collection in one call")
+async def search_batch(body: BatchSearchRequest, request: Request) -> JSONResponse:
+    """``{"results": [...]}``, one /search answer per query, in order; the queries are embedded as one batch."""
+    state: ServiceState = request.app.state.ragcache
+    for index, query in enumerate(body.queries):
+        check_text_size(query, f"queries[{index}]", state.settings.max_text_bytes)
+    stored = stored_collection(principal_of(request).tenant, body.collection)
+    cache, knowledge = cache_of(request, body.model), knowledge_of(state)
+    arguments = dict(cache=cache, top_k=body.top_k, filter=body.filter, options=body.options())
+    with public_names(stored, body.collection):
+        results = await blocking(knowledge.search_many, stored, body.queries, **arguments)
+    return JSONResponse({"results": results}, headers=search_headers(results))
+
+
+def search_headers(results: list[SearchResult]) -> dict[str, str]:
+    """The mode that answered, and whether any answer fell back to dense search."""
+    headers = {"X-Search-Mode": results[0].mode}
+    if any(result.fallback is not None for result in results):
+        headers["X-Search-Fallback"] = "dense"
+    return headers
 
 
 async def searches_without_filter(knowledge: KnowledgeBase, collection: str, query: str, cache) -> bool:

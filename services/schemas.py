@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, field_validator
 
 from ragcache.documents import COLLECTION_NAME_PATTERN, MAX_FILTER_CHARS
 from ragcache.errors import InvalidInputError
+from ragcache.fusion import RRF_K
+from ragcache.knowledge import MAX_QUERIES
+from ragcache.retrieval import MAX_GROUP_SIZE, MAX_OFFSET, SearchOptions
 
 # Metadata nests at most this deep: Milvus stores it as JSON, and every layer of the checks below and in
 # Milvus recurses; a caller has no need for more.
@@ -100,14 +103,36 @@ class DeleteDocumentsRequest(Body):
     ids: list[StrictStr] = Field(min_length=1)
 
 
-class SearchRequest(Body):
-    query: StrictStr
-    collection: StrictStr = COLLECTION
+class SearchOptionsBody(Body):
+    """How /search ranks (ragcache.retrieval.SearchOptions, which checks the same rules)."""
+
     top_k: StrictInt = Field(10, ge=1, le=1000)
     filter: StrictStr | None = Field(
         None, max_length=MAX_FILTER_CHARS, description='Milvus boolean expression, e.g. metadata["lang"] == "en"'
     )
     model: StrictStr | None = None
+    mode: Literal["dense", "keyword", "hybrid"] = Field("dense", description="vectors, BM25, or both fused")
+    fusion: Literal["rrf", "weighted"] = Field("rrf", description="hybrid: reciprocal-rank or weighted-score fusion")
+    rrf_k: StrictInt = Field(RRF_K, ge=1, le=10_000, description="the k of reciprocal-rank fusion")
+    dense_weight: StrictFloat = Field(0.5, ge=0, le=1, description="weighted fusion: the dense share (keyword: 1 - it)")
+    offset: StrictInt = Field(0, ge=0, le=MAX_OFFSET, description="hits (or groups) to skip: paging")
+    score_threshold: StrictFloat | None = Field(None, allow_inf_nan=False, description="drop hits scoring under it (the mode's score)")
+    mmr_lambda: StrictFloat | None = Field(None, ge=0, le=1, description="MMR diversity: 1 relevance only, 0 diversity only")
+    group_by_source: StrictBool = Field(False, description="group hits by metadata.source; top_k counts groups")
+    group_size: StrictInt = Field(1, ge=1, le=MAX_GROUP_SIZE, description="hits kept per source when grouping")
+
+    def options(self) -> SearchOptions:
+        return SearchOptions(**self.model_dump(include=set(SearchOptions.__dataclass_fields__)))
+
+
+class SearchRequest(SearchOptionsBody):
+    query: StrictStr
+    collection: StrictStr = COLLECTION
+
+
+class BatchSearchRequest(SearchOptionsBody):
+    queries: list[StrictStr] = Field(min_length=1, max_length=MAX_QUERIES)
+    collection: StrictStr = COLLECTION
 
 
 class CohereDocument(Body):
