@@ -33,7 +33,8 @@ def _write_folder(folder: Path, texts: list[str]) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     per_file = len(texts) // FILES
     for number in range(FILES):
-        lines = [json.dumps({"id": f"f{number}-{i}", "text": text}) for i, text in enumerate(texts[number * per_file : (number + 1) * per_file])]
+        part = texts[number * per_file : (number + 1) * per_file]
+        lines = [json.dumps({"id": f"f{number}-{i}", "text": text}) for i, text in enumerate(part)]
         (folder / f"part-{number}.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
