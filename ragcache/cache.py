@@ -312,6 +312,11 @@ class EmbeddingCache:
             for tier, health in zip(self.tiers, self._health)
         }
 
+    @property
+    def pending_writes(self) -> int:
+        """Writes accepted for the lower levels (L2/L3) and not yet stored: the write-behind's backlog."""
+        return self._write_behind.num_pending if self._write_behind is not None else 0
+
     def stats(self, *, recent: bool = False) -> CacheStats:
         """Hit rates and latencies since start, or over the recent window (``window_s``)."""
         overall = self._requests.snapshot(recent=recent)

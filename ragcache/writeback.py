@@ -28,10 +28,12 @@ class WriteBehind:
         store: Callable[[int, Sequence[str], torch.Tensor], None],
         *,
         max_pending: int = 1024,
+        max_coalesced: int = 64,
         pending: queue.Queue | None = None,  # the queue of accepted writes (tests pass one that interleaves)
     ):
         self._store = store
         self._queue: queue.Queue[Write | None] = pending if pending is not None else queue.Queue(maxsize=max_pending)
+        self._max_coalesced = max_coalesced
         self._closed = False
         self._lock = threading.Lock()  # "closed" and the put into the queue change together
         self._worker = threading.Thread(target=self._run, name="ragcache-write-behind", daemon=True)
@@ -51,14 +53,25 @@ class WriteBehind:
         return self._queue.unfinished_tasks
 
     def _run(self) -> None:
-        while (item := self._queue.get()) is not None:
-            try:
-                self._store(*item)
-            except Exception:  # noqa: BLE001 - the worker must outlive any one bad write
-                log.exception("write-behind: a write to level %d failed", item[0])
-            finally:
+        closing = False
+        while not closing:
+            batch = [self._queue.get()]
+            # Coalesce what else is already waiting into one write per level: a remote level (Milvus above
+            # all) costs far more per call than per row, and its calls take CPU from the model.
+            while batch[-1] is not None and len(batch) < self._max_coalesced:
+                try:
+                    batch.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            closing = batch[-1] is None
+            writes = [item for item in batch if item is not None]
+            for level, keys, vectors in _per_level(writes):
+                try:
+                    self._store(level, keys, vectors)
+                except Exception:  # noqa: BLE001 - the worker must outlive any one bad write
+                    log.exception("write-behind: a write of %d vectors to level %d failed", len(keys), level)
+            for _ in batch:
                 self._queue.task_done()
-        self._queue.task_done()
 
     def flush(self) -> None:
         """Block until every write accepted so far has been stored (or has failed and been counted)."""
@@ -71,3 +84,24 @@ class WriteBehind:
             self._closed = True
             self._queue.put(None)
         self._worker.join()
+
+
+def _per_level(writes: list[Write]) -> list[Write]:
+    """The writes merged into one per level, levels in order of first appearance, rows in order of arrival
+    (a later write of a key lands after an earlier one, as it would have written separately)."""
+    by_level: dict[int, list[Write]] = {}
+    for write in writes:
+        by_level.setdefault(write[0], []).append(write)
+    merged: list[Write] = []
+    for level, group in by_level.items():
+        if len(group) == 1:
+            merged.append(group[0])
+            continue
+        keys = [key for _, group_keys, _ in group for key in group_keys]
+        vectors = torch.cat([group_vectors.to(group[0][2].device) for _, _, group_vectors in group])
+        last = {key: position for position, key in enumerate(keys)}
+        if len(last) != len(keys):  # one row per key (a store may refuse repeats), the latest write winning
+            positions = sorted(last.values())
+            keys, vectors = [keys[p] for p in positions], vectors[positions]
+        merged.append((level, keys, vectors))
+    return merged

@@ -27,6 +27,7 @@ async def stats(request: Request) -> JSONResponse:
         name: {
             "space": cache.space.describe(),
             "levels": cache.level_states(),
+            "pending_writes": cache.pending_writes,
             "since_start": asdict(cache.stats()),
             "recent": asdict(cache.stats(recent=True)),
             "drift": drift.get(name),

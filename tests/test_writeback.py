@@ -49,3 +49,31 @@ def test_after_close_a_write_goes_through_at_once():
     writer.close()
     writer.submit(2, ["through"], torch.zeros(1, 4))
     assert stored == [(1, ["queued"]), (2, ["through"])]
+
+
+def test_writes_waiting_together_are_stored_as_one_write_per_level_latest_row_winning():
+    stored = []
+    busy, release = threading.Event(), threading.Event()
+
+    def store(level, keys, vectors):
+        if keys == ["first"]:
+            busy.set()
+            release.wait(timeout=30)  # the worker is busy while the next writes queue up behind it
+        stored.append((level, list(keys), vectors[:, 0].tolist()))
+
+    writer = WriteBehind(store)
+    writer.submit(1, ["first"], torch.zeros(1, 4))
+    assert busy.wait(timeout=30)
+    writer.submit(1, ["a", "b"], torch.tensor([[1.0] * 4, [2.0] * 4]))
+    writer.submit(2, ["a"], torch.full((1, 4), 3.0))
+    writer.submit(1, ["b", "c"], torch.tensor([[4.0] * 4, [5.0] * 4]))
+    release.set()
+    writer.flush()
+    writer.close()
+    assert stored == [
+        (1, ["first"], [0.0]),
+        # one call for level 1: "b" once, with its later vector, in the position of its later write
+        (1, ["a", "b", "c"], [1.0, 4.0, 5.0]),
+        (2, ["a"], [3.0]),
+    ]
+    assert writer.num_pending == 0
