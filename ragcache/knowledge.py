@@ -24,7 +24,7 @@ import secrets
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -74,6 +74,9 @@ STORE = "knowledge"
 PK_LENGTH = 32
 MAX_QUERIES = 256  # queries in one search_many call
 KEYWORD_STORE = "keyword index"
+# A process reads a collection's record (space, uid) again after this long, so a collection another process
+# dropped and re-created is seen as the new one within it; the re-read is two small Milvus calls.
+RECORD_TTL_S = 30.0
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +93,7 @@ class _Collection:
     uid: str
     hashed: bool = False  # has the content_hash field; collections made before it are compared by their text
     keyword: bool = False  # has the BM25 field (ragcache.keyword); collections made before it do not
+    read_at: float = field(default=0.0, compare=False)  # when this process read the record (the KB's clock)
 
 
 @dataclass(frozen=True)
@@ -128,12 +132,14 @@ class KnowledgeBase:
         result_ttl_s: int = 300,
         index_type: str = DEFAULT_INDEX_TYPE,
         max_top_k: int = 1000,
+        record_ttl_s: float = RECORD_TTL_S,
         clock: Callable[[], float] = time.perf_counter,
     ):
         self.milvus = milvus
         self.results = ResultCache(redis, ttl_s=result_ttl_s) if redis is not None else None
         self.index_type = index_type
         self.max_top_k = max_top_k
+        self.record_ttl_s = record_ttl_s
         self._clock = clock
         self._collections: dict[str, _Collection] = {}
         self._creating: dict[str, threading.Lock] = {}  # one per collection name, held while creating it
@@ -157,18 +163,30 @@ class KnowledgeBase:
         if self.results is not None:
             self.results.discard(meta.uid)
 
-    def list_collections(self) -> list[CollectionInfo]:
-        """Every knowledge-base collection in the database, by name."""
+    def list_collections(self, *, prefix: str = "") -> list[CollectionInfo]:
+        """The knowledge-base collections whose names start with ``prefix`` (a tenant's), by name.
+
+        Nothing is loaded into memory: a collection's size comes from Milvus' statistics (on a Milvus server
+        deleted rows count until a compaction; ``collection_info`` counts exactly). A collection that cannot
+        be read is logged and left out, so one broken collection does not hide the others; when every one
+        failed, the last failure is raised."""
         milvus_names = self._milvus("list_collections", collection=None)
-        infos = []
-        for milvus_name in milvus_names:
+        infos, failures = [], []
+        for milvus_name in sorted(milvus_names):
             name = collection_name_from_milvus(milvus_name)
-            if name is None:
-                continue  # L3 cache collections and anything else in the same database
+            if name is None or not name.startswith(prefix):
+                continue  # L3 cache collections, anything else in the same database, other tenants'
             try:
-                infos.append(self.collection_info(name))
+                meta = self._read_record(name)
+                stats = self._call(meta, "get_collection_stats", meta.milvus_name)
+                infos.append(CollectionInfo(meta.name, meta.space_id, meta.model, meta.dim, int(stats["row_count"])))
             except (NotFoundError, ConflictError, InvalidInputError):
                 continue  # dropped meanwhile, or not one of ours
+            except TierUnavailableError as exc:
+                log.warning("collection %r left out of the listing: %s", name, exc)
+                failures.append(exc)
+        if failures and not infos:
+            raise failures[-1]
         return sorted(infos, key=lambda info: info.name)
 
     def collection_info(self, collection: str) -> CollectionInfo:
@@ -381,7 +399,7 @@ class KnowledgeBase:
         None when there is none (or it cannot be had without blocking): then call ``search``."""
         if self.results is None:
             return None
-        plan = self._plan(collection, [query], cache, query_cache, top_k, filter, options, self._collections.get)
+        plan = self._plan(collection, [query], cache, query_cache, top_k, filter, options, self._known)
         if plan is None:
             return None  # not yet known in this process: finding it asks Milvus, which blocks
         started = self._clock()
@@ -516,17 +534,33 @@ class KnowledgeBase:
         No lock is held while Milvus is asked: a slow or hung Milvus must not stall every other collection's
         requests behind this one. Two threads may both read a new record; the calls are idempotent, and the
         first record stored wins."""
-        meta = self._collections.get(name)
+        meta = self._known(name)
         if meta is not None:
             return meta
+        meta = self._read_record(name)
+        previous = self._collections.get(name)
+        if previous is None or previous.uid != meta.uid:
+            # A collection must be loaded before search or get; after a restart (or a re-creation) it is not.
+            self._milvus("load_collection", meta.milvus_name, collection=name)
+        with self._lock:
+            self._collections[name] = meta
+        return meta
+
+    def _known(self, name: str) -> _Collection | None:
+        """This process's record of the collection, unless older than ``record_ttl_s``: another process may
+        have dropped and re-created it since (a new uid for the result cache, perhaps another space)."""
+        meta = self._collections.get(name)
+        if meta is None or self._clock() - meta.read_at > self.record_ttl_s:
+            return None
+        return meta
+
+    def _read_record(self, name: str) -> _Collection:
+        """The collection's record as Milvus describes it now (nothing is loaded)."""
         milvus_name = milvus_collection_name(name)
         if not self._milvus("has_collection", milvus_name, collection=name):
             raise NotFoundError(f"collection {name!r} does not exist")
-        meta = _parse_description(name, milvus_name, self._milvus("describe_collection", milvus_name, collection=name))
-        # A collection must be loaded before search or get; after a restart it is not.
-        self._milvus("load_collection", milvus_name, collection=name)
-        with self._lock:
-            return self._collections.setdefault(name, meta)
+        described = self._milvus("describe_collection", milvus_name, collection=name)
+        return dataclasses.replace(_parse_description(name, milvus_name, described), read_at=self._clock())
 
     def _ensure(self, name: str, space: EmbeddingSpace) -> _Collection:
         """The collection, created for ``space`` when missing; ``ConflictError`` when it has another space."""

@@ -21,7 +21,7 @@ from services.responses import JSONResponse
 from services.routes_embed import blocking, cache_of, check_count, check_text_size
 from services.schemas import AddDocumentsRequest, BatchSearchRequest, DeleteDocumentsRequest, ListIdsRequest, SearchRequest
 from services.state import ServiceState
-from services.tenants import public_collection, public_names, stored_collection
+from services.tenants import public_collection, public_names, stored_collection, tenant_prefix
 
 router = APIRouter(tags=["retrieval"])
 
@@ -71,7 +71,8 @@ async def delete_documents(body: DeleteDocumentsRequest, request: Request) -> JS
 @router.get("/collections", summary="Collections with their embedding space and size")
 async def list_collections(request: Request) -> JSONResponse:
     tenant = principal_of(request).tenant
-    infos = await blocking(knowledge_of(request.app.state.ragcache).list_collections)
+    # Only the tenant's own collections are read: another tenant's broken one cannot fail this listing.
+    infos = await blocking(knowledge_of(request.app.state.ragcache).list_collections, prefix=tenant_prefix(tenant))
     own = [(info, public_collection(tenant, info.name)) for info in infos]
     return JSONResponse({"collections": [dataclasses.replace(info, name=name) for info, name in own if name is not None]})
 

@@ -24,7 +24,7 @@ from ragcache.cache import EmbeddingCache
 from ragcache.errors import ConflictError, InvalidInputError, NotFoundError
 from services.state import ServiceState
 
-__all__ = ["SEPARATOR", "stored_collection", "public_collection", "public_names", "TenantCaches"]
+__all__ = ["SEPARATOR", "stored_collection", "tenant_prefix", "public_collection", "public_names", "TenantCaches"]
 
 SEPARATOR = "--"
 MAX_COLLECTION_CHARS = 63  # ragcache.documents.COLLECTION_NAME_PATTERN
@@ -39,6 +39,11 @@ def stored_collection(tenant: str | None, name: str) -> str:
         limit = MAX_COLLECTION_CHARS - len(tenant) - len(SEPARATOR)
         raise InvalidInputError(f"collection name {name!r} is too long: at most {limit} characters here", field="collection")
     return stored
+
+
+def tenant_prefix(tenant: str | None) -> str:
+    """What the stored name of each of the tenant's collections starts with ("" without a tenant)."""
+    return "" if tenant is None else f"{tenant}{SEPARATOR}"
 
 
 def public_collection(tenant: str | None, stored: str) -> str | None:

@@ -6,13 +6,16 @@ collections of its own name.
 
 from __future__ import annotations
 
+import logging
 import socket
 
 import pytest
 import redis
+from pymilvus import MilvusException
+from pymilvus.client.types import LoadState
 
 from ragcache.build import build_cache
-from ragcache.documents import Document
+from ragcache.documents import Document, milvus_collection_name
 from ragcache.errors import ConflictError, InvalidInputError, NotFoundError, TierUnavailableError
 from ragcache.knowledge import KnowledgeBase
 from ragcache.settings import Settings
@@ -245,6 +248,84 @@ def test_a_write_whose_second_bump_fails_is_not_acknowledged(milvus_client, redi
     with pytest.raises(TierUnavailableError, match="may have landed"):
         kb.add_documents("second-bump", DOCS[2:], cache=cache)
     assert KnowledgeBase(milvus_client).collection_info("second-bump").num_documents == 2
+
+
+class BrokenCollections:
+    """The real Milvus client, except that the named Milvus collections fail as a sick server's would: they
+    cannot be loaded (``load_collection``) or cannot even be described (``describe_collection``)."""
+
+    def __init__(self, client, *, unloadable: set[str] = frozenset(), unreadable: set[str] = frozenset()):
+        self.client, self.unloadable, self.unreadable = client, unloadable, unreadable
+
+    def __getattr__(self, name):
+        return getattr(self.client, name)
+
+    def load_collection(self, milvus_name, **kwargs):
+        if milvus_name in self.unloadable:
+            raise MilvusException(code=65535, message="injected: not enough memory to load the collection")
+        return self.client.load_collection(milvus_name, **kwargs)
+
+    def describe_collection(self, milvus_name, **kwargs):
+        if milvus_name in self.unreadable:
+            raise MilvusException(code=65535, message="injected: the collection's metadata cannot be read")
+        return self.client.describe_collection(milvus_name, **kwargs)
+
+
+def test_listing_reads_only_the_prefix_and_loads_nothing(milvus_client, cache):
+    """Listing loaded every collection in the database before filtering by tenant: one tenant's collection
+    that could not be loaded made everyone's listing a 503 naming it."""
+    kb = KnowledgeBase(milvus_client)
+    for name in ("acme--fine", "acme--unloadable", "globex--own"):
+        kb.add_documents(name, DOCS[:2], cache=cache)
+    reader = KnowledgeBase(BrokenCollections(milvus_client, unloadable={milvus_collection_name("acme--unloadable")}))
+    assert [info.name for info in reader.list_collections(prefix="globex--")] == ["globex--own"]
+    listed = reader.list_collections(prefix="acme--")
+    assert [(info.name, info.num_documents) for info in listed] == [("acme--fine", 2), ("acme--unloadable", 2)]
+
+
+def test_listing_leaves_out_a_collection_that_fails_and_logs_it(milvus_client, cache, caplog):
+    kb = KnowledgeBase(milvus_client)
+    for name in ("listed--fine", "listed--unreadable"):
+        kb.add_documents(name, DOCS[:1], cache=cache)
+    broken = BrokenCollections(milvus_client, unreadable={milvus_collection_name("listed--unreadable")})
+    with caplog.at_level(logging.WARNING, logger="ragcache.knowledge"):
+        assert [info.name for info in KnowledgeBase(broken).list_collections(prefix="listed--")] == ["listed--fine"]
+    assert "'listed--unreadable' left out of the listing" in caplog.text
+    with pytest.raises(TierUnavailableError, match="listed--unreadable"):
+        KnowledgeBase(broken).list_collections(prefix="listed--u")  # all it had failed: an error, not an empty list
+
+
+def test_listing_counts_documents_without_loading_a_collection(milvus_client, cache):
+    kb = KnowledgeBase(milvus_client)
+    kb.add_documents("unloaded", DOCS, cache=cache)
+    kb.delete_documents("unloaded", ["kv"])
+    milvus_client.release_collection(milvus_collection_name("unloaded"))
+    infos = {info.name: info for info in KnowledgeBase(milvus_client).list_collections(prefix="unloaded")}
+    assert infos["unloaded"].num_documents == 3
+    assert milvus_client.get_load_state(milvus_collection_name("unloaded"))["state"] == LoadState.NotLoad
+
+
+def test_a_collection_record_is_read_again_after_its_ttl(milvus_client, cache, other_cache):
+    """Another process dropped the collection and made it again in another space: within the record TTL this
+    process still holds the old record, after it the new one."""
+    clock = FakeClock()
+    reader = KnowledgeBase(milvus_client, clock=clock, record_ttl_s=30)
+    writer = KnowledgeBase(milvus_client)
+    writer.add_documents("recreated-space", DOCS[:2], cache=cache)
+    assert reader.search("recreated-space", "bread", cache=cache).hits
+    writer.drop_collection("recreated-space")
+    writer.add_documents("recreated-space", DOCS[2:], cache=other_cache)
+    clock.now += 31
+    found = reader.search("recreated-space", "Hauptstadt", cache=other_cache, top_k=2)
+    assert {hit.id for hit in found.hits} == {"redis", "berlin"}
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self):
+        return self.now
 
 
 def test_list_collections_names_spaces_and_sizes(milvus_client, cache):
