@@ -104,8 +104,12 @@ class MemoryTier:
                     row = self._free_rows.pop() if self._free_rows else self._evict_one()
                     key_to_row[key] = row
                 rows.append(row)
-            positions = torch.tensor([position for _, position in batch], device=vectors.device)
-            source = vectors.index_select(0, positions).to(device=self.device, dtype=self.dtype)
+            if len(batch) == len(keys):
+                source = vectors  # every key once, all kept: the rows are already in order, no gather needed
+            else:
+                positions = torch.tensor([position for _, position in batch], device=vectors.device)
+                source = vectors.index_select(0, positions)
+            source = source.to(device=self.device, dtype=self.dtype)
             self.slab.index_copy_(0, torch.tensor(rows, device=self.device), source)
 
     def _evict_one(self) -> int:
