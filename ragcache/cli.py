@@ -60,6 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
             sub.add_argument("--top-k", type=int, default=5)
             sub.add_argument("--filter", default=None)
             _add_search_options(sub)
+            sub.add_argument("--rerank", action="store_true", help="reorder the top-k hits with the server's reranker")
+            sub.add_argument("--rerank-top-n", type=int, default=None, help="hits kept after reranking (default: top-k)")
+            sub.add_argument("--rerank-model", default=None, help="a served reranker (default: the server's first)")
         elif name == "stats":
             sub.add_argument("--watch", action="store_true", help="refresh in place: live hit rates per level")
             sub.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes (with --watch)")
@@ -200,13 +203,20 @@ def run_search(args) -> int:
         score_threshold=args.score_threshold, mmr_lambda=args.mmr_lambda, group_by_source=args.group_by_source,
         group_size=args.group_size,
     )
+    rerank = {"top_n": args.rerank_top_n, "model": args.rerank_model} if args.rerank else None
+    if not args.rerank and (args.rerank_top_n is not None or args.rerank_model is not None):
+        raise RagCacheError("--rerank-top-n and --rerank-model go with --rerank")
     with _client(args) as client:
-        result = client.search(args.query, collection=args.collection, top_k=args.top_k, filter=args.filter, options=options)
+        result = client.search(args.query, collection=args.collection, top_k=args.top_k, filter=args.filter, options=options, rerank=rerank)
     for rank, hit in enumerate(result.hits, start=args.offset + 1):
         text = " ".join(hit.text.split())
         print(f"{rank:>2}. {hit.score:.4f}  {hit.id}  {text[:100]}")
     if result.fallback:
         print(f"warning: {result.fallback}")
+    if result.rerank_fallback:
+        print(f"warning: {result.rerank_fallback}")
+    elif result.reranked_by:
+        print(f"(reranked by {result.reranked_by} in {result.timings_ms.rerank:.1f} ms)")
     print(f"({len(result.hits)} hits, {result.mode}; query embedding from {result.embedding_level}; {result.timings_ms.total:.1f} ms)")
     return 0
 

@@ -149,11 +149,15 @@ class _Operations:
         top_k: int = 10,
         filter: str | None = None,  # noqa: A002 - the API's name
         options: SearchOptions | None = None,
+        rerank: Mapping[str, Any] | None = None,
     ) -> SearchResult:
         """The ``top_k`` documents of ``collection`` nearest to ``query``; ``filter`` is a Milvus expression
         on the documents, e.g. ``metadata["lang"] == "en"``; ``options`` picks the mode (dense, keyword,
-        hybrid), fusion, paging, threshold, MMR and grouping."""
+        hybrid), fusion, paging, threshold, MMR and grouping; ``rerank`` (``{"top_n", "model"}``) reorders the
+        hits by a served reranker (``reranked_by``; ``rerank_fallback`` says why not, when it could not)."""
         body = self._with_model({"query": query, "collection": collection, "top_k": top_k, "filter": filter, **_options_body(options)})
+        if rerank is not None:
+            body["rerank"] = dict(rerank)
         return self._call(_Call("POST", "/search", body, _parse_search))
 
     def rerank(self, query: str, texts: Sequence[str], *, top_n: int | None = None, model: str | None = None) -> RerankResult:
@@ -162,6 +166,7 @@ class _Operations:
         # The Cohere shape: its answer is an object, which carries the served counts (TEI's is a bare list).
         body: dict[str, Any] = {"query": query, "documents": list(texts), "top_n": top_n, "model": model}
         return self._call(_Call("POST", "/rerank", body, _parse_rerank))
+
     def search_many(
         self,
         queries: Sequence[str],
@@ -513,17 +518,21 @@ def _parse_search(payload: dict) -> SearchResult:
     return SearchResult(
         hits=hits,
         embedding_level=payload.get("embedding_level"),
-        timings_ms=SearchTimings(*(float(timings.get(name, 0.0)) for name in ("embed", "search", "total"))),
+        timings_ms=SearchTimings(*(float(timings.get(name, 0.0)) for name in ("embed", "search", "total", "rerank"))),
         result_cache=payload.get("result_cache", "off"),
         mode=payload.get("mode", "dense"),
         fallback=payload.get("fallback"),
         groups=None if groups is None else tuple(SearchGroup(str(g["source"]), tuple(g["ids"])) for g in groups),
+        reranked_by=payload.get("reranked_by"),
+        rerank_fallback=payload.get("rerank_fallback"),
     )
 
 
 def _parse_rerank(payload: dict) -> RerankResult:
     hits = tuple(RerankHit(int(item["index"]), float(item["relevance_score"])) for item in payload["results"])
     return RerankResult(str(payload.get("model", "")), hits, {str(k): int(v) for k, v in (payload.get("served") or {}).items()})
+
+
 def _parse_search_batch(payload: dict) -> list[SearchResult]:
     return [_parse_search(result) for result in payload["results"]]
 

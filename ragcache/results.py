@@ -56,6 +56,7 @@ class SearchTimings:
     embed: float
     search: float
     total: float
+    rerank: float = 0.0  # the rerank stage (0 when the search was not reranked)
 
 
 @dataclass(frozen=True)
@@ -67,3 +68,5 @@ class SearchResult:
     mode: str = "dense"  # the mode that answered: the one asked for, or "dense" after a fallback
     fallback: str | None = None  # why the asked mode fell back to dense (keyword index failing); None when it did not
     groups: tuple[SearchGroup, ...] | None = None  # with group_by_source: the hits by source document
+    reranked_by: str | None = None  # the reranker that ordered the hits (their scores are its scores)
+    rerank_fallback: str | None = None  # why a rerank asked for did not happen (hits in search order); None when it did

@@ -8,17 +8,20 @@ from __future__ import annotations
 
 import dataclasses
 from typing import Any
+from urllib.parse import quote
 
 from fastapi import APIRouter, Request
 
 from ragcache.errors import InvalidInputError, TierUnavailableError
 from ragcache.knowledge import KnowledgeBase
+from ragcache.rerank.stage import rerank_result
 from ragcache.results import SearchResult
 from ragcache.sync import SyncOptions
 from services.auth import principal_of
 from services.errors import HTTPError
 from services.responses import JSONResponse
 from services.routes_embed import blocking, cache_of, check_count, check_text_size
+from services.routes_rerank import rerank_namespace
 from services.schemas import AddDocumentsRequest, BatchSearchRequest, DeleteDocumentsRequest, ListIdsRequest, SearchRequest
 from services.state import ServiceState
 from services.tenants import public_collection, public_names, stored_collection, tenant_prefix
@@ -80,9 +83,16 @@ async def list_collections(request: Request) -> JSONResponse:
 @router.post("/search", summary="The documents nearest to a query (dense, keyword or hybrid)")
 async def search(body: SearchRequest, request: Request) -> JSONResponse:
     """``X-Search-Mode`` names the mode that answered; ``X-Search-Fallback: dense`` (and the body's
-    ``fallback``) says that a keyword or hybrid search was answered by dense search alone."""
+    ``fallback``) says that a keyword or hybrid search was answered by dense search alone. With ``rerank``,
+    ``X-Rerank`` names the reranker that ordered the hits, or ``X-Rerank-Fallback: search-order`` (and the
+    body's ``rerank_fallback``) says that it failed and the hits are in search order."""
     state: ServiceState = request.app.state.ragcache
     check_text_size(body.query, "query", state.settings.max_text_bytes)
+    reranker = None
+    if body.rerank is not None:  # checked before any work: an unknown reranker is the caller's to fix
+        reranker = state.reranker_for(body.rerank.model, field="rerank.model")
+        if body.group_by_source:
+            raise InvalidInputError("rerank reorders hits, group_by_source groups them: ask for one of the two", field="rerank")
     stored = stored_collection(principal_of(request).tenant, body.collection)
     cache, knowledge = cache_of(request, body.model), knowledge_of(state)
     arguments: dict[str, Any] = dict(cache=cache, top_k=body.top_k, filter=body.filter, options=body.options())
@@ -91,16 +101,27 @@ async def search(body: SearchRequest, request: Request) -> JSONResponse:
     with public_names(stored, body.collection):
         # A repeated query's result list comes from Redis without leaving the event loop; the rest
         # (embedding, Milvus) blocks, so it runs in a worker thread.
-        cached = await knowledge.search_cached(stored, body.query, **arguments)
-        if cached is not None:
-            return JSONResponse(cached, headers=search_headers([cached]))
-        try:
-            result = await blocking(knowledge.search, stored, body.query, **arguments)
-        except TierUnavailableError as exc:
-            if body.filter is None or not await searches_without_filter(knowledge, stored, body.query, cache):
-                raise
-            raise InvalidInputError(f"filter could not be evaluated by Milvus: {exc}", field="filter") from exc
-    return JSONResponse(result, headers=search_headers([result]))
+        result = await knowledge.search_cached(stored, body.query, **arguments)
+        if result is None:
+            try:
+                result = await blocking(knowledge.search, stored, body.query, **arguments)
+            except TierUnavailableError as exc:
+                if body.filter is None or not await searches_without_filter(knowledge, stored, body.query, cache):
+                    raise
+                raise InvalidInputError(f"filter could not be evaluated by Milvus: {exc}", field="filter") from exc
+    headers = search_headers([result])
+    if reranker is not None and body.rerank is not None:
+        top_n = body.rerank.top_n or body.top_k
+        result = await blocking(rerank_result, result, body.query, reranker, top_n=top_n, namespace=rerank_namespace(request))
+        headers.update(rerank_headers(result))
+    return JSONResponse(result, headers=headers)
+
+
+def rerank_headers(result: SearchResult) -> dict[str, str]:
+    if result.rerank_fallback is not None:
+        return {"X-Rerank-Fallback": "search-order"}
+    # A reranker's name may be a path: quoted, so a header never carries a character HTTP cannot.
+    return {"X-Rerank": quote(result.reranked_by or "", safe="/:._-")}
 
 
 @router.post("/search/batch", summary="Several queries against one collection in one call")

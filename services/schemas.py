@@ -125,9 +125,17 @@ class SearchOptionsBody(Body):
         return SearchOptions(**self.model_dump(include=set(SearchOptions.__dataclass_fields__)))
 
 
+class RerankStage(Body):
+    """Rerank the search's ``top_k`` hits with a cross-encoder and keep the best ``top_n`` (docs/reranking.md)."""
+
+    top_n: StrictInt | None = Field(None, ge=1, le=1000, description="hits kept after reranking; default: top_k")
+    model: StrictStr | None = Field(None, description="served reranker name; default: the first served")
+
+
 class SearchRequest(SearchOptionsBody):
     query: StrictStr
     collection: StrictStr = COLLECTION
+    rerank: RerankStage | None = Field(None, description="reorder the hits by a reranker's scores")
 
 
 class BatchSearchRequest(SearchOptionsBody):

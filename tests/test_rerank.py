@@ -13,9 +13,11 @@ import torch
 from ragcache.cache import EmbeddingCache
 from ragcache.client import AsyncClient, Client
 from ragcache.errors import InvalidInputError, TierUnavailableError
+from ragcache.processes import free_port
 from ragcache.rerank.local import CrossEncoderReranker
 from ragcache.rerank.remote import RemoteReranker
 from ragcache.rerank.scores import PairEncoder, RerankCache
+from ragcache.retrieval import SearchOptions
 from ragcache.settings import Settings
 from ragcache.tiers.memory import MemoryTier
 from ragcache.tiers.redis import RedisTier
@@ -80,8 +82,12 @@ def test_bad_arguments_name_their_field(local):
 
 @pytest.fixture(scope="module")
 def rerank_server(tiny_cross_encoder, tmp_path_factory):
-    """ragcache serving the tiny cross-encoder: a real TEI- and Cohere-shaped /rerank on loopback."""
-    settings = Settings(redis_url="off", milvus_uri="off", data_dir=tmp_path_factory.mktemp("rerank"), rerank_models=[tiny_cross_encoder])
+    """ragcache serving the tiny cross-encoder (a real TEI- and Cohere-shaped /rerank on loopback), Milvus Lite
+    for /search, and a remote reranker whose endpoint is down (nothing listens on its port)."""
+    settings = Settings(
+        redis_url="off", data_dir=tmp_path_factory.mktemp("rerank"), rerank_models=[tiny_cross_encoder],
+        rerank_url=f"http://127.0.0.1:{free_port()}/rerank", rerank_remote_model="remote-down", rerank_timeout_s=1.0,
+    )
     with LiveServer(settings) as live:
         yield live
 
@@ -128,7 +134,7 @@ def test_stats_count_rerank_hits(rerank_server):
     httpx.post(rerank_server.url + "/rerank", json={"query": "stats", "texts": TEXTS}).raise_for_status()
     httpx.post(rerank_server.url + "/rerank", json={"query": "stats", "texts": TEXTS}).raise_for_status()
     stats = httpx.get(rerank_server.url + "/stats").json()["rerankers"]
-    (figures,) = stats.values()
+    figures = stats[rerank_server.state.settings.rerank_models[0]]
     assert figures["space"]["dim"] == 1 and figures["space"]["prompt"] == "rerank"
     assert figures["since_start"]["hits"] >= len(TEXTS)
 
@@ -182,3 +188,83 @@ def test_remote_reranker_refuses_an_answer_that_misses_a_text():
     remote = RemoteReranker("http://127.0.0.1:9/rerank", "m", transport=httpx.MockTransport(short))
     with pytest.raises(TierUnavailableError, match="misses a text"):
         remote.score([(QUERY, "a"), (QUERY, "b")])
+
+
+DOCS = [{"id": f"d{n}", "text": text} for n, text in enumerate(TEXTS)]
+
+
+@pytest.fixture(scope="module")
+def collection(rerank_server):
+    response = httpx.post(rerank_server.url + "/documents", json={"collection": "rerank_docs", "documents": DOCS}, timeout=60)
+    assert response.status_code == 200, response.text
+    return "rerank_docs"
+
+
+def search(server, **body):
+    return httpx.post(server.url + "/search", json={"query": QUERY, "collection": "rerank_docs", "top_k": 5, **body}, timeout=60)
+
+
+@pytest.mark.parametrize("mode", ["dense", "hybrid"])
+def test_search_reranks_its_hits_with_the_cross_encoder(rerank_server, collection, local, mode):
+    plain = search(rerank_server, mode=mode).json()
+    response = search(rerank_server, mode=mode, rerank={"top_n": 3})
+    assert response.status_code == 200, response.text
+    body = response.json()
+    candidates = [hit["text"] for hit in plain["hits"]]
+    expected = local.score([(QUERY, text) for text in candidates])
+    order = list(np.argsort(-expected, kind="stable"))[:3]
+    assert [hit["text"] for hit in body["hits"]] == [candidates[i] for i in order]
+    np.testing.assert_allclose([hit["score"] for hit in body["hits"]], expected[order], rtol=1e-5)
+    assert body["reranked_by"] == rerank_server.state.settings.rerank_models[0] and body["rerank_fallback"] is None
+    assert response.headers["X-Rerank"] and "X-Rerank-Fallback" not in response.headers
+    assert body["timings_ms"]["rerank"] > 0
+
+
+def test_search_falls_back_to_search_order_when_the_reranker_is_down(rerank_server, collection):
+    plain = search(rerank_server).json()
+    response = search(rerank_server, rerank={"top_n": 2, "model": "remote-down"})
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert [hit["id"] for hit in body["hits"]] == [hit["id"] for hit in plain["hits"][:2]]
+    assert response.headers["X-Rerank-Fallback"] == "search-order"
+    assert body["reranked_by"] is None and "remote-down" in body["rerank_fallback"]
+
+
+@pytest.mark.parametrize(
+    "extra, field",
+    [({"rerank": {"model": "no-such-reranker"}}, "rerank.model"),
+     ({"rerank": {"top_n": 0}}, "rerank.top_n"),
+     ({"rerank": {}, "group_by_source": True}, "rerank")],
+)
+def test_search_refuses_a_rerank_it_cannot_do(rerank_server, collection, extra, field):
+    response = search(rerank_server, **extra)
+    assert response.status_code == 422, response.text
+    assert response.json()["error"]["field"] == field
+
+
+def test_python_clients_search_with_rerank(rerank_server, collection):
+    with Client(rerank_server.url) as client:
+        result = client.search(QUERY, "rerank_docs", top_k=5, options=SearchOptions(mode="hybrid"), rerank={"top_n": 2})
+        fallback = client.search(QUERY, "rerank_docs", top_k=5, rerank={"model": "remote-down"})
+    assert len(result.hits) == 2 and result.reranked_by == rerank_server.state.settings.rerank_models[0]
+    assert result.timings_ms.rerank > 0
+    assert fallback.reranked_by is None and fallback.rerank_fallback is not None
+
+    async def search_async():
+        async with AsyncClient(rerank_server.url) as client:
+            return await client.search(QUERY, "rerank_docs", top_k=5, options=SearchOptions(mode="hybrid"), rerank={"top_n": 2})
+
+    assert [hit.id for hit in asyncio.run(search_async()).hits] == [hit.id for hit in result.hits]
+
+
+def test_cli_search_with_rerank(rerank_server, collection, capsys):
+    from ragcache.cli import main
+
+    assert main(["search", QUERY, "--collection", "rerank_docs", "--top-k", "5", "--rerank", "--rerank-top-n", "2",
+                 "--url", rerank_server.url]) == 0
+    out = capsys.readouterr().out
+    assert "reranked by" in out and " 3. " not in out
+    down = ["--rerank", "--rerank-model", "remote-down"]
+    assert main(["search", QUERY, "--collection", "rerank_docs", *down, "--url", rerank_server.url]) == 0
+    assert "warning: reranker 'remote-down' failed" in capsys.readouterr().out
+    assert main(["search", QUERY, "--collection", "rerank_docs", "--rerank-model", "x", "--url", rerank_server.url]) == 1
