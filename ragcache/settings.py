@@ -32,6 +32,8 @@ class Settings(BaseSettings):
     text_normalization: Literal["NFC", "NFKC"] | None = Field(
         None, description="Unicode normalisation before hashing (part of the key); unset: the exact bytes")
     device: str = Field("auto", description="auto = CUDA when available, else CPU")
+    models_file: Path | None = Field(None, description="JSON or TOML file listing remote models (OpenAI-compatible, TEI, Ollama) served beside the local ones (docs/providers.md)")
+    models_json: str | None = Field(None, description="the same list of remote models as JSON text")
 
     # -- levels ------------------------------------------------------------------------------------------
     l1_bytes: int = Field(256 * 1024 * 1024, gt=0, description="L1 slab budget in bytes")

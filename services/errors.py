@@ -20,6 +20,9 @@ from ragcache.errors import (
     NotFoundError,
     RagCacheError,
     TierUnavailableError,
+    UpstreamBadResponseError,
+    UpstreamTimeoutError,
+    UpstreamUnavailableError,
 )
 from services.responses import JSONResponse
 
@@ -31,6 +34,10 @@ STATUS_BY_ERROR: list[tuple[type[Exception], int, str]] = [
     (ConflictError, 409, "conflict"),
     (TierUnavailableError, 503, "unavailable"),
     (ModelOutOfMemoryError, 503, "model_out_of_memory"),
+    # A remote model (ragcache.providers): the gateway statuses, the message naming the model.
+    (UpstreamUnavailableError, 503, "upstream_unavailable"),
+    (UpstreamTimeoutError, 504, "upstream_timeout"),
+    (UpstreamBadResponseError, 502, "upstream_bad_response"),
     (ComputeError, 500, "model_failed"),
     (ConfigError, 500, "server_config"),
     (RagCacheError, 500, "internal"),

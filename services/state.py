@@ -5,10 +5,10 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from ragcache.build import build_cache, drift_monitor, load_encoder
+from ragcache.build import build_cache, drift_monitor, load_encoder, load_remote_encoders
 from ragcache.cache import EmbeddingCache
 from ragcache.drift import DriftMonitor
-from ragcache.errors import InvalidInputError, NotFoundError
+from ragcache.errors import ConfigError, InvalidInputError, NotFoundError
 from ragcache.knowledge import KnowledgeBase
 from ragcache.prefixes import PrefixRegistry, PrefixRegistryConfig
 from ragcache.rerank.build import build_rerankers, score_cache
@@ -39,8 +39,15 @@ class ServiceState:
         caches: dict[str, EmbeddingCache] = {}
         rerankers: dict[str, RerankCache] = {}
         try:
+            for encoder in load_remote_encoders(settings):
+                if encoder.name in ALIASES:
+                    encoder.close()
+                    raise ConfigError(f"remote model name {encoder.name!r} is taken: it names the packaged local model")
+                caches[encoder.name] = build_cache(settings, stores, encoder, on_close=encoder.close)
+            # A remote model may be the default (RAGCACHE_MODEL=<its name>): no local model is loaded for it.
             for model in settings.models:
-                caches[model] = build_cache(settings, stores, load_encoder(settings, model))
+                if model not in caches:
+                    caches[model] = build_cache(settings, stores, load_encoder(settings, model))
             for reranker in build_rerankers(settings):
                 rerankers[reranker.name] = score_cache(settings, stores, reranker)
             # Before the first request: a model that changed since the last run never serves old vectors.

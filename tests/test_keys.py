@@ -48,6 +48,9 @@ def test_same_text_same_space_same_key_in_another_process():
         {"max_seq_length": 128},
         {"prompt": "query: "},
         {"text_normalization": "NFC"},
+        {"provider": "openai"},
+        {"endpoint": "https://api.example.com:443/v1"},
+        {"prompt_name": "query"},
     ],
 )
 def test_anything_that_changes_the_vector_changes_the_key(change):
@@ -60,6 +63,13 @@ def test_space_id_is_stable_and_described():
     described = space(prompt="q: ").describe()
     assert described["space_id"] == space(prompt="q: ").space_id
     assert described["prompt"] == "q: " and described["model"] == "m"
+
+
+def test_fields_added_later_leave_existing_space_ids_unchanged():
+    # Pinned: ids of spaces made before namespace/provider/endpoint/prompt_name existed. Their stored
+    # vectors (L2 keys, L3 collections) stay reachable only while these stay the same.
+    assert EmbeddingSpace("m", "r", "float32", 384, False, 256).space_id == "90708a347e6dd43b"
+    assert "provider" not in space().describe() and "endpoint" not in space().describe()
 
 
 def test_texts_of_any_content_get_distinct_keys():
