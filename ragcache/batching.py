@@ -41,8 +41,12 @@ class ComputeBatcher:
         self._worker = threading.Thread(target=self._run, name="ragcache-compute", daemon=True)
         self._worker.start()
 
-    def compute(self, keys: Sequence[str], texts: Sequence[str]) -> torch.Tensor:
-        """Vectors for ``texts`` (one per key, in order); blocks until all are computed."""
+    def compute(
+        self, keys: Sequence[str], texts: Sequence[str], *, keep: Callable[[list[int], torch.Tensor], None] | None = None
+    ) -> torch.Tensor:
+        """Vectors for ``texts`` (one per key, in order); blocks until all are computed. When some fail, the
+        first failure is raised, after ``keep(positions, vectors)`` was given those that did not: a remote
+        model's vectors are paid for, and are cached even when the request that asked for them fails."""
         futures: list[Future] = []
         with self._cond:
             if self._closed:
@@ -55,7 +59,16 @@ class ComputeBatcher:
                     self._pending.append((key, text, future))
                 futures.append(future)
             self._cond.notify()
-        return torch.stack([future.result() for future in futures]) if futures else torch.empty(0)
+        if not futures:
+            return torch.empty(0)
+        try:
+            return torch.stack([future.result() for future in futures])
+        except Exception:
+            # Only those already done: the error is not held back for batches still being computed.
+            done = [i for i, future in enumerate(futures) if future.done() and future.exception() is None]
+            if keep is not None and done:
+                keep(done, torch.stack([futures[i].result() for i in done]))
+            raise
 
     def _take_batch(self) -> list[tuple[str, str, Future]] | None:
         with self._cond:

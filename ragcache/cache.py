@@ -203,7 +203,11 @@ class EmbeddingCache:
                       *, num_sync: int = 1) -> int:
         """Compute the keys at ``positions`` into ``vectors`` and write them up; returns how many."""
         keys = [unique_keys[i] for i in positions]
-        computed = self._batcher.compute(keys, [unique_texts[i] for i in positions])
+
+        def keep(done: list[int], done_vectors: torch.Tensor) -> None:
+            self._write_up(len(self.tiers), [keys[i] for i in done], done_vectors, num_sync=num_sync)
+
+        computed = self._batcher.compute(keys, [unique_texts[i] for i in positions], keep=keep)
         vectors.index_copy_(0, torch.from_numpy(positions).to(self.device), computed.to(self.device, self.dtype))
         self._write_up(len(self.tiers), keys, computed, num_sync=num_sync)
         return len(positions)

@@ -32,7 +32,9 @@ class Settings(BaseSettings):
     text_normalization: Literal["NFC", "NFKC"] | None = Field(
         None, description="Unicode normalisation before hashing (part of the key); unset: the exact bytes")
     device: str = Field("auto", description="auto = CUDA when available, else CPU")
-    models_file: Path | None = Field(None, description="JSON or TOML file listing remote models (OpenAI-compatible, TEI, Ollama) served beside the local ones (docs/providers.md)")
+    models_file: Path | None = Field(
+        None, description="JSON or TOML file of remote models (OpenAI-compatible, TEI, Ollama) beside the local ones (docs/providers.md)"
+    )
     models_json: str | None = Field(None, description="the same list of remote models as JSON text")
 
     # -- levels ------------------------------------------------------------------------------------------

@@ -43,7 +43,25 @@ def render_stats(stats: dict[str, Any], previous: dict[str, Any] | None = None, 
             if previous is not None:
                 row += f"{_interval_rate(level, before.get(name)):>12}"
             lines.append(row + f"{level['latency_p50_ms']:>9.3f}{level['latency_p99_ms']:>9.3f}")
+        if "upstream" in entry:
+            lines += _upstream_lines(entry["upstream"])
     return "\n".join(lines)
+
+
+def _upstream_lines(upstream: dict[str, Any]) -> list[str]:
+    """A remote model's upstream: what was sent, what failed, how fast, and what the cache saved."""
+    errors = ", ".join(f"{kind} {count:,}" for kind, count in sorted(upstream["errors"].items())) or "none"
+    money = upstream.get("money_saved")
+    saved = f"  saved: {upstream['texts_saved']:,} texts, {upstream['tokens_saved']:,} tokens"
+    if money is not None:
+        saved += f", {money:.4f} money"
+    state = "up" if upstream["up"] else "DOWN"
+    return [
+        f"  upstream {upstream['provider']} {upstream['endpoint']}  {state}  calls {upstream['num_calls']:,}  "
+        f"texts {upstream['num_texts']:,}  tokens {upstream['num_tokens']:,} ({upstream['token_counting']})",
+        f"  upstream retries {upstream['num_retries']:,}  errors {errors}  latency p50/p95/p99 "
+        f"{upstream['latency_p50_ms']:.1f}/{upstream['latency_p95_ms']:.1f}/{upstream['latency_p99_ms']:.1f} ms" + saved,
+    ]
 
 
 def watch_stats(

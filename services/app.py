@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry
 
 from ragcache.metrics import CacheCollector, DriftCollector
 from ragcache.prefixes.metrics import register_prefix_metrics
+from ragcache.providers.metrics import UpstreamCollector
 from ragcache.settings import Settings
 from services import prefixes_api, routes_embed, routes_ops, routes_rerank, routes_retrieval, routes_ui
 from services.auth import OPEN_PATHS, AccessMiddleware, KeyRing
@@ -36,6 +37,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.metrics_registry.register(CacheCollector(lambda: [*state.caches.values(), *tenant_caches.caches()]))
         register_prefix_metrics(state.prefixes, app.state.metrics_registry)
         app.state.metrics_registry.register(DriftCollector(lambda: state.drift.states() if state.drift else []))
+        app.state.metrics_registry.register(UpstreamCollector(lambda: state.caches.items()))
         try:
             yield
         finally:

@@ -11,6 +11,7 @@ from starlette.responses import Response
 
 import ragcache
 from ragcache.drift import DriftState
+from ragcache.providers.stats import upstream_figures
 from ragcache.redact import redact_url
 from services.auth import principal_of
 from services.responses import JSONResponse
@@ -31,6 +32,7 @@ async def stats(request: Request) -> JSONResponse:
             "since_start": asdict(cache.stats()),
             "recent": asdict(cache.stats(recent=True)),
             "drift": drift.get(name),
+            **_upstream_of(cache),
         }
         for name, cache in state.caches.items()
     }
@@ -45,6 +47,12 @@ async def stats(request: Request) -> JSONResponse:
         for name, reranker in state.rerankers.items()
     }
     return JSONResponse({"models": models, "rerankers": rerankers, "prefixes": asdict(state.prefixes.stats())})
+
+
+def _upstream_of(cache) -> dict:
+    """A remote model's ``upstream`` entry (calls, tokens, retries, errors, latency, savings); none for a local one."""
+    figures = upstream_figures(cache.encoder.stats(), cache.stats().hits)
+    return {} if figures is None else {"upstream": figures}
 
 
 @router.get("/metrics", summary="Prometheus exposition", response_class=Response)

@@ -89,7 +89,7 @@ class InfinityServer:
             return "(no log)"
         return path.read_text(errors="replace")[-num_chars:]
 
-    def __enter__(self) -> "InfinityServer":
+    def __enter__(self) -> InfinityServer:
         self.start()
         return self
 

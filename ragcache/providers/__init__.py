@@ -10,7 +10,7 @@ read from the variable or file the model names.
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 from ragcache.providers.config import PROVIDERS, RemoteModel, endpoint_identity, load_models, parse_models, remote_space
 from ragcache.providers.credentials import ApiKey, read_api_key

@@ -7,8 +7,8 @@ header that needs it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 from ragcache.errors import ConfigError
 from ragcache.providers.config import RemoteModel

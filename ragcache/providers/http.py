@@ -25,8 +25,9 @@ import math
 import random
 import threading
 import time
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import httpx
 import numpy as np
@@ -150,11 +151,12 @@ class RemoteEncoder:
         if len(runs) == 1:
             outcomes: list[np.ndarray | UpstreamError] = [self._call_catching(sent, sum(counts))]
         else:
-            futures = [self._pool.submit(self._call_catching, sent[run.start : run.stop], sum(counts[run.start : run.stop])) for run in runs]
+            futures = [self._pool.submit(self._call_catching, sent[run.start : run.stop], sum(counts[run.start : run.stop]))
+                       for run in runs]
             outcomes = [future.result() for future in futures]
         failed = [outcome for outcome in outcomes if isinstance(outcome, UpstreamError)]
         if not failed:
-            return torch.from_numpy(np.concatenate(outcomes)).to(self._dtype)
+            return torch.from_numpy(np.concatenate([o for o in outcomes if isinstance(o, np.ndarray)])).to(self._dtype)
         if len(failed) == len(outcomes):
             raise failed[0]
         per_text: list = []
@@ -252,7 +254,8 @@ class RemoteEncoder:
         """One request: a slot, the POST, a bounded read, and the checked answer."""
         remaining = deadline - self._clock()
         if remaining <= 0 or not self._slots.acquire(timeout=remaining):
-            raise UpstreamTimeoutError(self.name, f"no answer within {self.model.timeout_s:g} s (all {self.model.concurrency} connections busy)")
+            busy = f"no answer within {self.model.timeout_s:g} s (all {self.model.concurrency} connections busy)"
+            raise UpstreamTimeoutError(self.name, busy)
         started = self._clock()
         try:
             status, headers, body = self._post(texts, deadline)
@@ -271,7 +274,8 @@ class RemoteEncoder:
         if self._api_key is not None:
             headers["Authorization"] = self._api_key.header()
         try:
-            with self._http.stream("POST", self._url, content=orjson.dumps(self.request_body(texts)), headers=headers, timeout=timeout) as response:
+            content = orjson.dumps(self.request_body(texts))
+            with self._http.stream("POST", self._url, content=content, headers=headers, timeout=timeout) as response:
                 chunks, size = [], 0
                 for chunk in response.iter_bytes():
                     size += len(chunk)
@@ -282,11 +286,10 @@ class RemoteEncoder:
                     chunks.append(chunk)
                 return response.status_code, response.headers, b"".join(chunks)
         except httpx.TimeoutException as exc:
-            error = UpstreamTimeoutError(self.name, f"no answer from {self._endpoint} within {self.model.timeout_s:g} s ({type(exc).__name__})")
-            raise _Retry(error) from None
+            late = f"no answer from {self._endpoint} within {self.model.timeout_s:g} s ({type(exc).__name__})"
+            raise _Retry(UpstreamTimeoutError(self.name, late)) from None
         except httpx.TransportError as exc:
-            error = UpstreamUnavailableError(self.name, f"cannot reach {self._endpoint}: {type(exc).__name__}")
-            raise _Retry(error) from None
+            raise _Retry(UpstreamUnavailableError(self.name, f"cannot reach {self._endpoint}: {type(exc).__name__}")) from None
 
     def _status_error(self, status: int, headers: httpx.Headers, body: bytes) -> Exception:
         """The error (or the retry) an answer's status means. The upstream's message is shown only for
@@ -314,7 +317,8 @@ class RemoteEncoder:
             raise UpstreamBadResponseError(self.name, f"the upstream's answer is not usable: {_short(exc)}") from None
         if vectors.shape != (num_texts, self.space.dim):
             if vectors.ndim == 2 and vectors.shape[0] == num_texts:
-                raise UpstreamBadResponseError(self.name, f"the upstream returned {vectors.shape[1]} dimensions, configured {self.space.dim}")
+                wrong = f"the upstream returned {vectors.shape[1]} dimensions, configured {self.space.dim}"
+                raise UpstreamBadResponseError(self.name, wrong)
             raise UpstreamBadResponseError(self.name, f"the upstream returned {len(vectors)} vectors for {num_texts} texts")
         if not np.isfinite(vectors).all():
             raise UpstreamBadResponseError(self.name, "the upstream returned NaN or infinite values")

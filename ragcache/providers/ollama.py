@@ -26,7 +26,6 @@ class OllamaEncoder(RemoteEncoder):
         return body
 
     def parse(self, answer: Any, num_texts: int) -> tuple[np.ndarray, int | None]:
-        if not isinstance(answer, dict):
+        if not isinstance(answer, dict) or not isinstance(answer.get("embeddings"), list):
             raise ValueError("expected an object with a list 'embeddings'")
-        tokens = answer.get("prompt_eval_count")
-        return decode_matrix(answer.get("embeddings"), num_texts), tokens
+        return decode_matrix(answer["embeddings"], num_texts), answer.get("prompt_eval_count")

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import threading
 from collections import Counter, deque
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
 from ragcache.tiers.compute import EncoderStats
 
-__all__ = ["UpstreamStats", "UpstreamRecorder", "UpstreamSavings", "savings"]
+__all__ = ["UpstreamStats", "UpstreamRecorder", "UpstreamSavings", "savings", "upstream_figures"]
 
 
 @dataclass(frozen=True)
@@ -106,3 +106,13 @@ class UpstreamRecorder:
                 latency_p99_ms=p99,
                 **fixed,
             )
+
+
+def upstream_figures(encoder_stats: object, hits: int) -> dict | None:
+    """The ``upstream`` entry of a model in /stats: the upstream's figures and what hits saved; None for a
+    model that is not remote."""
+    if not isinstance(encoder_stats, UpstreamStats):
+        return None
+    figures = asdict(encoder_stats)
+    figures.pop("batch_sizes")  # the cache's own figures have them; here they would only repeat
+    return {**figures, **asdict(savings(encoder_stats, hits))}

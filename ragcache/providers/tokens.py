@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Sequence
+from collections.abc import Sequence
+from typing import Any
 
 __all__ = ["TokenCounter", "estimate_tokens"]
 
@@ -35,7 +36,7 @@ class TokenCounter:
     def __init__(self, tokenizer: str | None, *, model_name: str = ""):
         self._source = tokenizer
         self._model_name = model_name
-        self._tokenizer = None
+        self._tokenizer: Any = None  # a transformers tokenizer, once loaded
         self._loaded = tokenizer is None
         self._lock = threading.Lock()
 

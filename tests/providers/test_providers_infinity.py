@@ -82,8 +82,8 @@ def service(infinity, redis_server, tmp_path_factory):
     models = {"models": [dataclasses.asdict(model)]}
 
     # The remote model is the default: no local model is loaded.
-    settings = Settings(model="minilm-remote", models_json=json.dumps(models), redis_url=redis_server, data_dir=tmp_path_factory.mktemp("data"),
-                        write_behind=False, single_flight=False)
+    settings = Settings(model="minilm-remote", models_json=json.dumps(models), redis_url=redis_server,
+                        data_dir=tmp_path_factory.mktemp("data"), write_behind=False, single_flight=False)
     with LiveServer(settings) as server:
         yield server
 

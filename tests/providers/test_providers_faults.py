@@ -1,0 +1,257 @@
+"""A remote model that misbehaves, through the real service over HTTP, with a real Redis as L2.
+
+The upstream is a fault-injecting server of our own on loopback (``loopback.py``), used only for faults: it
+answers OpenAI's ``/embeddings`` with known vectors (a function of the text), or with whatever a test asks
+for. Every case ends the same way: the client gets the right vectors or a clear 502/503/504 naming the
+model (never the key), nothing wrong is in L1 or L2, and the service still answers.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+
+import httpx
+import numpy as np
+import pytest
+import xxhash
+
+from ragcache.cli import main
+from ragcache.processes import free_port
+from ragcache.settings import Settings
+from tests.live_server import LiveServer
+from tests.providers.loopback import LoopbackServer, Received, Reply
+
+DIM = 8
+SECRET = "sk-fault-test-0123456789abcdef"
+MODEL = "faulty"
+DOWN = "down"
+
+
+def known_vector(text: str) -> np.ndarray:
+    """The vector the upstream computes for ``text``: any fixed function of it will do."""
+    rng = np.random.default_rng(xxhash.xxh64_intdigest(text.encode()))
+    return rng.standard_normal(DIM).astype(np.float32)
+
+
+def good_answer(texts: list[str], *, base64_rows: bool = True) -> dict:
+    rows = [known_vector(t) for t in texts]
+    data = [{"object": "embedding", "index": i, "embedding": base64.b64encode(r.astype("<f4").tobytes()).decode() if base64_rows
+             else [float(x) for x in r]} for i, r in enumerate(rows)]
+    return {"object": "list", "data": data, "model": "m", "usage": {"prompt_tokens": 3 * len(texts), "total_tokens": 3 * len(texts)}}
+
+
+class Upstream:
+    """The fault plan: ``faults`` is a list of replies to give, one per request, before answering well."""
+
+    def __init__(self):
+        self.faults: list = []
+
+    def __call__(self, request: Received) -> Reply:
+        texts = request.body["input"]
+        if any("FAIL500" in t for t in texts):
+            return Reply(500, {"error": "boom"})
+        if any("TOOLONG" in t for t in texts):
+            return Reply(400, {"error": {"message": "input too long"}})
+        if self.faults:
+            fault = self.faults.pop(0)
+            return fault(texts) if callable(fault) else fault
+        return Reply(200, good_answer(texts))
+
+
+@pytest.fixture(scope="module")
+def upstream():
+    plan = Upstream()
+    with LoopbackServer(plan) as server:
+        server.plan = plan
+        yield server
+
+
+@pytest.fixture(scope="module")
+def service(upstream, redis_server, tmp_path_factory, monkeypatch_module):
+    monkeypatch_module.setenv("FAULT_TEST_KEY", SECRET)
+    model = {"name": MODEL, "provider": "openai", "base_url": upstream.url, "upstream_model": "m", "dimensions": DIM,
+             "api_key_env": "FAULT_TEST_KEY", "max_inputs": 2, "timeout_s": 1.5, "max_retries": 2, "retry_backoff_s": 0.05}
+    # Another model whose upstream is not there at all (a port nothing listens on).
+    down = {**model, "name": DOWN, "base_url": f"http://127.0.0.1:{free_port()}"}
+    settings = Settings(model=MODEL, models_json=json.dumps({"models": [model, down]}), redis_url=redis_server, milvus_uri="off",
+                        data_dir=tmp_path_factory.mktemp("data"), write_behind=False, single_flight=False)
+    with LiveServer(settings) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    with pytest.MonkeyPatch.context() as patch:
+        yield patch
+
+
+@pytest.fixture(autouse=True)
+def healthy_upstream(upstream, service):
+    """Each test starts with a well-behaved upstream and a closed breaker."""
+    upstream.plan.faults = []
+    deadline = time.monotonic() + 10
+    while post(service, [f"breaker probe {time.monotonic()}"]).status_code != 200:
+        assert time.monotonic() < deadline, "the breaker did not close"
+        time.sleep(0.1)
+    upstream.received.clear()
+    yield
+
+
+def post(service, texts: list[str], model: str = MODEL) -> httpx.Response:
+    return httpx.post(f"{service.url}/v1/embeddings", json={"model": model, "input": texts, "encoding_format": "base64"}, timeout=30)
+
+
+def vectors_of(response: httpx.Response) -> np.ndarray:
+    return np.stack([np.frombuffer(base64.b64decode(item["embedding"]), dtype="<f4") for item in response.json()["data"]])
+
+
+def cached_levels(service, texts: list[str], model: str = MODEL) -> dict[str, int]:
+    """How many of ``texts`` L1 and L2 hold."""
+    cache = service.state.cache_for(model)
+    keys = cache.space.keys(texts)
+    return {tier.name: len(tier.get_many(keys).index) for tier in cache.tiers}
+
+
+def assert_refused(service, texts: list[str], status: int, error_type: str, model: str = MODEL) -> dict:
+    response = post(service, texts, model)
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert error["type"] == error_type and repr(model) in error["message"]
+    assert SECRET not in response.text
+    assert cached_levels(service, texts, model) == {"L1": 0, "L2": 0}
+    assert httpx.get(f"{service.url}/health", timeout=5).status_code == 200
+    return error
+
+
+def test_a_good_answer_is_served_and_cached_and_the_key_sent(service, upstream):
+    texts = ["good one", "good two", "good three"]
+    response = post(service, texts)
+    assert response.status_code == 200
+    assert np.array_equal(vectors_of(response), np.stack([known_vector(t) for t in texts]))
+    assert cached_levels(service, texts) == {"L1": 3, "L2": 3}
+    assert len(upstream.received) == 2  # max_inputs=2: two upstream requests
+    assert {r.headers["authorization"] for r in upstream.received} == {f"Bearer {SECRET}"}
+
+
+def test_429_with_retry_after_is_waited_for_then_served(service, upstream):
+    upstream.plan.faults = [Reply(429, {"error": "slow down"}, headers={"Retry-After": "0.3"})]
+    texts = ["rate limited once"]
+    response = post(service, texts)
+    assert response.status_code == 200
+    assert np.array_equal(vectors_of(response), known_vector(texts[0])[None])
+    assert len(upstream.received) == 2
+    assert service.state.cache_for(MODEL).encoder.stats().num_retries >= 1
+
+
+def test_429_asking_for_longer_than_the_timeout_fails_at_once_with_503(service, upstream):
+    upstream.plan.faults = [Reply(429, {"error": "slow down"}, headers={"Retry-After": "120"})]
+    error = assert_refused(service, ["rate limited long"], 503, "upstream_unavailable")
+    assert "rate limited" in error["message"] and len(upstream.received) == 1
+
+
+def test_an_answer_cut_off_mid_body_is_tried_again(service, upstream):
+    # The connection closes after 40 bytes of a longer announced body: a dropped connection, retried.
+    upstream.plan.faults = [lambda texts: Reply(200, json.dumps(good_answer(texts)).encode(), cut=40)]
+    response = post(service, ["cut off once"])
+    assert response.status_code == 200 and len(upstream.received) == 2
+    assert np.array_equal(vectors_of(response), known_vector("cut off once")[None])
+
+
+def test_500_is_retried_then_served(service, upstream):
+    upstream.plan.faults = [Reply(500, {"error": "boom"})]
+    response = post(service, ["five hundred once"])
+    assert response.status_code == 200 and len(upstream.received) == 2
+
+
+def test_500_past_the_retries_is_a_502(service, upstream):
+    assert_refused(service, ["always FAIL500"], 502, "upstream_bad_response")
+    assert len(upstream.received) == 3  # the first try and max_retries=2
+
+
+def test_an_upstream_that_hangs_past_the_timeout_is_a_504(service, upstream):
+    upstream.plan.faults = [Reply(200, {}, hang_s=5)] * 3
+    started = time.monotonic()
+    assert_refused(service, ["hanging"], 504, "upstream_timeout")
+    assert time.monotonic() - started < 5  # cut off at timeout_s, not when the upstream gave up
+
+
+@pytest.mark.parametrize(
+    "fault, words",
+    [
+        (lambda texts: Reply(200, json.dumps(good_answer(texts)).encode()[:40]), "not usable"),  # truncated JSON
+        (lambda texts: Reply(200, b"<html>gateway</html>"), "not usable"),
+        (lambda texts: Reply(200, {**good_answer(texts), "data": good_answer(texts)["data"][:-1]}), "vectors for"),  # fewer
+        (lambda texts: Reply(200, {"data": [{**d, "embedding": d["embedding"][:-8]} for d in good_answer(texts)["data"]]}),
+         "not float32 vectors|dimensions"),  # wrong dimension (base64 one float short)
+        (lambda texts: Reply(200, {"data": [{"index": i, "embedding": [0.5] * (DIM + 1)} for i in range(len(texts))]}),
+         "dimensions"),  # wrong dimension, JSON numbers
+        (lambda texts: Reply(200, {"data": [{"index": i, "embedding": base64.b64encode(np.full(DIM, np.nan, "<f4").tobytes()).decode()}
+                                            for i in range(len(texts))]}), "NaN"),
+        (lambda texts: Reply(200, {"data": [{"index": i, "embedding": [1e39] * DIM} for i in range(len(texts))]}), "NaN or infinite"),
+        (lambda texts: Reply(200, {"data": list(reversed(good_answer(texts)["data"]))}), "in order"),  # out of order
+        (lambda texts: Reply(200, {"data": [{**d, "index": 0} for d in good_answer(texts)["data"]]}), "in order"),  # duplicate index
+    ],
+    ids=["truncated", "not-json", "fewer", "short-base64", "wrong-dim", "nan", "overflow", "out-of-order", "duplicate-index"],
+)
+def test_an_answer_that_cannot_be_trusted_is_a_502_and_never_cached(service, upstream, fault, words):
+    texts = [f"untrusted {words} a", f"untrusted {words} b"]
+    upstream.plan.faults = [fault]
+    error = assert_refused(service, texts, 502, "upstream_bad_response")
+    assert any(word in error["message"] for word in words.split("|")), error["message"]
+    assert len(upstream.received) == 1  # a garbled answer is not asked for again
+
+
+def test_refused_credentials_are_a_502_that_never_quotes_the_key(service, upstream):
+    upstream.plan.faults = [Reply(401, {"error": {"message": f"Incorrect API key provided: {SECRET}"}})]
+    error = assert_refused(service, ["wrong key"], 502, "upstream_bad_response")
+    assert "credentials" in error["message"]
+
+
+def test_an_unreachable_upstream_is_a_503_and_the_breaker_then_answers_at_once(service):
+    assert_refused(service, ["nobody home"], 503, "upstream_unavailable", DOWN)
+    error = assert_refused(service, ["still nobody"], 503, "upstream_unavailable", DOWN)
+    assert "skipped" in error["message"]
+    upstream = httpx.get(f"{service.url}/stats", timeout=5).json()["models"][DOWN]["upstream"]
+    assert upstream["up"] is False and upstream["errors"]["unavailable"] >= 1 and upstream["errors"]["breaker_open"] >= 1
+    metrics = httpx.get(f"{service.url}/metrics", timeout=5).text
+    assert f'ragcache_upstream_up{{model="{DOWN}",provider="openai"}} 0.0' in metrics
+    assert f'ragcache_upstream_up{{model="{MODEL}",provider="openai"}} 1.0' in metrics
+
+
+def test_a_failed_upstream_request_fails_only_the_texts_it_carried(service, upstream):
+    # max_inputs=2: ["kept a", "kept b"] go in one request, ["FAIL500 c"] in another, which fails.
+    texts = ["kept a", "kept b", "FAIL500 c"]
+    response = post(service, texts)
+    assert response.status_code == 502
+    assert cached_levels(service, texts[:2]) == {"L1": 2, "L2": 2}
+    assert cached_levels(service, texts[2:]) == {"L1": 0, "L2": 0}
+    upstream.received.clear()
+    again = post(service, texts[:2])
+    assert again.status_code == 200 and again.headers["X-Cache-L1"] == "2" and not upstream.received
+
+
+def test_a_text_the_upstream_refuses_is_isolated_from_its_batch(service, upstream):
+    # "fine" and "TOOLONG" share one request, which gets a 400: the batch is split, "fine" gets its vector.
+    response = post(service, ["fine", "TOOLONG here"])
+    assert response.status_code == 502 and "input too long" in response.json()["error"]["message"]
+    assert cached_levels(service, ["fine"]) == {"L1": 1, "L2": 1}
+    assert service.state.cache_for(MODEL).encoder.stats().up  # a refused text does not open the breaker
+
+
+def test_stats_metrics_and_the_watch_show_what_the_upstream_cost_and_the_cache_saved(service, upstream, capsys):
+    texts = ["counted one", "counted two"]
+    assert post(service, texts).status_code == 200
+    assert post(service, texts).headers["X-Cache-L1"] == "2"  # two hits: two texts not sent again
+    upstream_stats = httpx.get(f"{service.url}/stats", timeout=5).json()["models"][MODEL]["upstream"]
+    assert upstream_stats["provider"] == "openai" and upstream_stats["endpoint"] == f"http://127.0.0.1:{upstream.port}"
+    assert upstream_stats["num_tokens"] >= 6 and upstream_stats["texts_saved"] >= 2 and upstream_stats["tokens_saved"] > 0
+    assert upstream_stats["money_saved"] is None  # no price configured
+    assert SECRET not in json.dumps(upstream_stats)
+    metrics = httpx.get(f"{service.url}/metrics", timeout=5).text
+    for name in ("requests_total", "texts_total", "tokens_total", "retries_total", "tokens_saved_total", "latency_seconds_count"):
+        assert f'ragcache_upstream_{name}{{model="{MODEL}",provider="openai"}}' in metrics, name
+    assert main(["stats", "--watch", "--count", "1", "--interval", "0.1", "--url", service.url]) == 0
+    out = capsys.readouterr().out
+    assert f"upstream openai http://127.0.0.1:{upstream.port}  up" in out and "tokens" in out and "saved:" in out
