@@ -49,6 +49,8 @@ BENCHMARKS: dict[str, Benchmark] = {
         Benchmark("http", "ragcache.bench.http", "bench_http", "the service: /embed L1 vs computed (1), texts/s under load (2)"),
         Benchmark("cold", "ragcache.bench.cold", "bench_cold", "cold Zipf stream through the service vs MGET + encode misses + SET (14.1)"),
         Benchmark("search", "ragcache.bench.http", "bench_search", "/search on 100k documents: repeated vs first query (8)"),
+        Benchmark("retrieval", "ragcache.bench.retrieval", "bench_retrieval",
+                  "recall/nDCG/MRR@10 of dense, keyword, hybrid, hybrid+rerank on labelled WordNet data"),
         Benchmark("sync", "ragcache.bench.sync", "bench_sync", "ragcache ingest --sync of a 10k-document folder, nothing changed (13)"),
         Benchmark("replicas", "ragcache.bench.replicas", "bench_replicas",
                   "two replicas on one Redis + Milvus server: shared hits, single flight"),
