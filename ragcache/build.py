@@ -96,6 +96,7 @@ def build_cache(
         on_close=on_close,
         flight=_flight(settings, stores),
         generation=generation,
+        tracer=stores.tracing.tracer,
     )
 
 

@@ -9,7 +9,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import torch
@@ -20,7 +20,11 @@ from ragcache.flight import Flight
 from ragcache.keys import EmbeddingSpace, Generation
 from ragcache.stats import CacheStats, LatencyHistogram, LevelRecorder
 from ragcache.tiers.base import Tier, TierHealth, TierHits
+from ragcache.tracing import span
 from ragcache.writeback import WriteBehind
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Tracer
 
 __all__ = ["EmbeddingCache", "EmbedResult", "Encoder"]
 
@@ -83,6 +87,7 @@ class EmbeddingCache:
         on_close: Callable[[], None] | None = None,
         flight: Flight | None = None,
         generation: Generation | None = None,
+        tracer: Tracer | None = None,
     ):
         if flight is not None and len(tiers) < 2:
             raise ConfigError("single flight across processes needs a shared level (L2) after L1 to publish vectors in")
@@ -102,6 +107,7 @@ class EmbeddingCache:
         self._on_close = on_close
         self._flight = flight
         self._closed = False
+        self._tracer = tracer  # None: no spans, no tracing work (ragcache.tracing)
 
     @property
     def space(self) -> EmbeddingSpace:
@@ -124,6 +130,17 @@ class EmbeddingCache:
         Never blocks on I/O or the model, so an event loop may call it directly and hand only the
         remaining requests to a worker thread.
         """
+        if self._tracer is None:
+            return self._embed_resident(texts, normalize=normalize)
+        started_ns = time.time_ns()
+        result = self._embed_resident(texts, normalize=normalize)
+        # A span only when L1 answered: a probe that finds a text missing leaves it to embed_detailed's span.
+        if result is not None:
+            attributes = {"ragcache.num_texts": len(texts), "ragcache.resident": True, **_served_attributes(result)}
+            self._tracer.start_span("ragcache.embed", attributes=attributes, start_time=started_ns).end()
+        return result
+
+    def _embed_resident(self, texts: Sequence[str], *, normalize: bool = False) -> EmbedResult | None:
         if isinstance(texts, str) or not isinstance(texts, Sequence):
             raise InvalidInputError("texts must be a list of strings", field="inputs")
         started = self._clock()
@@ -142,6 +159,15 @@ class EmbeddingCache:
 
     def embed_detailed(self, texts: Sequence[str], *, normalize: bool = False, as_tensor: bool = False) -> EmbedResult:
         """Like ``embed``, plus the level that served each input."""
+        if self._tracer is None:
+            return self._embed_detailed(texts, normalize=normalize, as_tensor=as_tensor)
+        attributes: dict[str, str | int] = {"ragcache.num_texts": len(texts), "ragcache.model": self.space.model}
+        with self._tracer.start_as_current_span("ragcache.embed", attributes=attributes) as current:
+            result = self._embed_detailed(texts, normalize=normalize, as_tensor=as_tensor)
+            current.set_attributes(_served_attributes(result))
+            return result
+
+    def _embed_detailed(self, texts: Sequence[str], *, normalize: bool, as_tensor: bool) -> EmbedResult:
         if isinstance(texts, str) or not isinstance(texts, Sequence):
             raise InvalidInputError("texts must be a list of strings", field="inputs")
         # The space is taken once: every key this request reads or writes is of one generation, so vectors
@@ -207,7 +233,9 @@ class EmbeddingCache:
         def keep(done: list[int], done_vectors: torch.Tensor) -> None:
             self._write_up(len(self.tiers), [keys[i] for i in done], done_vectors, num_sync=num_sync)
 
-        computed = self._batcher.compute(keys, [unique_texts[i] for i in positions], keep=keep)
+        # The span covers this caller's wait: the batcher may add other callers' texts to the model call.
+        with span(self._tracer, "ragcache.compute", {"ragcache.num_texts": len(keys)}):
+            computed = self._batcher.compute(keys, [unique_texts[i] for i in positions], keep=keep)
         vectors.index_copy_(0, torch.from_numpy(positions).to(self.device), computed.to(self.device, self.dtype))
         self._write_up(len(self.tiers), keys, computed, num_sync=num_sync)
         return len(positions)
@@ -254,6 +282,15 @@ class EmbeddingCache:
             return TierHits.none(self.space.dim, self.dtype)
 
     def _lookup(self, position: int, keys: list[str]) -> TierHits:
+        if self._tracer is None:
+            return self._lookup_level(position, keys)
+        attributes: dict[str, str | int] = {"ragcache.level": self.tiers[position].name, "ragcache.num_keys": len(keys)}
+        with self._tracer.start_as_current_span("ragcache.lookup", attributes=attributes) as current:
+            hits = self._lookup_level(position, keys)
+            current.set_attributes({"ragcache.num_hits": len(hits.index), "ragcache.level_down": self._health[position].is_down})
+            return hits
+
+    def _lookup_level(self, position: int, keys: list[str]) -> TierHits:
         tier, health, recorder = self.tiers[position], self._health[position], self._recorders[position]
         if not health.should_try():
             recorder.record(hits=0, misses=len(keys), errors=len(keys))
@@ -368,6 +405,10 @@ class EmbeddingCache:
 
     def __exit__(self, *exc_info) -> None:
         self.close()
+
+
+def _served_attributes(result: EmbedResult) -> dict[str, int]:
+    return {f"ragcache.served.{name}": count for name, count in result.served.items()}
 
 
 def _first_texts(keys: list[str], texts: list[str], key_to_unique: dict[str, int]) -> list[str]:

@@ -89,6 +89,10 @@ class Settings(BaseSettings):
     max_batch: int = Field(2048, gt=0, description="most texts one request may carry (413 beyond)")
     truncate: bool = Field(True, description="truncate over-long texts; false: reject them with 413")
     stats_window_s: float = Field(300.0, gt=0, description="seconds covered by the recent figures of /stats")
+    tracing: Literal["off", "otlp", "console"] = Field(
+        "off", description="OpenTelemetry spans per request, level lookup and model call (ragcache.tracing)")
+    tracing_endpoint: str | None = Field(
+        None, description="OTLP/HTTP traces URL, e.g. http://collector:4318/v1/traces; unset: the OTEL_EXPORTER_OTLP_* default")
     # repr=False: a key never shows in a repr of the settings, a log line or a traceback.
     api_key: str | None = Field(None, repr=False, description="when set, requests need 'Authorization: Bearer <key>' (all scopes)")
 

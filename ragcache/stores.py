@@ -20,6 +20,7 @@ from ragcache.redact import redact_text, redact_url
 from ragcache.redis_client import open_redis
 from ragcache.settings import Settings
 from ragcache.tiers.milvus import milvus_failures
+from ragcache.tracing import Tracing
 
 __all__ = ["MilvusConnection", "Stores", "connect_milvus", "open_milvus"]
 
@@ -134,13 +135,16 @@ class Stores:
         redis_client: redis.Redis | RedisCluster | None,
         milvus: MilvusConnection | MilvusClient | None,
         embedded: EmbeddedRedis | None = None,
+        tracing: Tracing | None = None,
     ):
         self.redis = redis_client
         self.milvus = milvus
         self.embedded_redis = embedded
+        self.tracing = tracing if tracing is not None else Tracing()
 
     @classmethod
     def open(cls, settings: Settings) -> Stores:
+        tracing = Tracing.from_settings(settings)  # first: a missing SDK stops the start before anything opens
         embedded = None
         redis_client = None
         if settings.l2_enabled:
@@ -149,9 +153,10 @@ class Stores:
                 embedded = EmbeddedRedis(settings.data_dir / "redis")
                 url = embedded.url
             redis_client = open_redis(url, timeout_s=settings.redis_timeout_s)
-        return cls(redis_client, connect_milvus(settings), embedded)
+        return cls(redis_client, connect_milvus(settings), embedded, tracing)
 
     def close(self) -> None:
+        self.tracing.shutdown()
         if self.redis is not None:
             self.redis.close()
         if self.milvus is not None:

@@ -23,6 +23,7 @@ from services.limits import LimitsMiddleware, RateLimiter
 from services.schemas import ERROR_RESPONSES
 from services.state import ServiceState
 from services.tenants import TenantCaches
+from services.tracing import TracingMiddleware
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -65,6 +66,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # gets its scope, or admin when unlisted, instead of being open to any key.
     routes = [(method, route.path) for router in routers for route in router.routes for method in route.methods]
     app.add_middleware(AccessMiddleware, keys=KeyRing.from_settings(settings), limiter=limiter, routes=routes)
+    # Outermost: a request's span (RAGCACHE_TRACING) covers the refusals above as well.
+    app.add_middleware(TracingMiddleware)
     return app
 
 

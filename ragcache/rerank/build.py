@@ -52,5 +52,6 @@ def score_cache(settings: Settings, stores: Stores, reranker: Reranker) -> Reran
         compute_max_batch=settings.compute_batch_size,
         compute_max_wait_s=settings.compute_max_wait_ms / 1000,
         window_s=settings.stats_window_s,
+        tracer=stores.tracing.tracer,
     )
     return RerankCache(reranker, cache)
