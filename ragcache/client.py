@@ -133,13 +133,16 @@ class _Operations:
     def _call(self, call: _Call) -> Any:
         raise NotImplementedError
 
-    def embed(self, texts: str | Sequence[str]) -> np.ndarray:
+    def embed(self, texts: str | Sequence[str], *, prompt_name: str | None = None) -> np.ndarray:
         """One float32 vector per text, ``[len(texts), dim]`` (a single string counts as one text).
+        ``prompt_name``: one of the model's named prompts (e.g. ``query``, ``document``; ``info()`` lists them).
 
         Vectors travel base64-encoded (little-endian float32), about 4x smaller and faster than JSON floats.
         """
         items = [texts] if isinstance(texts, str) else list(texts)
         body = self._with_model({"input": items, "encoding_format": "base64"})
+        if prompt_name is not None:
+            body["prompt_name"] = prompt_name
         return self._call(_Call("POST", "/v1/embeddings", body, functools.partial(_parse_embeddings, len(items))))
 
     def search(

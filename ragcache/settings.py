@@ -29,6 +29,11 @@ class Settings(BaseSettings):
     normalize: bool = Field(False, description="store L2-normalised vectors (requests can still ask for it)")
     max_seq_length: int | None = Field(None, gt=0, description="tokens; default: the model's own")
     prompt: str | None = Field(None, description="instruction prepended to every text (part of the key)")
+    model_prompts: dict[str, dict[str, str]] = Field(
+        default_factory=dict,
+        description='named prompts per model (JSON), e.g. {"intfloat/e5-small-v2": {"query": "query: ", "document": "passage: "}}; '
+        '/search embeds with "query", /documents with "document" (part of the key)',
+    )
     text_normalization: Literal["NFC", "NFKC"] | None = Field(
         None, description="Unicode normalisation before hashing (part of the key); unset: the exact bytes")
     device: str = Field("auto", description="auto = CUDA when available, else CPU")

@@ -35,7 +35,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.ragcache = state
         app.state.prefixes = state.prefixes
         tenant_caches = app.state.tenant_caches = TenantCaches(state, enabled=settings.tenant_cache_namespaces)
-        app.state.metrics_registry.register(CacheCollector(lambda: [*state.caches.values(), *tenant_caches.caches()]))
+        app.state.metrics_registry.register(
+            CacheCollector(lambda: [*state.caches.values(), *state.prompted.values(), *tenant_caches.caches()])
+        )
         register_prefix_metrics(state.prefixes, app.state.metrics_registry)
         app.state.metrics_registry.register(DriftCollector(lambda: state.drift.states() if state.drift else []))
         app.state.metrics_registry.register(UpstreamCollector(lambda: state.caches.items()))

@@ -11,6 +11,7 @@ from fastapi import APIRouter, Request
 
 from ragcache.cache import EmbeddingCache, EmbedResult
 from ragcache.errors import InvalidInputError
+from ragcache.prompts import prompt_name_of
 from services.auth import principal_of
 from services.errors import HTTPError
 from services.responses import JSONResponse
@@ -59,9 +60,17 @@ def blocking(function, *args, **kwargs):
     return to_thread.run_sync(partial(function, *args, **kwargs), abandon_on_cancel=True)
 
 
-def cache_of(request: Request, model: str | None) -> EmbeddingCache:
-    """The cache this caller embeds through: the model's, or its tenant's own namespace of it."""
-    return request.app.state.tenant_caches.cache_for(model, principal_of(request).tenant)
+def cache_of(request: Request, model: str | None, prompt_name: str | None = None, *, optional: bool = False) -> EmbeddingCache:
+    """The cache this caller embeds through: the model's (under a named prompt, ``ragcache.prompts``), or its
+    tenant's own namespace of it. An unknown ``prompt_name`` is a 422, or with ``optional`` no prompt."""
+    return request.app.state.tenant_caches.cache_for(model, principal_of(request).tenant, prompt_name, optional=optional)
+
+
+def prompted_cache_of(request: Request, model: str | None, prompt_name: str | None, input_type: str | None) -> EmbeddingCache:
+    """The cache of an embedding request: an explicit ``prompt_name`` must exist (422 otherwise); the prompt an
+    ``input_type`` implies is used when the model has it (clients such as Cohere's always send one)."""
+    name = prompt_name_of(prompt_name, input_type)
+    return cache_of(request, model, name, optional=prompt_name is None)
 
 
 def served_headers(result: EmbedResult) -> dict[str, str]:
@@ -114,9 +123,7 @@ async def embed(body: EmbedRequest, request: Request) -> JSONResponse:
     """A JSON list of vectors, one per input; response headers ``X-Cache-*`` tell which level served them."""
     state = state_of(request)
     texts = as_batch(body.inputs, "inputs", state.settings.max_batch, state.settings.max_text_bytes)
-    if body.prompt_name is not None:
-        raise InvalidInputError("prompt_name is not supported: a prompt is part of the server's embedding space", field="prompt_name")
-    cache = cache_of(request, body.model)
+    cache = prompted_cache_of(request, body.model, body.prompt_name, body.input_type)
     truncate = state.settings.truncate if body.truncate is None else body.truncate
     result = await embed_through_cache(cache, texts, normalize=body.normalize, truncate=truncate, field="inputs")
     return JSONResponse(result.vectors, headers=served_headers(result))
@@ -127,7 +134,7 @@ async def openai_embeddings(body: OpenAIEmbeddingsRequest, request: Request) -> 
     """OpenAI's response shape; ``encoding_format=base64`` carries raw little-endian float32."""
     state = state_of(request)
     texts = as_batch(body.input, "input", state.settings.max_batch, state.settings.max_text_bytes)
-    cache = cache_of(request, body.model)
+    cache = prompted_cache_of(request, body.model, body.prompt_name, body.input_type)
     if body.dimensions is not None and body.dimensions != cache.space.dim:
         raise InvalidInputError(
             f"dimensions={body.dimensions} is not available: {cache.space.model} gives {cache.space.dim} dimensions only",

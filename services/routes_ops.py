@@ -33,6 +33,16 @@ async def stats(request: Request) -> JSONResponse:
             "recent": asdict(cache.stats(recent=True)),
             "drift": drift.get(name),
             **_upstream_of(cache),
+            # The model under each named prompt used so far (ragcache.prompts): a space and cache of its own.
+            "prompts": {
+                prompt_name: {
+                    "space": prompted.space.describe(),
+                    "since_start": asdict(prompted.stats()),
+                    "recent": asdict(prompted.stats(recent=True)),
+                }
+                for (model, prompt_name), prompted in list(state.prompted.items())
+                if model == name
+            },
         }
         for name, cache in state.caches.items()
     }
@@ -87,7 +97,10 @@ def _drift_of(state: ServiceState) -> dict[str, dict]:
 @router.get("/info", summary="Models and dimensions; for an admin key also levels, settings and versions")
 async def info(request: Request) -> JSONResponse:
     state: ServiceState = request.app.state.ragcache
-    models = [{"name": name, "dim": cache.space.dim, "dtype": cache.space.dtype} for name, cache in state.caches.items()]
+    models = [
+        {"name": name, "dim": cache.space.dim, "dtype": cache.space.dtype, "prompts": state.prompts_of(name)}
+        for name, cache in state.caches.items()
+    ]
     if "admin" not in principal_of(request).scopes:
         # Any key may call /info to learn what it can embed with; level states, raw errors, L1 usage and
         # where the stores are belong to the operator (an error may name a host, a URI its credentials).

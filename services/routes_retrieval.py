@@ -14,6 +14,7 @@ from fastapi import APIRouter, Request
 
 from ragcache.errors import InvalidInputError, TierUnavailableError
 from ragcache.knowledge import KnowledgeBase
+from ragcache.prompts import DOCUMENT, QUERY
 from ragcache.rerank.stage import rerank_result
 from ragcache.results import SearchResult
 from ragcache.sync import SyncOptions
@@ -40,7 +41,7 @@ async def add_documents(body: AddDocumentsRequest, request: Request) -> JSONResp
     state: ServiceState = request.app.state.ragcache
     check_count(body.documents, "documents", state.settings.max_batch)
     stored = stored_collection(principal_of(request).tenant, body.collection)
-    cache = cache_of(request, body.model)
+    cache = cache_of(request, body.model, DOCUMENT, optional=True)
     documents = [document.model_dump() for document in body.documents]
     sync = None
     if body.sync is not None:
@@ -94,8 +95,9 @@ async def search(body: SearchRequest, request: Request) -> JSONResponse:
         if body.group_by_source:
             raise InvalidInputError("rerank reorders hits, group_by_source groups them: ask for one of the two", field="rerank")
     stored = stored_collection(principal_of(request).tenant, body.collection)
-    cache, knowledge = cache_of(request, body.model), knowledge_of(state)
-    arguments: dict[str, Any] = dict(cache=cache, top_k=body.top_k, filter=body.filter, options=body.options())
+    cache, knowledge = cache_of(request, body.model, DOCUMENT, optional=True), knowledge_of(state)
+    query_cache = cache_of(request, body.model, QUERY, optional=True)
+    arguments: dict[str, Any] = dict(cache=cache, query_cache=query_cache, top_k=body.top_k, filter=body.filter, options=body.options())
     # The filter is Milvus' expression language over this one collection's fields; it cannot name another
     # collection, and tenants are kept apart by collection, so no filter reaches another tenant's documents.
     with public_names(stored, body.collection):
@@ -106,7 +108,7 @@ async def search(body: SearchRequest, request: Request) -> JSONResponse:
             try:
                 result = await blocking(knowledge.search, stored, body.query, **arguments)
             except TierUnavailableError as exc:
-                if body.filter is None or not await searches_without_filter(knowledge, stored, body.query, cache):
+                if body.filter is None or not await searches_without_filter(knowledge, stored, body.query, cache, query_cache):
                     raise
                 raise InvalidInputError(f"filter could not be evaluated by Milvus: {exc}", field="filter") from exc
     headers = search_headers([result])
@@ -131,8 +133,9 @@ async def search_batch(body: BatchSearchRequest, request: Request) -> JSONRespon
     for index, query in enumerate(body.queries):
         check_text_size(query, f"queries[{index}]", state.settings.max_text_bytes)
     stored = stored_collection(principal_of(request).tenant, body.collection)
-    cache, knowledge = cache_of(request, body.model), knowledge_of(state)
-    arguments = dict(cache=cache, top_k=body.top_k, filter=body.filter, options=body.options())
+    cache, knowledge = cache_of(request, body.model, DOCUMENT, optional=True), knowledge_of(state)
+    query_cache = cache_of(request, body.model, QUERY, optional=True)
+    arguments = dict(cache=cache, query_cache=query_cache, top_k=body.top_k, filter=body.filter, options=body.options())
     with public_names(stored, body.collection):
         results = await blocking(knowledge.search_many, stored, body.queries, **arguments)
     return JSONResponse({"results": results}, headers=search_headers(results))
@@ -146,12 +149,12 @@ def search_headers(results: list[SearchResult]) -> dict[str, str]:
     return headers
 
 
-async def searches_without_filter(knowledge: KnowledgeBase, collection: str, query: str, cache) -> bool:
+async def searches_without_filter(knowledge: KnowledgeBase, collection: str, query: str, cache, query_cache) -> bool:
     """Whether the search works without its filter. Milvus answers some expressions it parses but cannot
     run (a constant such as ``1 == 1``) with a generic engine error, not its invalid-parameter code: when
     the same search without the filter works, the filter was at fault (422), not the store (503)."""
     try:
-        await blocking(knowledge.search, collection, query, cache=cache, top_k=1, filter=None)
+        await blocking(knowledge.search, collection, query, cache=cache, query_cache=query_cache, top_k=1, filter=None)
     except TierUnavailableError:
         return False
     return True

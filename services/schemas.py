@@ -17,6 +17,9 @@ from ragcache.retrieval import MAX_GROUP_SIZE, MAX_OFFSET, SearchOptions
 MAX_METADATA_DEPTH = 32
 
 
+INPUT_TYPE_HELP = "query, document, search_query or search_document (Voyage, Cohere): that prompt, when the model has one"
+
+
 class Body(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -28,7 +31,8 @@ class EmbedRequest(Body):
     normalize: StrictBool = Field(True, description="L2-normalise the vectors (TEI's default)")
     truncate: StrictBool | None = Field(None, description="truncate over-long texts; default: the server setting")
     truncation_direction: Literal["Right", "right"] = "Right"
-    prompt_name: StrictStr | None = Field(None, description="not supported: prompts are part of the server's space")
+    prompt_name: StrictStr | None = Field(None, description="a named prompt of the model (GET /info lists them)")
+    input_type: StrictStr | None = Field(None, description=INPUT_TYPE_HELP)
     model: StrictStr | None = Field(None, description="served model name; default: the server's model")
 
 
@@ -40,6 +44,8 @@ class OpenAIEmbeddingsRequest(BaseModel):
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: StrictInt | None = Field(None, gt=0)
     user: StrictStr | None = None
+    prompt_name: StrictStr | None = Field(None, description="a named prompt of the model (GET /info lists them)")
+    input_type: StrictStr | None = Field(None, description=INPUT_TYPE_HELP)
 
 
 # The library checks the same rule (ragcache.documents); stating it here puts it in the OpenAPI schema.

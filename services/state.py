@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import dataclass, field
 
 from ragcache.build import build_cache, drift_monitor, load_encoder, load_remote_encoders
@@ -11,6 +12,7 @@ from ragcache.drift import DriftMonitor
 from ragcache.errors import ConfigError, InvalidInputError, NotFoundError
 from ragcache.knowledge import KnowledgeBase
 from ragcache.prefixes import PrefixRegistry, PrefixRegistryConfig
+from ragcache.prompts import PromptedEncoder, known_prompts
 from ragcache.rerank.build import build_rerankers, score_cache
 from ragcache.rerank.scores import RerankCache
 from ragcache.settings import Settings
@@ -32,9 +34,15 @@ class ServiceState:
     prefixes: PrefixRegistry
     rerankers: dict[str, RerankCache] = field(default_factory=dict)  # served name -> reranker behind its cache
     drift: DriftMonitor | None = None
+    # (model, prompt name) -> the model's cache under that named prompt (ragcache.prompts), made on first use
+    prompted: dict[tuple[str, str], EmbeddingCache] = field(default_factory=dict)
+    _prompted_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @classmethod
     def open(cls, settings: Settings) -> ServiceState:
+        unknown = sorted(set(settings.model_prompts) - set(settings.models))
+        if unknown:
+            raise ConfigError(f"model_prompts names models that are not served: {unknown}; served: {settings.models}")
         stores = Stores.open(settings)
         caches: dict[str, EmbeddingCache] = {}
         rerankers: dict[str, RerankCache] = {}
@@ -75,14 +83,39 @@ class ServiceState:
     def default_model(self) -> str:
         return self.settings.model
 
-    def cache_for(self, model: str | None) -> EmbeddingCache:
-        """The cache of ``model`` (the default when None); ``NotFoundError`` lists what is served."""
+    def cache_for(self, model: str | None, prompt_name: str | None = None, *, optional: bool = False) -> EmbeddingCache:
+        """The cache of ``model`` (the default when None); ``NotFoundError`` lists what is served. With
+        ``prompt_name``: the model's cache under that named prompt; a name the model does not have is an
+        ``InvalidInputError`` naming ``prompt_name``, or (``optional``) the unprompted cache."""
         name = ALIASES.get(model, model) if model else self.default_model
         cache = self.caches.get(name)
         if cache is None:
             served = ", ".join(self.caches)
             raise NotFoundError(f"model {model!r} is not served here; served models: {served}")
-        return cache
+        if prompt_name is None:
+            return cache
+        text = self.prompts_of(name).get(prompt_name)
+        if text is None:
+            if optional:
+                return cache
+            raise InvalidInputError(
+                f"model {name!r} has no prompt named {prompt_name!r}; its prompts: {sorted(self.prompts_of(name)) or 'none'} "
+                "(its own, and RAGCACHE_MODEL_PROMPTS)",
+                field="prompt_name",
+            )
+        with self._prompted_lock:
+            prompted = self.prompted.get((name, prompt_name))
+            if prompted is None:
+                # One L1 slab and one generation with the unprompted cache: keys differ by space, and a drift
+                # switch of the model moves the prompted spaces too.
+                encoder = PromptedEncoder(cache.encoder, prompt_name, text)
+                prompted = build_cache(self.settings, self.stores, encoder, l1=cache.tiers[0], generation=cache.generation)  # type: ignore[arg-type]
+                self.prompted[(name, prompt_name)] = prompted
+            return prompted
+
+    def prompts_of(self, model: str) -> dict[str, str]:
+        """The named prompts of a served model: its own, overlaid with RAGCACHE_MODEL_PROMPTS."""
+        return known_prompts(self.caches[model].encoder, self.settings.model_prompts.get(model))
 
     def reranker_for(self, model: str | None, field: str = "model") -> RerankCache:
         """The reranker named ``model`` (the first served when None); ``InvalidInputError`` naming ``field``
@@ -101,7 +134,7 @@ class ServiceState:
         self.prefixes.close()
         if self.drift is not None:
             self.drift.close()
-        for cache in self.caches.values():
+        for cache in [*self.prompted.values(), *self.caches.values()]:
             cache.close()
         for reranker in self.rerankers.values():
             reranker.close()

@@ -99,8 +99,8 @@ class TenantCaches:
         self._caches: dict[tuple[str, str | None], EmbeddingCache] = {}
         self._lock = threading.Lock()
 
-    def cache_for(self, model: str | None, tenant: str | None) -> EmbeddingCache:
-        shared = self.state.cache_for(model)
+    def cache_for(self, model: str | None, tenant: str | None, prompt_name: str | None = None, *, optional: bool = False) -> EmbeddingCache:
+        shared = self.state.cache_for(model, prompt_name, optional=optional)
         if not self.enabled or tenant is None:
             return shared
         with self._lock:

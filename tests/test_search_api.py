@@ -121,3 +121,13 @@ def test_failing_keyword_index_falls_back_to_dense_with_header(redis_server, tmp
         assert "keyword search failed" in response.json()["fallback"]
         with Client(live.url) as client:
             assert client.search("pump", "fb", options=SearchOptions(mode="keyword")).fallback is not None
+
+
+def test_a_model_without_prompts_behaves_as_before(http):
+    """This server configures no prompts: an input_type changes nothing, a prompt_name is unknown (422)."""
+    plain = http.post("/embed", json={"inputs": ["pump"]})
+    typed = http.post("/embed", json={"inputs": ["pump"], "input_type": "search_query"})
+    assert typed.status_code == 200 and typed.json() == plain.json()
+    named = http.post("/embed", json={"inputs": ["pump"], "prompt_name": "query"})
+    assert named.status_code == 422 and named.json()["error"]["field"] == "prompt_name"
+    assert "no prompt named 'query'" in named.json()["error"]["message"]

@@ -131,8 +131,11 @@ class ModelEncoder:
     def dim(self) -> int:
         return self.space.dim
 
-    def encode(self, texts: Sequence[str]) -> torch.Tensor:
-        """Vectors for ``texts`` (already ``prepare``d by the space), on the model's device, in the space's dtype."""
+    takes_prompt = True  # encode(prompt=...): a named prompt's text, applied by sentence-transformers (ragcache.prompts)
+
+    def encode(self, texts: Sequence[str], *, prompt: str | None = None) -> torch.Tensor:
+        """Vectors for ``texts`` (already ``prepare``d by the space), on the model's device, in the space's dtype.
+        ``prompt``: a named prompt's text (``ragcache.prompts``) instead of the encoder's own ``prompt``."""
         unique = list(dict.fromkeys(texts))
         with self._lock:
             started = time.perf_counter()
@@ -140,7 +143,7 @@ class ModelEncoder:
                 vectors = self.model.encode(
                     unique,
                     batch_size=self.batch_size,
-                    prompt=self.prompt,
+                    prompt=self.prompt if prompt is None else prompt,
                     normalize_embeddings=self.normalize,
                     convert_to_tensor=True,
                     show_progress_bar=False,
