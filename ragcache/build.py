@@ -7,6 +7,7 @@ from collections.abc import Mapping
 
 from ragcache.cache import EmbeddingCache
 from ragcache.drift import DriftGuard, DriftMonitor
+from ragcache.errors import ConfigError
 from ragcache.fingerprints import Fingerprints
 from ragcache.flight import RedisFlight
 from ragcache.keys import Generation
@@ -40,6 +41,9 @@ def load_remote_encoders(settings: Settings, environ: Mapping[str, str] | None =
     """An encoder per configured remote model (``models_json``, ``models_file``), keys read from ``environ``
     (the process environment by default): the start-up, where names of variables become their values."""
     models = load_models(settings.models_json, settings.models_file)
+    if settings.tenant_cache_namespaces and any(model.pass_through_auth for model in models):
+        # A tenant's cache wraps the model's encoder; a caller's key would not reach it (docs/providers.md).
+        raise ConfigError("pass_through_auth cannot be combined with RAGCACHE_TENANT_CACHE_NAMESPACES")
     environ = os.environ if environ is None else environ
     encoders: list[RemoteEncoder] = []
     try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+from contextlib import nullcontext
 from functools import partial
 
 import numpy as np
@@ -14,6 +15,7 @@ from ragcache.errors import InvalidInputError
 from ragcache.prompts import prompt_name_of
 from services.auth import principal_of
 from services.errors import HTTPError
+from services.passthrough import caller_scope
 from services.responses import JSONResponse
 from services.schemas import EmbedRequest, OpenAIEmbeddingsRequest
 from services.state import ServiceState
@@ -86,7 +88,9 @@ def served_count_headers(served: dict[str, int]) -> dict[str, str]:
     return headers
 
 
-async def embed_through_cache(cache: EmbeddingCache, texts: list[str], *, normalize: bool, truncate: bool, field: str) -> EmbedResult:
+async def embed_through_cache(
+    cache: EmbeddingCache, texts: list[str], *, normalize: bool, truncate: bool, field: str, scope=lambda texts: nullcontext()
+) -> EmbedResult:
     # All in L1 (the common case for repeated texts): answer on the event loop, no thread hop. Only when
     # truncating: a cached vector says nothing about whether its text would pass the length check.
     if truncate:
@@ -100,7 +104,8 @@ async def embed_through_cache(cache: EmbeddingCache, texts: list[str], *, normal
                 cache.encoder.check_lengths(texts, field)  # type: ignore[attr-defined]
             except InvalidInputError as exc:
                 raise HTTPError(413, str(exc), field=exc.field) from exc
-        return cache.embed_detailed(texts, normalize=normalize)
+        with scope(texts):  # a remote model's pass-through: the caller's own key for their misses
+            return cache.embed_detailed(texts, normalize=normalize)
 
     # The cache blocks (Redis, Milvus, the model): it runs in a worker thread, off the event loop. At the
     # request deadline the thread is abandoned, not awaited; what it computes still lands in the cache.
@@ -125,7 +130,8 @@ async def embed(body: EmbedRequest, request: Request) -> JSONResponse:
     texts = as_batch(body.inputs, "inputs", state.settings.max_batch, state.settings.max_text_bytes)
     cache = prompted_cache_of(request, body.model, body.prompt_name, body.input_type)
     truncate = state.settings.truncate if body.truncate is None else body.truncate
-    result = await embed_through_cache(cache, texts, normalize=body.normalize, truncate=truncate, field="inputs")
+    result = await embed_through_cache(cache, texts, normalize=body.normalize, truncate=truncate, field="inputs",
+                                       scope=caller_scope(request, cache))
     return JSONResponse(result.vectors, headers=served_headers(result))
 
 
@@ -140,7 +146,8 @@ async def openai_embeddings(body: OpenAIEmbeddingsRequest, request: Request) -> 
             f"dimensions={body.dimensions} is not available: {cache.space.model} gives {cache.space.dim} dimensions only",
             field="dimensions",
         )
-    result = await embed_through_cache(cache, texts, normalize=False, truncate=state.settings.truncate, field="input")
+    result = await embed_through_cache(cache, texts, normalize=False, truncate=state.settings.truncate, field="input",
+                                       scope=caller_scope(request, cache))
     num_tokens = await blocking(token_counts_of(request, cache).total, texts)
     vectors = np.asarray(result.vectors, dtype="<f4")
     if body.encoding_format == "base64":

@@ -25,8 +25,9 @@ import math
 import random
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from typing import Any
 
 import httpx
@@ -86,6 +87,10 @@ class _Retry(Exception):
         self.retry_after_s = retry_after_s
 
 
+class _CredentialsRefused(UpstreamBadResponseError):
+    """A 401 or 403: the upstream refused the key it was sent."""
+
+
 class RemoteEncoder:
     """An ``Encoder`` whose model is behind HTTP. Subclasses define the wire format."""
 
@@ -124,6 +129,9 @@ class RemoteEncoder:
         )
         self._pool = ThreadPoolExecutor(max_workers=model.concurrency, thread_name_prefix=f"ragcache-upstream-{model.name}")
         self._recorder = UpstreamRecorder()
+        # Pass-through: text -> the keys of the callers waiting for it (caller_key), latest last.
+        self._caller_keys: dict[str, list[ApiKey]] = {}
+        self._caller_lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r}, endpoint={self._endpoint!r}, model={self.model.upstream_model!r})"
@@ -147,25 +155,66 @@ class RemoteEncoder:
             return torch.empty((0, self.space.dim), dtype=self._dtype)
         sent = [self.model.prompt + text for text in texts] if self.model.prompt else texts
         counts = self._tokens.count(sent)
-        runs = plan_requests(counts, self.model.max_inputs, self.model.max_tokens)
-        if len(runs) == 1:
-            outcomes: list[np.ndarray | UpstreamError] = [self._call_catching(sent, sum(counts))]
+        requests = [
+            (positions, api_key, run)
+            for positions, api_key in self._by_key(texts)
+            for run in plan_requests([counts[i] for i in positions], self.model.max_inputs, self.model.max_tokens)
+        ]
+
+        def call(positions: list[int], api_key: ApiKey | None, run: range) -> np.ndarray | UpstreamError:
+            chosen = positions[run.start : run.stop]
+            return self._call_catching([sent[i] for i in chosen], sum(counts[i] for i in chosen), api_key)
+
+        if len(requests) == 1:
+            outcomes: list[np.ndarray | UpstreamError] = [call(*requests[0])]
         else:
-            futures = [self._pool.submit(self._call_catching, sent[run.start : run.stop], sum(counts[run.start : run.stop]))
-                       for run in runs]
-            outcomes = [future.result() for future in futures]
+            outcomes = [future.result() for future in [self._pool.submit(call, *request) for request in requests]]
         failed = [outcome for outcome in outcomes if isinstance(outcome, UpstreamError)]
-        if not failed:
-            return torch.from_numpy(np.concatenate([o for o in outcomes if isinstance(o, np.ndarray)])).to(self._dtype)
         if len(failed) == len(outcomes):
             raise failed[0]
-        per_text: list = []
-        for run, outcome in zip(runs, outcomes):
-            if isinstance(outcome, UpstreamError):
-                per_text += [outcome] * len(run)
-            else:
-                per_text += list(torch.from_numpy(outcome).to(self._dtype))
-        raise PartialEncodeError(per_text)
+        per_text: list = [None] * len(texts)
+        for (positions, _, run), outcome in zip(requests, outcomes):
+            rows = [outcome] * len(run) if isinstance(outcome, UpstreamError) else list(torch.from_numpy(outcome).to(self._dtype))
+            for position, row in zip(positions[run.start : run.stop], rows):
+                per_text[position] = row
+        if failed:
+            raise PartialEncodeError(per_text)
+        return torch.stack(per_text)
+
+    def _by_key(self, texts: list[str]) -> list[tuple[list[int], ApiKey | None]]:
+        """Positions of ``texts`` per key they go upstream with: a caller's own (pass-through), else the
+        model's. Texts of different callers never share a request, so no caller pays for another's texts."""
+        if not self._caller_keys:
+            return [(list(range(len(texts))), self._api_key)]
+        groups: dict[int, tuple[list[int], ApiKey | None]] = {}
+        with self._caller_lock:
+            for position, text in enumerate(texts):
+                owners = self._caller_keys.get(text)
+                api_key = owners[-1] if owners else self._api_key
+                groups.setdefault(id(api_key), ([], api_key))[0].append(position)
+        return list(groups.values())
+
+    @contextmanager
+    def caller_key(self, texts: Sequence[str], api_key: ApiKey | None) -> Iterator[None]:
+        """While inside, misses among ``texts`` go upstream with the caller's ``api_key`` instead of the
+        model's (``pass_through_auth``; a no-op when off or without a key). ``texts`` as the space prepares
+        them. When two callers miss one text at once it is computed once, with the later caller's key."""
+        if api_key is None or not self.model.pass_through_auth:
+            yield
+            return
+        unique = list(dict.fromkeys(texts))
+        with self._caller_lock:
+            for text in unique:
+                self._caller_keys.setdefault(text, []).append(api_key)
+        try:
+            yield
+        finally:
+            with self._caller_lock:
+                for text in unique:
+                    owners = self._caller_keys[text]
+                    owners.remove(api_key)
+                    if not owners:
+                        del self._caller_keys[text]
 
     def count_tokens(self, texts: Sequence[str]) -> list[int]:
         """Tokens per text as sent (prompt included): the model's tokenizer's count, or the estimate."""
@@ -203,13 +252,13 @@ class RemoteEncoder:
 
     # ---- one upstream request, with retries ------------------------------------------------------------
 
-    def _call_catching(self, texts: list[str], num_tokens: int) -> np.ndarray | UpstreamError:
+    def _call_catching(self, texts: list[str], num_tokens: int, api_key: ApiKey | None) -> np.ndarray | UpstreamError:
         try:
-            return self._call(texts, num_tokens)
+            return self._call(texts, num_tokens, api_key)
         except UpstreamError as exc:
             return exc
 
-    def _call(self, texts: list[str], num_tokens: int) -> np.ndarray:
+    def _call(self, texts: list[str], num_tokens: int, api_key: ApiKey | None) -> np.ndarray:
         if not self._health.should_try():
             self._recorder.failed("breaker_open")
             raise UpstreamUnavailableError(
@@ -219,7 +268,7 @@ class RemoteEncoder:
         num_retries = 0
         while True:
             try:
-                vectors, reported_tokens = self._attempt(texts, deadline)
+                vectors, reported_tokens = self._attempt(texts, deadline, api_key)
             except _Retry as retry:
                 wait_s = self._backoff_s(num_retries, retry.retry_after_s)
                 if num_retries >= self.model.max_retries or self._clock() + wait_s >= deadline:
@@ -229,16 +278,18 @@ class RemoteEncoder:
                 self._sleep(wait_s)
                 continue
             except UpstreamError as exc:
-                self._fail(exc)
+                # With pass-through the keys are the callers': one refused is that caller's problem, not the upstream's.
+                callers_own = self.model.pass_through_auth and isinstance(exc, _CredentialsRefused)
+                self._fail(exc, open_breaker=not callers_own)
             if self._health.record_success():
                 log.warning("model %r: the upstream at %s is back", self.name, self._endpoint)
             self._recorder.answered(len(texts), reported_tokens if reported_tokens is not None else num_tokens)
             return vectors
 
-    def _fail(self, error: UpstreamError):
+    def _fail(self, error: UpstreamError, *, open_breaker: bool = True):
         """Count ``error`` and raise it; the breaker opens unless the fault was in the texts (per_text)."""
         self._recorder.failed(_kind(error))
-        if not error.per_text and self._health.record_failure(error):
+        if open_breaker and not error.per_text and self._health.record_failure(error):
             log.warning("model %r: the upstream at %s is failing, requests needing it fail until it answers: %s",
                         self.name, self._endpoint, error)
         raise error
@@ -250,7 +301,7 @@ class RemoteEncoder:
         base = min(MAX_BACKOFF_S, self.model.retry_backoff_s * 2**num_retries)
         return base / 2 + base / 2 * self._jitter()
 
-    def _attempt(self, texts: list[str], deadline: float) -> tuple[np.ndarray, int | None]:
+    def _attempt(self, texts: list[str], deadline: float, api_key: ApiKey | None) -> tuple[np.ndarray, int | None]:
         """One request: a slot, the POST, a bounded read, and the checked answer."""
         remaining = deadline - self._clock()
         if remaining <= 0 or not self._slots.acquire(timeout=remaining):
@@ -258,21 +309,21 @@ class RemoteEncoder:
             raise UpstreamTimeoutError(self.name, busy)
         started = self._clock()
         try:
-            status, headers, body = self._post(texts, deadline)
+            status, headers, body = self._post(texts, deadline, api_key)
         finally:
             self._slots.release()
             self._recorder.attempt(self._clock() - started)
         if status == 200:
             return self._checked(body, len(texts))
-        raise self._status_error(status, headers, body)
+        raise self._status_error(status, headers, body, api_key)
 
-    def _post(self, texts: list[str], deadline: float) -> tuple[int, httpx.Headers, bytes]:
+    def _post(self, texts: list[str], deadline: float, api_key: ApiKey | None) -> tuple[int, httpx.Headers, bytes]:
         remaining = max(0.001, deadline - self._clock())
         timeout = httpx.Timeout(remaining, connect=min(self.model.connect_timeout_s, remaining))
         limit = len(texts) * self.space.dim * BYTES_PER_VALUE + ANSWER_SLACK_BYTES
         headers = {"Content-Type": "application/json", "Accept": "application/json"}
-        if self._api_key is not None:
-            headers["Authorization"] = self._api_key.header()
+        if api_key is not None:
+            headers["Authorization"] = api_key.header()
         try:
             content = orjson.dumps(self.request_body(texts))
             with self._http.stream("POST", self._url, content=content, headers=headers, timeout=timeout) as response:
@@ -291,7 +342,7 @@ class RemoteEncoder:
         except httpx.TransportError as exc:
             raise _Retry(UpstreamUnavailableError(self.name, f"cannot reach {self._endpoint}: {type(exc).__name__}")) from None
 
-    def _status_error(self, status: int, headers: httpx.Headers, body: bytes) -> Exception:
+    def _status_error(self, status: int, headers: httpx.Headers, body: bytes, api_key: ApiKey | None) -> Exception:
         """The error (or the retry) an answer's status means. The upstream's message is shown only for
         statuses about the request (400, 404, 413, 422), cut short and with the key masked; never for
         401/403, whose messages quote parts of keys."""
@@ -303,10 +354,13 @@ class RemoteEncoder:
                 said += " (rate limited" + (f"; it asked to wait {retry_after_s:g} s)" if retry_after_s is not None else ")")
             return _Retry(error_class.get(status, UpstreamBadResponseError)(self.name, said), retry_after_s)
         if status in (401, 403):
-            return UpstreamBadResponseError(self.name, said + ": it refused the credentials (check api_key_env / api_key_file)")
+            whose = "the credentials (check api_key_env / api_key_file)"
+            if api_key is not self._api_key:
+                whose = "the caller's own key (pass-through)"
+            return _CredentialsRefused(self.name, f"{said}: it refused {whose}")
         excerpt = body[:MAX_ERROR_EXCERPT].decode("utf-8", "replace").strip()
-        if self._api_key is not None:
-            excerpt = self._api_key.scrub(excerpt)
+        for key in {id(k): k for k in (api_key, self._api_key) if k is not None}.values():
+            excerpt = key.scrub(excerpt)
         return UpstreamBadResponseError(self.name, f"{said}: {excerpt}", per_text=status in PER_TEXT_STATUSES)
 
     def _checked(self, body: bytes, num_texts: int) -> tuple[np.ndarray, int | None]:

@@ -27,6 +27,7 @@ DIM = 8
 SECRET = "sk-fault-test-0123456789abcdef"
 MODEL = "faulty"
 DOWN = "down"
+BYOK = "byok"
 
 
 def known_vector(text: str) -> np.ndarray:
@@ -50,6 +51,8 @@ class Upstream:
 
     def __call__(self, request: Received) -> Reply:
         texts = request.body["input"]
+        if request.headers.get("authorization") == "Bearer refused-key":
+            return Reply(401, {"error": {"message": "Incorrect API key provided: refused-key"}})
         if any("FAIL500" in t for t in texts):
             return Reply(500, {"error": "boom"})
         if any("TOOLONG" in t for t in texts):
@@ -75,7 +78,10 @@ def service(upstream, redis_server, tmp_path_factory, monkeypatch_module):
              "api_key_env": "FAULT_TEST_KEY", "max_inputs": 2, "timeout_s": 1.5, "max_retries": 2, "retry_backoff_s": 0.05}
     # Another model whose upstream is not there at all (a port nothing listens on).
     down = {**model, "name": DOWN, "base_url": f"http://127.0.0.1:{free_port()}"}
-    settings = Settings(model=MODEL, models_json=json.dumps({"models": [model, down]}), redis_url=redis_server, milvus_uri="off",
+    # Each caller pays with its own key (no key of the model's own): the service has no API keys, so
+    # the callers' Authorization header is theirs for the upstream.
+    byok = {**model, "name": BYOK, "pass_through_auth": True, "api_key_env": None}
+    settings = Settings(model=MODEL, models_json=json.dumps({"models": [model, down, byok]}), redis_url=redis_server, milvus_uri="off",
                         data_dir=tmp_path_factory.mktemp("data"), write_behind=False, single_flight=False)
     with LiveServer(settings) as server:
         yield server
@@ -99,8 +105,9 @@ def healthy_upstream(upstream, service):
     yield
 
 
-def post(service, texts: list[str], model: str = MODEL) -> httpx.Response:
-    return httpx.post(f"{service.url}/v1/embeddings", json={"model": model, "input": texts, "encoding_format": "base64"}, timeout=30)
+def post(service, texts: list[str], model: str = MODEL, headers: dict | None = None) -> httpx.Response:
+    body = {"model": model, "input": texts, "encoding_format": "base64"}
+    return httpx.post(f"{service.url}/v1/embeddings", json=body, headers=headers, timeout=30)
 
 
 def vectors_of(response: httpx.Response) -> np.ndarray:
@@ -255,3 +262,40 @@ def test_stats_metrics_and_the_watch_show_what_the_upstream_cost_and_the_cache_s
     assert main(["stats", "--watch", "--count", "1", "--interval", "0.1", "--url", service.url]) == 0
     out = capsys.readouterr().out
     assert f"upstream openai http://127.0.0.1:{upstream.port}  up" in out and "tokens" in out and "saved:" in out
+
+
+def test_pass_through_sends_each_callers_misses_with_that_callers_key_only(service, upstream):
+    def as_caller(name: str) -> dict:
+        return {"Authorization": f"Bearer key-of-{name}"}
+
+    assert post(service, ["paid by a"], BYOK, as_caller("a")).status_code == 200
+    assert [r.headers["authorization"] for r in upstream.received] == ["Bearer key-of-a"]
+    upstream.received.clear()
+    # b misses one text and hits the one a paid for: only b's miss goes upstream, with b's key.
+    response = post(service, ["paid by a", "paid by b"], BYOK, as_caller("b"))
+    assert response.status_code == 200 and response.headers["X-Cache-L1"] == "1"
+    assert [(r.headers["authorization"], r.body["input"]) for r in upstream.received] == [("Bearer key-of-b", ["paid by b"])]
+    upstream.received.clear()
+
+    # Many callers at once: batched together in the cache, but never one upstream request for two keys.
+    from concurrent.futures import ThreadPoolExecutor
+
+    callers = [f"c{i}" for i in range(6)]
+    with ThreadPoolExecutor(len(callers)) as pool:
+        answers = list(pool.map(lambda c: post(service, [f"{c} text {j}" for j in range(3)], BYOK, as_caller(c)), callers))
+    assert all(answer.status_code == 200 for answer in answers)
+    for request in upstream.received:
+        owners = {text.split()[0] for text in request.body["input"]}
+        assert owners == {request.headers["authorization"].removeprefix("Bearer key-of-")}, request
+
+
+def test_a_callers_refused_key_fails_that_caller_only(service, upstream):
+    response = post(service, ["refused caller text"], BYOK, {"Authorization": "Bearer refused-key"})
+    assert response.status_code == 502 and "caller's own key" in response.json()["error"]["message"]
+    assert "refused-key" not in response.text
+    assert cached_levels(service, ["refused caller text"], BYOK) == {"L1": 0, "L2": 0}
+    # The breaker stays closed: another caller is served at once.
+    assert post(service, ["another caller"], BYOK, {"Authorization": "Bearer key-of-z"}).status_code == 200
+    assert service.state.cache_for(BYOK).encoder.stats().up
+    bad = post(service, ["x"], BYOK, {"Authorization": "Basic abc"})
+    assert bad.status_code == 400 and bad.json()["error"]["field"] == "Authorization"
