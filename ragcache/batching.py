@@ -15,62 +15,135 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeoutError
+from contextvars import ContextVar
+from dataclasses import dataclass, field
 
 import torch
 
-from ragcache.errors import ComputeError, ModelOutOfMemoryError, PartialEncodeError, RagCacheError, UpstreamError
+from ragcache.errors import ComputeError, ModelOutOfMemoryError, OverloadedError, PartialEncodeError, RagCacheError, UpstreamError
 
-__all__ = ["ComputeBatcher"]
+__all__ = ["CALLER_GONE", "ComputeBatcher"]
+
+# Set, in the thread that calls ``compute``, by a caller that may stop waiting: the service sets it when a
+# request is answered 504 at its deadline (services/workers.py). The texts of that call which no other
+# caller waits for are then taken out of the queue instead of computed for nobody.
+CALLER_GONE: ContextVar[threading.Event | None] = ContextVar("ragcache_caller_gone", default=None)
+# How often a caller that can go away looks whether it has: the cost of noticing, not of computing.
+GONE_POLL_S = 0.05
+
+
+@dataclass(eq=False)
+class _Item:
+    """One text queued for the model, shared by every caller that asked for its key meanwhile."""
+
+    key: str
+    text: str
+    future: Future = field(default_factory=Future)
+    num_waiters: int = 0
+    taken: bool = False  # handed to the model: too late to drop
 
 
 class ComputeBatcher:
+    """Batches texts for the model; ``max_pending`` texts may wait at most (beyond: ``OverloadedError``)."""
+
     def __init__(
         self,
         encode: Callable[[Sequence[str]], torch.Tensor],
         *,
         max_batch: int = 64,
         max_wait_s: float = 0.002,
+        max_pending: int = 4096,
     ):
         self._encode = encode
         self.max_batch = max_batch
         self.max_wait_s = max_wait_s
-        self._pending: list[tuple[str, str, Future]] = []
-        self._in_flight: dict[str, Future] = {}
+        self.max_pending = max_pending
+        self.num_dropped = 0  # texts taken out of the queue because every caller waiting for them had gone
+        self.num_refused = 0  # texts refused because the queue was full
+        self._pending: list[_Item] = []
+        self._in_flight: dict[str, _Item] = {}
         self._cond = threading.Condition()
         self._closed = False
         self._worker = threading.Thread(target=self._run, name="ragcache-compute", daemon=True)
         self._worker.start()
+
+    @property
+    def num_pending(self) -> int:
+        """Texts queued and not yet handed to the model."""
+        return len(self._pending)
 
     def compute(
         self, keys: Sequence[str], texts: Sequence[str], *, keep: Callable[[list[int], torch.Tensor], None] | None = None
     ) -> torch.Tensor:
         """Vectors for ``texts`` (one per key, in order); blocks until all are computed. When some fail, the
         first failure is raised, after ``keep(positions, vectors)`` was given those that did not: a remote
-        model's vectors are paid for, and are cached even when the request that asked for them fails."""
-        futures: list[Future] = []
+        model's vectors are paid for, and are cached even when the request that asked for them fails.
+
+        Raises ``OverloadedError`` (queueing nothing) when the queue holds texts and these would take it past
+        ``max_pending``; one call larger than that is still taken into an empty queue, so that no request
+        the service accepts (``max_batch``) can be refused forever."""
+        items: list[_Item] = []
         with self._cond:
             if self._closed:
                 raise RagCacheError("the compute batcher is closed")
+            num_new = len({key for key in keys if key not in self._in_flight})
+            if self._pending and len(self._pending) + num_new > self.max_pending:
+                self.num_refused += num_new
+                raise OverloadedError(
+                    f"the model is busy: {len(self._pending)} texts are queued and {num_new} more would pass the limit of "
+                    f"{self.max_pending} (compute_max_pending); retry shortly",
+                )
             for key, text in zip(keys, texts):
-                future = self._in_flight.get(key)
-                if future is None:
-                    future = Future()
-                    self._in_flight[key] = future
-                    self._pending.append((key, text, future))
-                futures.append(future)
+                item = self._in_flight.get(key)
+                if item is None:
+                    item = self._in_flight[key] = _Item(key, text)
+                    self._pending.append(item)
+                item.num_waiters += 1
+                items.append(item)
             self._cond.notify()
-        if not futures:
+        if not items:
             return torch.empty(0)
         try:
-            return torch.stack([future.result() for future in futures])
+            return torch.stack(self._wait(items, CALLER_GONE.get()))
         except Exception:
             # Only those already done: the error is not held back for batches still being computed.
-            done = [i for i, future in enumerate(futures) if future.done() and future.exception() is None]
+            done = [i for i, item in enumerate(items) if _succeeded(item.future)]
             if keep is not None and done:
-                keep(done, torch.stack([futures[i].result() for i in done]))
+                keep(done, torch.stack([items[i].future.result() for i in done]))
             raise
 
-    def _take_batch(self) -> list[tuple[str, str, Future]] | None:
+    def _wait(self, items: list[_Item], gone: threading.Event | None) -> list[torch.Tensor]:
+        if gone is None:
+            return [item.future.result() for item in items]
+        results = []
+        for item in items:
+            while True:
+                try:
+                    results.append(item.future.result(timeout=GONE_POLL_S))
+                    break
+                except FutureTimeoutError:
+                    if gone.is_set():
+                        self._leave(items)
+                        raise RagCacheError("the caller stopped waiting for these texts") from None
+        return results
+
+    def _leave(self, items: list[_Item]) -> None:
+        """A caller has gone: texts nobody else waits for, and not yet handed to the model, are dropped."""
+        with self._cond:
+            for item in items:
+                item.num_waiters -= 1
+            unwanted = [item for item in items if item.num_waiters == 0 and not item.taken and not item.future.done()]
+            if not unwanted:
+                return
+            dropped = set(unwanted)
+            self._pending = [item for item in self._pending if item not in dropped]
+            for item in dropped:
+                self._in_flight.pop(item.key, None)
+                item.future.cancel()
+            self.num_dropped += len(dropped)
+
+    def _take_batch(self) -> list[_Item] | None:
         with self._cond:
             while not self._pending and not self._closed:
                 self._cond.wait()
@@ -79,22 +152,26 @@ class ComputeBatcher:
             if len(self._pending) < self.max_batch and self.max_wait_s > 0:
                 self._cond.wait_for(lambda: len(self._pending) >= self.max_batch, timeout=self.max_wait_s)
             batch, self._pending = self._pending[: self.max_batch], self._pending[self.max_batch :]
+            for item in batch:
+                item.taken = True
             return batch
 
     def _run(self) -> None:
         while (batch := self._take_batch()) is not None:
+            if not batch:
+                continue  # every text that filled the wait was dropped meanwhile
             try:
-                outcome = self._encode_isolating([text for _, text, _ in batch])
+                outcome = self._encode_isolating([item.text for item in batch])
             except BaseException as exc:  # noqa: BLE001 - e.g. KeyboardInterrupt: no caller may wait forever
                 outcome = [exc] * len(batch)
-            for (_, _, future), result in zip(batch, outcome):
+            for item, result in zip(batch, outcome):
                 if isinstance(result, BaseException):
-                    future.set_exception(result)
+                    item.future.set_exception(result)
                 else:
-                    future.set_result(result)
+                    item.future.set_result(result)
             with self._cond:
-                for key, _, _ in batch:
-                    self._in_flight.pop(key, None)
+                for item in batch:
+                    self._in_flight.pop(item.key, None)
 
     def _encode_isolating(self, texts: list[str]) -> list:
         """A vector or an exception per text. A failed batch is split in halves and each half encoded again,
@@ -130,6 +207,10 @@ class ComputeBatcher:
             self._closed = True
             self._cond.notify_all()
         self._worker.join(timeout=60)
+
+
+def _succeeded(future: Future) -> bool:
+    return future.done() and not future.cancelled() and future.exception() is None
 
 
 def _is_per_text(exc: Exception) -> bool:

@@ -95,6 +95,7 @@ def build_cache(
         # A remote model takes as many texts as fill its upstream requests in parallel (max_inputs x concurrency).
         compute_max_batch=getattr(encoder, "max_batch", settings.compute_batch_size),
         compute_max_wait_s=settings.compute_max_wait_ms / 1000,
+        compute_max_pending=settings.compute_max_pending,
         window_s=settings.stats_window_s,
         device=encoder.device,
         on_close=on_close,

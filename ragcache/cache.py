@@ -81,6 +81,7 @@ class EmbeddingCache:
         write_behind: bool = True,
         compute_max_batch: int = 64,
         compute_max_wait_s: float = 0.002,
+        compute_max_pending: int = 4096,
         window_s: float = 300.0,
         device: torch.device | str = "cpu",
         clock: Callable[[], float] = time.perf_counter,
@@ -102,7 +103,9 @@ class EmbeddingCache:
         self._health = [TierHealth() for _ in self.tiers]
         self._recorders = [LevelRecorder(tier.name, window_s=window_s) for tier in self.tiers]
         self._requests = LevelRecorder("cache", window_s=window_s)
-        self._batcher = ComputeBatcher(encoder.encode, max_batch=compute_max_batch, max_wait_s=compute_max_wait_s)
+        self._batcher = ComputeBatcher(
+            encoder.encode, max_batch=compute_max_batch, max_wait_s=compute_max_wait_s, max_pending=compute_max_pending
+        )
         self._write_behind = WriteBehind(self._store) if write_behind and len(self.tiers) > 1 else None
         self._on_close = on_close
         self._flight = flight

@@ -16,6 +16,7 @@
     │       ├── UpstreamUnavailableError   refused, unreachable, rate-limited past the retries, breaker open (503)
     │       ├── UpstreamTimeoutError       no answer within the model's timeout (504)
     │       └── UpstreamBadResponseError   an answer that is an error or cannot be trusted (502): nothing cached
+    ├── OverloadedError                the model's queue is full (``compute_max_pending``): retry later
     └── raised by the HTTP client (ragcache.client) only:
         ├── AuthenticationError        the service wants an API key (401) or refuses this one (403)
         ├── ServiceUnavailableError    unreachable, timed out, or 502/503/504 after the retries
@@ -42,6 +43,7 @@ __all__ = [
     "UpstreamUnavailableError",
     "UpstreamTimeoutError",
     "UpstreamBadResponseError",
+    "OverloadedError",
     "AuthenticationError",
     "ServiceUnavailableError",
     "ServiceError",
@@ -132,6 +134,15 @@ class UpstreamTimeoutError(UpstreamError):
 class UpstreamBadResponseError(UpstreamError):
     """The upstream answered, but with an error status or with something that cannot be trusted (malformed,
     wrong count, wrong dimension, NaN or infinity, indices out of order). Never cached."""
+
+
+class OverloadedError(RagCacheError):
+    """Too many texts already wait for the model (``compute_max_pending``): nothing of this call was queued.
+    ``retry_after_s`` estimates when the queue will have drained."""
+
+    def __init__(self, message: str, *, retry_after_s: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class AuthenticationError(RagCacheError):

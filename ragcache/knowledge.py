@@ -55,7 +55,7 @@ from ragcache.results import CollectionInfo, IngestResult, SearchHit, SearchResu
 from ragcache.retrieval import SearchOptions, finish, fuse, group_hits
 from ragcache.sync import MAX_LISTED_IDS, SyncOptions, source_expression, sources_of
 from ragcache.tiers.base import TierHealth
-from ragcache.tiers.milvus import milvus_error_message, milvus_failures
+from ragcache.tiers.milvus import is_milvus_outage, milvus_error_message, milvus_failures
 
 __all__ = ["KnowledgeBase", "CollectionInfo", "IngestResult", "SearchHit", "SearchOptions", "SearchResult", "SearchTimings"]
 
@@ -645,15 +645,17 @@ class KnowledgeBase:
 
         A failure of Milvus itself (refused, timed out: the client gives every call a deadline) opens the
         breaker, and until a probe succeeds the knowledge base answers at once with ``TierUnavailableError``
-        rather than making each request wait out the deadline. An answer that is an error about the request
-        (no such collection, a bad filter) is Milvus working: it closes the breaker."""
+        rather than making each request wait out the deadline. An answer that is an error status (no such
+        collection, a bad filter, an engine error) is Milvus working: it closes the breaker."""
         if not self.health.should_try():
             raise TierUnavailableError(STORE, f"Milvus is down (retry when it is back): {self.health.last_error}")
         try:
             result = getattr(self.milvus, method)(*args, **kwargs)
         except milvus_failures as exc:
             error = _converted(exc, collection, filter_given=filter_given)
-            self._note(error)
+            # Only no answer opens the breaker: an error status (e.g. an engine error on an odd filter, which
+            # the service then tells apart by searching without it) came from a Milvus that is up.
+            self._note(error if is_milvus_outage(exc) else None)
             raise error from exc
         except TierUnavailableError as exc:  # a server client that cannot connect (stores.MilvusConnection)
             self._note(exc)

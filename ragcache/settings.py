@@ -15,7 +15,11 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from ragcache.errors import ConfigError
 from ragcache.redact import redact_url
 
-__all__ = ["Settings"]
+__all__ = ["MAX_BATCH_CEILING", "Settings"]
+
+# The most items any list in a request body may hold, whatever ``max_batch`` says: the HTTP schemas declare it,
+# so validation refuses a longer list at once instead of building every item first.
+MAX_BATCH_CEILING = 16384
 
 
 class Settings(BaseSettings):
@@ -65,6 +69,9 @@ class Settings(BaseSettings):
     # -- compute -----------------------------------------------------------------------------------------
     compute_batch_size: int = Field(32, gt=0, description="most texts in one model call")
     compute_max_wait_ms: float = Field(2.0, ge=0, description="how long a model batch waits to fill")
+    compute_max_pending: int = Field(
+        4096, gt=0, description="most texts queued for the model; more: 503 with Retry-After (one request alone always fits)"
+    )
     single_flight: bool = Field(True, description="replicas sharing Redis compute a text missed at once only once (docs/replicas.md)")
     single_flight_ttl_ms: int = Field(15000, gt=0, description="lock lifetime: how long a dead holder can keep others waiting")
     single_flight_wait_ms: int = Field(15000, ge=0, description="most a replica waits for another's vector before computing it")
@@ -91,7 +98,7 @@ class Settings(BaseSettings):
     # -- the service ---------------------------------------------------------------------------------------
     host: str = Field("127.0.0.1", description="address `ragcache serve` binds (beyond loopback only with API keys)")
     port: int = Field(8000, description="port `ragcache serve` listens on")
-    max_batch: int = Field(2048, gt=0, description="most texts one request may carry (413 beyond)")
+    max_batch: int = Field(2048, gt=0, le=MAX_BATCH_CEILING, description="most texts one request may carry (413 beyond)")
     truncate: bool = Field(True, description="truncate over-long texts; false: reject them with 413")
     stats_window_s: float = Field(300.0, gt=0, description="seconds covered by the recent figures of /stats")
     tracing: Literal["off", "otlp", "console"] = Field(
@@ -111,6 +118,10 @@ class Settings(BaseSettings):
     rate_limit_per_s: float | None = Field(None, gt=0, description="requests a second per key; unset = no limit")
     rate_limit_burst: int | None = Field(None, gt=0, description="bucket size; default: 2 x rate, at least 1")
     request_timeout_s: float = Field(60.0, gt=0, description="a request still unanswered after this gets 504")
+    body_timeout_s: float = Field(30.0, gt=0, description="a request body still not in after this gets 408")
+    max_worker_threads: int = Field(
+        32, gt=0, description="most threads running blocking work (the model, Redis, Milvus), abandoned ones included"
+    )
 
     def __repr_args__(self):
         # A URI may still carry a password (redis://:secret@host): shown redacted, like everywhere else.

@@ -24,6 +24,7 @@ from services.schemas import ERROR_RESPONSES
 from services.state import ServiceState
 from services.tenants import TenantCaches
 from services.tracing import TracingMiddleware
+from services.workers import WorkerPool
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -61,8 +62,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     for router in routers:
         app.include_router(router, responses=ERROR_RESPONSES)  # type: ignore[arg-type]
     # The last added runs first: keys and rate limits are checked before a body is read (docs/SECURITY.md).
-    app.add_middleware(LimitsMiddleware, max_body_bytes=settings.max_body_bytes,
-                       timeout_s=settings.request_timeout_s, untimed_paths=OPEN_PATHS)
+    app.state.workers = WorkerPool(settings.max_worker_threads)
+    app.add_middleware(LimitsMiddleware, max_body_bytes=settings.max_body_bytes, timeout_s=settings.request_timeout_s,
+                       body_timeout_s=settings.body_timeout_s, untimed_paths=OPEN_PATHS, workers=app.state.workers)
     limiter = RateLimiter(settings.rate_limit_per_s, settings.rate_limit_burst)
     # From the routers, not the OpenAPI schema: a route left out of the docs (include_in_schema=False) still
     # gets its scope, or admin when unlisted, instead of being open to any key.

@@ -6,6 +6,7 @@ Every error answers JSON ``{"error": {"type", "message", "field"}}`` whose messa
 from __future__ import annotations
 
 import logging
+import math
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -18,6 +19,7 @@ from ragcache.errors import (
     InvalidInputError,
     ModelOutOfMemoryError,
     NotFoundError,
+    OverloadedError,
     RagCacheError,
     TierUnavailableError,
     UpstreamBadResponseError,
@@ -38,6 +40,8 @@ STATUS_BY_ERROR: list[tuple[type[Exception], int, str]] = [
     (UpstreamUnavailableError, 503, "upstream_unavailable"),
     (UpstreamTimeoutError, 504, "upstream_timeout"),
     (UpstreamBadResponseError, 502, "upstream_bad_response"),
+    # 503, not 429: the whole server is busy, whoever asks; 429 is one key over its own rate.
+    (OverloadedError, 503, "overloaded"),
     (ComputeError, 500, "model_failed"),
     (ConfigError, 500, "server_config"),
     (RagCacheError, 500, "internal"),
@@ -79,7 +83,9 @@ def _validation_response(exc: RequestValidationError) -> JSONResponse:
     for error in errors:
         path = field_path(tuple(error["loc"]))
         top = path.split("[")[0].split(".")[0]
-        if top not in best or len(error["loc"]) > len(best[top]["loc"]):
+        deeper = top not in best or len(error["loc"]) > len(best[top]["loc"])
+        # A list over its max_length says more than "not a string" from the union's other member.
+        if deeper or (len(error["loc"]) == len(best[top]["loc"]) and error.get("type") == "too_long"):
             best[top] = {**error, "path": path}
     messages = [f"{error['path']}: {error['msg']}" for error in best.values()]
     first = next(iter(best.values()))
@@ -99,6 +105,10 @@ def install_error_handlers(app: FastAPI) -> None:
     async def on_library_error(request: Request, exc: RagCacheError):
         for error_type, status, type_ in STATUS_BY_ERROR:
             if isinstance(exc, error_type):
+                if isinstance(exc, OverloadedError):  # expected under load: no traceback, a hint when to retry
+                    log.warning("%s %s refused: %s", request.method, request.url.path, exc)
+                    headers = {"Retry-After": str(max(1, math.ceil(exc.retry_after_s)))}
+                    return error_response(status, type_, str(exc), None, headers)
                 if status >= 500:
                     log.error("%s %s failed: %s", request.method, request.url.path, exc, exc_info=exc)
                 return error_response(status, type_, str(exc), getattr(exc, "field", None))

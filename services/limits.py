@@ -1,4 +1,5 @@
-"""Request limits: requests per second per key (token buckets), body size, and a deadline per request.
+"""Request limits: requests per second per key (token buckets), body size, a deadline for reading the body and
+one per request, and the worker threads the routes may use.
 
 Together with the per-field limits (texts per request, bytes per text, ``top_k``, filter length) they bound
 what one request can make the service allocate: a body is read at most ``max_body_bytes`` far, then refused.
@@ -16,6 +17,7 @@ from starlette._utils import get_route_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from services.errors import error_response
+from services.workers import WorkerPool, current_pool
 
 __all__ = ["TokenBucket", "RateLimiter", "LimitsMiddleware"]
 
@@ -88,20 +90,32 @@ class LimitsMiddleware:
     means an over-long stream is cut off at the limit instead of after it.
     """
 
-    def __init__(self, app: ASGIApp, *, max_body_bytes: int, timeout_s: float, untimed_paths: frozenset[str] = frozenset()):
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        max_body_bytes: int,
+        timeout_s: float,
+        body_timeout_s: float = 30.0,
+        untimed_paths: frozenset[str] = frozenset(),
+        workers: WorkerPool | None = None,
+    ):
         self.app = app
         self.max_body_bytes = max_body_bytes
         self.timeout_s = timeout_s
+        self.body_timeout_s = body_timeout_s
         self.untimed_paths = untimed_paths
+        self.workers = workers or WorkerPool()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        current_pool.set(self.workers)  # the threads this app's routes may use (services/workers.py)
         refusal = self._check_length_header(scope)
         body = None
         if refusal is None:
-            body, refusal = await self._read_body(receive)
+            body, refusal = await self._read_body_in_time(receive)
         if refusal is not None:
             await refusal(scope, receive, send)
             return
@@ -115,6 +129,18 @@ class LimitsMiddleware:
                 if int(value) > self.max_body_bytes:
                     return self._too_large(int(value))
         return None
+
+    async def _read_body_in_time(self, receive: Receive):
+        # The request deadline starts once the body is in; this one covers reading it, so a client that
+        # trickles its body (a byte a second) cannot hold a connection and its buffer without end.
+        with anyio.move_on_after(self.body_timeout_s) as reading:
+            return await self._read_body(receive)
+        assert reading.cancelled_caught
+        message = (
+            f"the body did not arrive within {self.body_timeout_s:g} s (RAGCACHE_BODY_TIMEOUT_S): "
+            "send it at once, or a smaller one"
+        )
+        return b"", error_response(408, "timeout", message, "body", headers={"Connection": "close"})
 
     async def _read_body(self, receive: Receive):
         chunks, size = [], 0

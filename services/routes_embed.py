@@ -7,7 +7,6 @@ from contextlib import nullcontext
 from functools import partial
 
 import numpy as np
-from anyio import to_thread
 from fastapi import APIRouter, Request
 
 from ragcache.cache import EmbeddingCache, EmbedResult
@@ -20,6 +19,7 @@ from services.responses import JSONResponse
 from services.schemas import EmbedRequest, OpenAIEmbeddingsRequest
 from services.state import ServiceState
 from services.tokens import token_counts_of
+from services.workers import current_pool
 
 router = APIRouter(tags=["embeddings"])
 
@@ -57,9 +57,10 @@ def check_text_size(text: str, field: str, max_text_bytes: int) -> None:
         raise HTTPError(413, message, field=field)
 
 
-def blocking(function, *args, **kwargs):
-    """Run a blocking call (Redis, Milvus, the model) in a worker thread, abandoned at the request deadline."""
-    return to_thread.run_sync(partial(function, *args, **kwargs), abandon_on_cancel=True)
+async def blocking(function, *args, **kwargs):
+    """Run a blocking call (Redis, Milvus, the model) in a worker thread, abandoned at the request deadline;
+    at most ``max_worker_threads`` at once, abandoned ones counted until they end (services/workers.py)."""
+    return await current_pool.get().run(partial(function, *args, **kwargs))
 
 
 def cache_of(request: Request, model: str | None, prompt_name: str | None = None, *, optional: bool = False) -> EmbeddingCache:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, field_validator
 
@@ -11,6 +11,7 @@ from ragcache.errors import InvalidInputError
 from ragcache.fusion import RRF_K
 from ragcache.knowledge import MAX_QUERIES
 from ragcache.retrieval import MAX_GROUP_SIZE, MAX_OFFSET, SearchOptions
+from ragcache.settings import MAX_BATCH_CEILING
 
 # Metadata nests at most this deep: Milvus stores it as JSON, and every layer of the checks below and in
 # Milvus recurses; a caller has no need for more.
@@ -18,6 +19,11 @@ MAX_METADATA_DEPTH = 32
 
 
 INPUT_TYPE_HELP = "query, document, search_query or search_document (Voyage, Cohere): that prompt, when the model has one"
+
+# Every list a body may carry is declared with this cap, so that validation stops at the first item past it
+# (a 16 MiB body of 762k tiny documents took 5 s and ~600 MB to validate before the 413). The service's own,
+# lower ``max_batch`` is checked by the routes (413); this ceiling is what ``max_batch`` may be set to.
+TextList = Annotated[list[StrictStr], Field(max_length=MAX_BATCH_CEILING)]
 
 
 class Body(BaseModel):
@@ -27,7 +33,7 @@ class Body(BaseModel):
 class EmbedRequest(Body):
     """text-embeddings-inference's /embed body."""
 
-    inputs: StrictStr | list[StrictStr] = Field(description="one text or a list; an empty string is a valid text")
+    inputs: StrictStr | TextList = Field(description="one text or a list; an empty string is a valid text")
     normalize: StrictBool = Field(True, description="L2-normalise the vectors (TEI's default)")
     truncate: StrictBool | None = Field(None, description="truncate over-long texts; default: the server setting")
     truncation_direction: Literal["Right", "right"] = "Right"
@@ -39,7 +45,7 @@ class EmbedRequest(Body):
 class OpenAIEmbeddingsRequest(BaseModel):
     """OpenAI's /v1/embeddings body. Extra fields (e.g. ``user``) are accepted and ignored, as OpenAI does."""
 
-    input: StrictStr | list[StrictStr] = Field(description="one text or a list of texts (token arrays are not supported)")
+    input: StrictStr | TextList = Field(description="one text or a list of texts (token arrays are not supported)")
     model: StrictStr | None = None
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: StrictInt | None = Field(None, gt=0)
@@ -94,7 +100,7 @@ class SyncIn(Body):
 
 class AddDocumentsRequest(Body):
     collection: StrictStr = COLLECTION
-    documents: list[DocumentIn] = Field(min_length=1)
+    documents: list[DocumentIn] = Field(min_length=1, max_length=MAX_BATCH_CEILING)
     model: StrictStr | None = None
     sync: SyncIn | None = Field(None, description="unchanged documents are always skipped; this also deletes what is gone")
 
@@ -106,7 +112,7 @@ class ListIdsRequest(Body):
 
 class DeleteDocumentsRequest(Body):
     collection: StrictStr = COLLECTION
-    ids: list[StrictStr] = Field(min_length=1)
+    ids: list[StrictStr] = Field(min_length=1, max_length=MAX_BATCH_CEILING)
 
 
 class SearchOptionsBody(Body):
@@ -158,8 +164,10 @@ class RerankRequest(Body):
     ``top_n``, ``model``, ``return_documents``) is accepted too, and answered in its own shape."""
 
     query: StrictStr
-    texts: list[StrictStr] | None = Field(None, description="TEI: the texts to score against the query")
-    documents: list[StrictStr | CohereDocument] | None = Field(None, description="Cohere/Infinity: the texts (or {text})")
+    texts: TextList | None = Field(None, description="TEI: the texts to score against the query")
+    documents: list[StrictStr | CohereDocument] | None = Field(
+        None, max_length=MAX_BATCH_CEILING, description="Cohere/Infinity: the texts (or {text})"
+    )
     return_text: StrictBool = Field(False, description="TEI: echo each text in its result")
     return_documents: StrictBool = Field(False, description="Cohere/Infinity: echo each document in its result")
     truncate: StrictBool | None = Field(None, description="truncate over-long pairs; default: the server setting")

@@ -13,12 +13,12 @@ import grpc
 import numpy as np
 import torch
 from pymilvus import DataType, MilvusClient
-from pymilvus.exceptions import MilvusException
+from pymilvus.exceptions import ConnectError, MilvusException, MilvusUnavailableException
 
 from ragcache.errors import TierUnavailableError
 from ragcache.tiers.base import TierHits
 
-__all__ = ["MilvusTier", "milvus_error_message", "milvus_failures"]
+__all__ = ["MilvusTier", "is_milvus_outage", "milvus_error_message", "milvus_failures"]
 
 TEXT_HASH_LENGTH = 32
 MAX_ROWS_PER_CALL = 2000
@@ -31,6 +31,15 @@ log = logging.getLogger(__name__)
 # FutureTimeoutError while a channel waits to be ready). A bug in ragcache (a TypeError, a KeyError) is
 # not one of them: it propagates, rather than showing as "store unavailable".
 milvus_failures: tuple[type[BaseException], ...] = (MilvusException, grpc.RpcError, grpc.FutureTimeoutError)
+
+
+def is_milvus_outage(exc: BaseException) -> bool:
+    """Whether ``exc`` means Milvus did not answer (timed out, unreachable, connection lost), as opposed to an
+    answer that is an error (a status from the server: it is up, and only this request failed)."""
+    if isinstance(exc, (grpc.RpcError, grpc.FutureTimeoutError, MilvusUnavailableException, ConnectError)):
+        return True
+    # pymilvus' retry loop wraps the grpc error it gave up on, keeping grpc's status code as the code.
+    return isinstance(exc, MilvusException) and isinstance(exc.code, grpc.StatusCode)
 
 
 def milvus_error_message(exc: BaseException) -> str:
