@@ -8,17 +8,21 @@ URL, and fetch nothing from anywhere but the service. Screenshots go to the test
 
 from __future__ import annotations
 
+import base64
 import json
 import shutil
 import time
+import zlib
 from urllib.parse import urlsplit
 
 import httpx
+import numpy as np
 import pytest
 
 from ragcache.processes import free_port
 from ragcache.settings import Settings
 from tests.live_server import LiveServer
+from tests.providers.loopback import LoopbackServer, Received, Reply
 
 playwright_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright (the test extra)")
 
@@ -195,3 +199,40 @@ def test_without_a_key_the_page_loads_and_asks_for_one(page, server):
     wait_for(lambda: "Needs an API key" in page.inner_text("#models-status"), "the models panel's 401")
     assert "Needs an API key" in page.inner_text("#prefixes-status")
     assert page.inner_text("#health") == "ok"  # /health is open
+
+
+REMOTE = "remote-model"
+
+
+def answer_embeddings(request: Received) -> Reply:
+    """An OpenAI-shaped upstream: a fixed vector per text (from its hash), 4 tokens a text."""
+    texts = request.body["input"]
+    texts = [texts] if isinstance(texts, str) else texts
+    rows = [np.random.default_rng(zlib.crc32(text.encode())).standard_normal(8).astype("<f4") for text in texts]
+    data = [{"object": "embedding", "index": i, "embedding": base64.b64encode(row.tobytes()).decode()} for i, row in enumerate(rows)]
+    usage = {"prompt_tokens": 4 * len(texts), "total_tokens": 4 * len(texts)}
+    return Reply(200, {"object": "list", "data": data, "model": REMOTE, "usage": usage})
+
+
+def test_a_remote_model_shows_its_upstream_and_what_hits_saved(browser, redis_server, tmp_path):
+    with LoopbackServer(answer_embeddings) as upstream:
+        model = {"name": REMOTE, "provider": "openai", "base_url": upstream.url, "upstream_model": REMOTE, "dimensions": 8,
+                 "price_per_million_tokens": 20.0, "max_retries": 0, "timeout_s": 5.0}
+        keys = json.dumps({"keys": [{"name": "ops", "key": ADMIN_KEY, "scopes": "*"}]})
+        settings = Settings(models_json=json.dumps({"models": [model]}), model=REMOTE, redis_url=redis_server, milvus_uri="off",
+                            data_dir=tmp_path, api_keys=keys, drift_check=False)
+        headers = {"Authorization": f"Bearer {ADMIN_KEY}"}
+        with LiveServer(settings) as live, httpx.Client(base_url=live.url, timeout=60, headers=headers) as admin:
+            for _ in range(3):
+                assert admin.post("/embed", json={"inputs": ["a", "b", "c"], "model": REMOTE}).status_code == 200
+            upstream_figures = admin.get("/stats").json()["models"][REMOTE]["upstream"]
+            assert upstream_figures["tokens_saved"] == 24 and upstream_figures["money_saved"] > 0
+            context = browser.new_context(viewport={"width": 1400, "height": 1000})
+            page = context.new_page()
+            open_with_key(page, live, ADMIN_KEY)
+            section = f'[data-model="{REMOTE}"] [data-section="upstream"]'
+            page.wait_for_selector(section, timeout=WAIT_S * 1000)
+            for field in ("tokens_saved", "money_saved", "texts_saved", "num_calls", "num_tokens"):
+                assert number(shown(page, f'{section} .tile[data-field="{field}"]')) == pytest.approx(upstream_figures[field]), field
+            page.screenshot(path=str(tmp_path / "ui-upstream.png"), full_page=True)
+            context.close()

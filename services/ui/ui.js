@@ -320,9 +320,25 @@
     return el("div", {}, chart, legend);
   }
 
+  // Figures this page has no layout for (a remote model's "upstream": calls, tokens, and the tokens and money
+  // its cache hits saved): an object becomes a titled row of tiles, savings first; anything else one line.
+  const FIRST_FIELDS = ["tokens_saved", "money_saved", "texts_saved"];
+
   function renderExtras(extras) {
-    return el("div", { className: "extra" },
-      ...extras.map(([name, value]) => el("div", { "data-field": name, text: `${label(name)}: ${fmtAny(value)}` })));
+    return el("div", { className: "extra" }, ...extras.map(([name, value]) => {
+      if (value === null || typeof value !== "object" || Array.isArray(value)) {
+        return el("div", { "data-field": name, text: `${label(name)}: ${fmtAny(value)}` });
+      }
+      const fields = Object.entries(value).sort(([a], [b]) => rank(a) - rank(b));
+      return el("div", { "data-section": name }, el("h4", { text: label(name) }),
+        el("div", { className: "tiles" }, ...fields.map(([field, v]) =>
+          tile(field, label(field), typeof v === "object" && v !== null ? JSON.stringify(v) : v, fmtAny(v)))));
+    }));
+  }
+
+  function rank(field) {
+    const index = FIRST_FIELDS.indexOf(field);
+    return index === -1 ? FIRST_FIELDS.length : index;
   }
 
   function renderTargets(targets) {
