@@ -20,6 +20,7 @@ from ragcache.flight import Flight
 from ragcache.keys import EmbeddingSpace, Generation
 from ragcache.stats import CacheStats, LatencyHistogram, LevelRecorder
 from ragcache.tiers.base import Tier, TierHealth, TierHits
+from ragcache.tokens import TokenCounter
 from ragcache.tracing import span
 from ragcache.writeback import WriteBehind
 
@@ -120,6 +121,14 @@ class EmbeddingCache:
             # Two threads may both rebuild it after a switch: they build the same value.
             space = self._space = dataclasses.replace(space, generation=self.generation.value)
         return space
+
+    @property
+    def tokenizer(self) -> TokenCounter:
+        """The model's token counting (and, for a local model, a ``Tokenizer``): what the service needs to
+        check lengths, count ``usage`` and serve /tokenize, without reaching past the cache into its model."""
+        if not isinstance(self.encoder, TokenCounter):
+            raise ConfigError(f"model {self.space.model!r} cannot count tokens here")
+        return self.encoder
 
     # ---- the read path -------------------------------------------------------------------------------
 

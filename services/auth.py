@@ -49,6 +49,9 @@ FAILED_AUTH_PER_S = 2.0
 # is closed until someone decides otherwise); tests/test_access.py checks that every route is listed.
 ROUTE_SCOPES: dict[tuple[str, str], str] = {
     ("POST", "/embed"): "embed",
+    ("POST", "/"): "embed",  # text-embeddings-inference's root route: /embed
+    ("POST", "/tokenize"): "embed",
+    ("POST", "/decode"): "embed",
     ("POST", "/v1/embeddings"): "embed",
     ("POST", "/search"): "search",
     ("POST", "/rerank"): "search",

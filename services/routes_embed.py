@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
 from contextlib import nullcontext
 from functools import partial
 
@@ -12,11 +13,12 @@ from fastapi import APIRouter, Request
 from ragcache.cache import EmbeddingCache, EmbedResult
 from ragcache.errors import InvalidInputError
 from ragcache.prompts import prompt_name_of
+from ragcache.tokens import Tokenizer
 from services.auth import principal_of
 from services.errors import HTTPError
 from services.passthrough import caller_scope
 from services.responses import JSONResponse
-from services.schemas import EmbedRequest, OpenAIEmbeddingsRequest
+from services.schemas import DecodeRequest, EmbedRequest, OpenAIEmbeddingsRequest, TokenizeRequest
 from services.state import ServiceState
 from services.tokens import token_counts_of
 from services.workers import current_pool
@@ -102,7 +104,7 @@ async def embed_through_cache(
     def work() -> EmbedResult:
         if not truncate:
             try:
-                cache.encoder.check_lengths(texts, field)  # type: ignore[attr-defined]
+                cache.tokenizer.check_lengths(texts, field)
             except InvalidInputError as exc:
                 raise HTTPError(413, str(exc), field=exc.field) from exc
         with scope(texts):  # a remote model's pass-through: the caller's own key for their misses
@@ -124,6 +126,9 @@ def base64_rows(vectors: np.ndarray) -> list[str]:
     return [encoded[start : start + width] for start in range(0, len(encoded), width)]
 
 
+# "/" is text-embeddings-inference's route for the model's own task: for an embedding model, /embed. The most
+# used TEI client, huggingface_hub's InferenceClient(model=<url>).feature_extraction(...), posts there.
+@router.post("/", summary="Embed texts (text-embeddings-inference's root route, as /embed)")
 @router.post("/embed", summary="Embed texts (text-embeddings-inference compatible)")
 async def embed(body: EmbedRequest, request: Request) -> JSONResponse:
     """A JSON list of vectors, one per input; response headers ``X-Cache-*`` tell which level served them."""
@@ -164,3 +169,32 @@ async def openai_embeddings(body: OpenAIEmbeddingsRequest, request: Request) -> 
         },
         headers=served_headers(result),
     )
+
+
+def tokenizer_of(cache: EmbeddingCache) -> Tokenizer:
+    tokenizer = cache.tokenizer
+    if not isinstance(tokenizer, Tokenizer):
+        raise InvalidInputError(f"model {cache.space.model!r} has no local tokenizer to show", field="model")
+    return tokenizer
+
+
+@router.post("/tokenize", summary="The tokens of texts (text-embeddings-inference compatible)")
+async def tokenize(body: TokenizeRequest, request: Request) -> JSONResponse:
+    """Per input, its tokens: ``{id, text, special, start, stop}`` with character offsets into the input."""
+    state = state_of(request)
+    texts = as_batch(body.inputs, "inputs", state.settings.max_batch, state.settings.max_text_bytes)
+    if body.prompt_name is not None:
+        raise InvalidInputError("prompt_name is not supported: a prompt is part of the server's embedding space", field="prompt_name")
+    tokenizer = tokenizer_of(cache_of(request, body.model))
+    tokenized = await blocking(tokenizer.tokenize, texts, add_special_tokens=body.add_special_tokens)
+    return JSONResponse([[dataclasses.asdict(token) for token in tokens] for tokens in tokenized])
+
+
+@router.post("/decode", summary="The text of token ids (text-embeddings-inference compatible)")
+async def decode(body: DecodeRequest, request: Request) -> JSONResponse:
+    """One text per list of ids (a single list of ids gives a list of one text)."""
+    state = state_of(request)
+    rows = body.ids if body.ids and isinstance(body.ids[0], list) else [body.ids]
+    check_count(rows, "ids", state.settings.max_batch)
+    tokenizer = tokenizer_of(cache_of(request, body.model))
+    return JSONResponse(await blocking(tokenizer.decode, rows, skip_special_tokens=body.skip_special_tokens))

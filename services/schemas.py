@@ -42,6 +42,23 @@ class EmbedRequest(Body):
     model: StrictStr | None = Field(None, description="served model name; default: the server's model")
 
 
+class TokenizeRequest(Body):
+    """text-embeddings-inference's /tokenize body."""
+
+    inputs: StrictStr | list[StrictStr] = Field(description="one text or a list")
+    add_special_tokens: StrictBool = Field(True, description="include the model's special tokens ([CLS], [SEP])")
+    prompt_name: StrictStr | None = Field(None, description="not supported: prompts are part of the server's space")
+    model: StrictStr | None = Field(None, description="served model name; default: the server's model")
+
+
+class DecodeRequest(Body):
+    """text-embeddings-inference's /decode body."""
+
+    ids: list[StrictInt] | list[list[StrictInt]] = Field(description="one list of token ids, or a list of them")
+    skip_special_tokens: StrictBool = Field(True, description="leave the model's special tokens out of the text")
+    model: StrictStr | None = Field(None, description="served model name; default: the server's model")
+
+
 class OpenAIEmbeddingsRequest(BaseModel):
     """OpenAI's /v1/embeddings body. Extra fields (e.g. ``user``) are accepted and ignored, as OpenAI does."""
 

@@ -88,6 +88,12 @@ class NamespacedEncoder:
     def check_lengths(self, texts: Sequence[str], field: str = "inputs") -> None:
         self._encoder.check_lengths(texts, field)
 
+    def tokenize(self, texts: Sequence[str], *, add_special_tokens: bool = True):
+        return self._encoder.tokenize(texts, add_special_tokens=add_special_tokens)
+
+    def decode(self, ids, *, skip_special_tokens: bool = True) -> list[str]:
+        return self._encoder.decode(ids, skip_special_tokens=skip_special_tokens)
+
 
 class TenantCaches:
     """The cache a request embeds through: the model's shared cache, or its tenant's own (made on first use;

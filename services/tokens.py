@@ -43,5 +43,5 @@ def token_counts_of(request: Request, cache: EmbeddingCache) -> TokenCounts:
     if counters is None:
         counters = request.app.state.token_counts = {}
     if cache.space.space_id not in counters:
-        counters[cache.space.space_id] = TokenCounts(cache.encoder.count_tokens)  # type: ignore[attr-defined]
+        counters[cache.space.space_id] = TokenCounts(cache.tokenizer.count_tokens)
     return counters[cache.space.space_id]

@@ -19,6 +19,7 @@ import xxhash
 from ragcache.errors import ConfigError, InvalidInputError
 from ragcache.keys import EmbeddingSpace
 from ragcache.tiers.memory import resolve_device
+from ragcache.tokens import Token
 
 __all__ = ["ModelEncoder", "EncoderStats", "PACKAGED_MODEL", "TORCH_DTYPES", "resolve_model_path"]
 
@@ -175,6 +176,32 @@ class ModelEncoder:
                     "shorten it or send truncate=true",
                     field=f"{field}[{index}]",
                 )
+
+    def tokenize(self, texts: Sequence[str], *, add_special_tokens: bool = True) -> list[list[Token]]:
+        """Each text's tokens with their character offsets (text-embeddings-inference's /tokenize)."""
+        encoded = self.tokenizer(list(texts), add_special_tokens=add_special_tokens, truncation=False,
+                                 return_offsets_mapping=True)
+        special_ids = set(self.tokenizer.all_special_ids)
+        tokenized = []
+        for text, ids, offsets in zip(texts, encoded["input_ids"], encoded["offset_mapping"]):
+            tokens = []
+            for token_id, (start, stop) in zip(ids, offsets):
+                if token_id in special_ids:
+                    tokens.append(Token(token_id, self.tokenizer.convert_ids_to_tokens(token_id), True, None, None))
+                else:
+                    tokens.append(Token(token_id, text[start:stop], False, start, stop))
+            tokenized.append(tokens)
+        return tokenized
+
+    def decode(self, ids: Sequence[Sequence[int]], *, skip_special_tokens: bool = True) -> list[str]:
+        """The text of each list of token ids (text-embeddings-inference's /decode)."""
+        vocab_size = len(self.tokenizer)
+        for row, token_ids in enumerate(ids):
+            for column, token_id in enumerate(token_ids):
+                if not 0 <= token_id < vocab_size:
+                    raise InvalidInputError(f"token id {token_id} is not in the model's vocabulary (0..{vocab_size - 1})",
+                                            field=f"ids[{row}][{column}]")
+        return self.tokenizer.batch_decode([list(row) for row in ids], skip_special_tokens=skip_special_tokens)
 
     def stats(self) -> EncoderStats:
         with self._lock:
