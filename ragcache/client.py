@@ -51,6 +51,7 @@ from urllib.parse import quote
 import httpx
 import numpy as np
 
+from ragcache.documents import Document, check_collection_name
 from ragcache.errors import (
     AuthenticationError,
     ConflictError,
@@ -198,6 +199,17 @@ class _Operations:
         """The ids of the collection's documents (matching ``filter``, a Milvus expression)."""
         body = {"collection": collection, "filter": filter}
         return self._call(_Call("POST", "/documents/ids", body, _parse_ids))
+
+    def get_documents(self, collection: str, ids: Sequence[str]) -> list[Document]:
+        """The documents with these ids, in the order asked; ids the collection does not hold are left out."""
+        body = {"collection": collection, "ids": list(ids)}
+        return self._call(_Call("POST", "/documents/get", body, _parse_documents))
+
+    def drop_collection(self, collection: str) -> None:
+        """Drop a collection and all its documents (an ``admin`` key; ``NotFoundError`` when it does not exist)."""
+        # Checked here too: the name goes into the path, where a '/' or '?' would name another route.
+        path = f"/collections/{check_collection_name(collection)}"
+        return self._call(_Call("DELETE", path, None, lambda payload: None))
 
     def delete_documents(self, collection: str, ids: Sequence[str]) -> int:
         """Delete documents by id; returns how many existed."""
@@ -548,6 +560,10 @@ def _parse_dataclass(cls: type, payload: dict) -> Any:
 
 def _parse_ids(payload: dict) -> list[str]:
     return [str(doc_id) for doc_id in payload["ids"]]
+
+
+def _parse_documents(payload: dict) -> list[Document]:
+    return [Document(str(d["id"]), str(d["text"]), dict(d.get("metadata") or {})) for d in payload["documents"]]
 
 
 def _parse_num_deleted(payload: dict) -> int:

@@ -312,6 +312,17 @@ class KnowledgeBase:
         self._note(None)
         return batch
 
+    def get_documents(self, collection: str, ids: Sequence[str]) -> list[Document]:
+        """The documents with these ids, in the order asked (repeats folded); unknown ids are left out."""
+        checked = check_ids(ids)
+        meta = self._lookup(check_collection_name(collection))
+        found: dict[str, Document] = {}
+        for start in range(0, len(checked), BATCH_ROWS):
+            pks = [_pk(doc_id) for doc_id in checked[start : start + BATCH_ROWS]]
+            for row in self._call(meta, "get", meta.milvus_name, ids=pks, output_fields=["id", "text", "metadata"]):
+                found[row["id"]] = Document(row["id"], row["text"], row.get("metadata") or {})
+        return [found[doc_id] for doc_id in checked if doc_id in found]
+
     def delete_documents(self, collection: str, ids: Sequence[str]) -> int:
         """Delete documents by id; returns how many existed (unknown ids are ignored)."""
         checked = check_ids(ids)

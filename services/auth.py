@@ -59,6 +59,8 @@ ROUTE_SCOPES: dict[tuple[str, str], str] = {
     ("GET", "/collections"): "search",
     ("POST", "/documents"): "ingest",
     ("POST", "/documents/ids"): "ingest",
+    ("POST", "/documents/get"): "search",
+    ("DELETE", "/collections/{collection}"): "admin",
     ("DELETE", "/documents"): "admin",
     ("POST", "/prefixes"): "admin",
     ("DELETE", "/prefixes/{name}"): "admin",

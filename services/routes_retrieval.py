@@ -12,6 +12,7 @@ from urllib.parse import quote
 
 from fastapi import APIRouter, Request
 
+from ragcache.documents import check_collection_name
 from ragcache.errors import InvalidInputError, TierUnavailableError
 from ragcache.knowledge import KnowledgeBase
 from ragcache.prompts import DOCUMENT, QUERY
@@ -23,7 +24,14 @@ from services.errors import HTTPError
 from services.responses import JSONResponse
 from services.routes_embed import blocking, cache_of, check_count, check_text_size
 from services.routes_rerank import rerank_namespace
-from services.schemas import AddDocumentsRequest, BatchSearchRequest, DeleteDocumentsRequest, ListIdsRequest, SearchRequest
+from services.schemas import (
+    AddDocumentsRequest,
+    BatchSearchRequest,
+    DeleteDocumentsRequest,
+    GetDocumentsRequest,
+    ListIdsRequest,
+    SearchRequest,
+)
 from services.state import ServiceState
 from services.tenants import public_collection, public_names, stored_collection, tenant_prefix
 
@@ -60,6 +68,28 @@ async def list_ids(body: ListIdsRequest, request: Request) -> JSONResponse:
     with public_names(stored, body.collection):
         ids = await blocking(knowledge_of(request.app.state.ragcache).list_ids, stored, body.filter)
     return JSONResponse({"collection": body.collection, "ids": ids})
+
+
+@router.post("/documents/get", summary="Documents by id (text and metadata)")
+async def get_documents(body: GetDocumentsRequest, request: Request) -> JSONResponse:
+    """``{"collection", "documents": [{id, text, metadata}], "missing": [ids]}``, documents in the order asked."""
+    state: ServiceState = request.app.state.ragcache
+    check_count(body.ids, "ids", state.settings.max_batch)
+    stored = stored_collection(principal_of(request).tenant, body.collection)
+    with public_names(stored, body.collection):
+        documents = await blocking(knowledge_of(state).get_documents, stored, body.ids)
+    found = {document.id for document in documents}
+    missing = [doc_id for doc_id in dict.fromkeys(body.ids) if doc_id not in found]
+    return JSONResponse({"collection": body.collection, "documents": documents, "missing": missing})
+
+
+@router.delete("/collections/{collection}", summary="Drop a collection and all its documents")
+async def drop_collection(collection: str, request: Request) -> JSONResponse:
+    """404 when it does not exist (for a tenant: when it is not the tenant's)."""
+    stored = stored_collection(principal_of(request).tenant, check_collection_name(collection))
+    with public_names(stored, collection):
+        await blocking(knowledge_of(request.app.state.ragcache).drop_collection, stored)
+    return JSONResponse({"collection": collection, "dropped": True})
 
 
 @router.delete("/documents", summary="Delete documents by id")

@@ -132,6 +132,11 @@ class DeleteDocumentsRequest(Body):
     ids: list[StrictStr] = Field(min_length=1, max_length=MAX_BATCH_CEILING)
 
 
+class GetDocumentsRequest(Body):
+    collection: StrictStr = COLLECTION
+    ids: list[StrictStr] = Field(min_length=1)
+
+
 class SearchOptionsBody(Body):
     """How /search ranks (ragcache.retrieval.SearchOptions, which checks the same rules)."""
 

@@ -131,3 +131,34 @@ def test_a_model_without_prompts_behaves_as_before(http):
     named = http.post("/embed", json={"inputs": ["pump"], "prompt_name": "query"})
     assert named.status_code == 422 and named.json()["error"]["field"] == "prompt_name"
     assert "no prompt named 'query'" in named.json()["error"]["message"]
+
+
+def test_get_documents_by_id_in_the_order_asked(http, server):
+    response = http.post("/documents/get", json={"collection": COLLECTION, "ids": ["kv", "nope", "manual.md#1", "kv"]})
+    assert response.status_code == 200
+    payload = response.json()
+    assert [d["id"] for d in payload["documents"]] == ["kv", "manual.md#1"] and payload["missing"] == ["nope"]
+    assert payload["documents"][1] == {k: DOCS[1][k] for k in ("id", "text", "metadata")}
+
+    async def run():
+        async with AsyncClient(server.url) as client:
+            return await client.get_documents(COLLECTION, ["bread"])
+
+    assert [d.text for d in asyncio.run(run())] == [DOCS[4]["text"]]
+
+
+def test_drop_collection(http, server):
+    from ragcache.errors import NotFoundError
+
+    assert http.post("/documents", json={"collection": "to-drop", "documents": DOCS[:2]}).status_code == 200
+    assert http.delete("/collections/to-drop").json() == {"collection": "to-drop", "dropped": True}
+    assert http.post("/search", json={"collection": "to-drop", "query": "pump"}).status_code == 404
+    assert http.delete("/collections/to-drop").status_code == 404
+    bad = http.delete("/collections/no%20spaces")
+    assert bad.status_code == 422 and bad.json()["error"]["field"] == "collection"
+    with Client(server.url) as client:
+        client.add_documents("to-drop-2", DOCS[:1])
+        client.drop_collection("to-drop-2")
+        with pytest.raises(NotFoundError):
+            client.drop_collection("to-drop-2")
+        assert "to-drop-2" not in [c.name for c in client.collections()]
