@@ -135,6 +135,8 @@ def test_stats_count_rerank_hits(rerank_server):
     httpx.post(rerank_server.url + "/rerank", json={"query": "stats", "texts": TEXTS}).raise_for_status()
     stats = httpx.get(rerank_server.url + "/stats").json()["rerankers"]
     figures = stats[rerank_server.state.settings.rerank_models[0]]
+    metrics = httpx.get(rerank_server.url + "/metrics").text
+    assert f'space="{figures["space"]["space_id"]}"' in metrics  # Prometheus counts the score cache too
     assert figures["space"]["dim"] == 1 and figures["space"]["prompt"] == "rerank"
     assert figures["since_start"]["hits"] >= len(TEXTS)
 
