@@ -236,11 +236,12 @@ class _Operations:
 
     def register_prefix(self, name: str, text: str, target: Target, *, is_template: bool = False,
                         form: PromptForm | str = PromptForm.COMPLETION, lmcache_controller_url: str | None = None,
-                        pinned: bool = True) -> RegisterResult:
-        """Register (or re-register) a prefix: the stored prefix, warnings about its text, and its first warm."""
+                        pinned: bool = True, endpoints: Sequence[str] = ()) -> RegisterResult:
+        """Register (or re-register) a prefix: the stored prefix, warnings about its text, and its first warms.
+        ``endpoints``: more vLLM replicas (base URLs) serving ``target.model`` to keep it warm on."""
         body = {"name": check_name(name), "text": text, "target": {"base_url": target.base_url, "model": target.model},
                 "is_template": is_template, "form": PromptForm(form).value,
-                "lmcache_controller_url": lmcache_controller_url, "pinned": pinned}
+                "lmcache_controller_url": lmcache_controller_url, "pinned": pinned, "endpoints": list(endpoints)}
         return self._call(_Call("POST", "/prefixes", body, _parse_register))
 
     def list_prefixes(self) -> list[Prefix]:
@@ -255,9 +256,11 @@ class _Operations:
         """Forget prefix ``name``; it is no longer warmed."""
         return self._call(_Call("DELETE", _prefix_path(name), None, _parse_nothing))
 
-    def warm_prefix(self, name: str) -> WarmResult:
-        """Warm prefix ``name`` now (within the service's warm budget; the outcome says what happened)."""
-        return self._call(_Call("POST", _prefix_path(name, "/warm"), None, _parse_warm))
+    def warm_prefix(self, name: str, endpoint: str | None = None) -> WarmResult:
+        """Warm prefix ``name`` now on ``endpoint`` (default: its target), within the service's warm budget; the
+        outcome says what happened."""
+        query = "" if endpoint is None else f"?endpoint={quote(endpoint, safe='')}"
+        return self._call(_Call("POST", _prefix_path(name, "/warm") + query, None, _parse_warm))
 
     def prefix_stats(self, name: str) -> dict[str, Any]:
         """The service's counters of prefix ``name`` (warms, residency, uses), as it reports them."""
@@ -602,4 +605,5 @@ def _parse_register(payload: dict) -> RegisterResult:
         new_version=bool(payload["new_version"]),
         warnings=tuple(payload.get("warnings") or ()),
         warm=_parse_warm(warm) if warm is not None else None,
+        warms=tuple(_parse_warm(item) for item in payload.get("warms") or ()),
     )

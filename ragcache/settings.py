@@ -94,6 +94,11 @@ class Settings(BaseSettings):
     prefix_warm_budget_per_minute: int = Field(120, gt=0, description="most warm requests sent to vLLM a minute")
     prefix_min_rewarm_interval_s: float = Field(1.0, gt=0, description="shortest time between two warms of one prefix")
     prefix_max_rewarm_interval_s: float = Field(120.0, gt=0, description="longest time between two warms of one prefix")
+    prefix_vllm_endpoints: list[str] = Field(
+        default_factory=list, max_length=64,
+        description="the deployment's vLLM replicas (base URLs): a prefix whose target is one of them is kept warm on all")
+    prefix_lease_ttl_s: float = Field(
+        10.0, gt=0, description="with Redis: how long a dead replica's warm leases outlive it before another takes over")
 
     # -- the service ---------------------------------------------------------------------------------------
     host: str = Field("127.0.0.1", description="address `ragcache serve` binds (beyond loopback only with API keys)")

@@ -63,9 +63,10 @@ def delete_prefix(name: str, request: Request) -> Response:
 
 
 @router.post("/{name}/warm", response_model=WarmResult)
-def warm_prefix(name: str, request: Request) -> WarmResult:
-    """Warm now (still within the warm budget and the target's back-off: the outcome says which)."""
-    return _registry(request).warm(name)
+def warm_prefix(name: str, request: Request, endpoint: str | None = None) -> WarmResult:
+    """Warm now on ``endpoint`` (default: the target), still within the warm budget and the endpoint's
+    back-off: the outcome says which."""
+    return _registry(request).warm(name, endpoint)
 
 
 @router.post("/{name}/uses", status_code=204)
@@ -77,4 +78,6 @@ def report_uses(name: str, body: UsesIn, request: Request) -> Response:
 
 @router.get("/{name}/stats", response_model=PrefixStats)
 def prefix_stats(name: str, request: Request) -> PrefixStats:
+    """This replica's counters, summed and per vLLM endpoint (``endpoints``: residency as the last judged warm
+    found it, last warm, evictions)."""
     return _registry(request).prefix_stats(name)

@@ -73,6 +73,8 @@ class ServiceState:
                 warm_budget_per_minute=settings.prefix_warm_budget_per_minute,
                 min_rewarm_interval_s=settings.prefix_min_rewarm_interval_s,
                 max_rewarm_interval_s=settings.prefix_max_rewarm_interval_s,
+                endpoints=tuple(settings.prefix_vllm_endpoints),
+                lease_ttl_s=settings.prefix_lease_ttl_s,
             ),
             redis_client=stores.redis,  # type: ignore[arg-type]
         )

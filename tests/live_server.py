@@ -19,7 +19,7 @@ def transport_to(test_client) -> httpx.MockTransport:
     ``TestClient`` (the sync client builds its own ``httpx.Client``; this is its seam to an in-process app)."""
 
     def forward(request: httpx.Request) -> httpx.Response:
-        answer = test_client.request(request.method, request.url.path, content=request.content,
+        answer = test_client.request(request.method, request.url.raw_path.decode("ascii"), content=request.content,
                                      headers=dict(request.headers))
         return httpx.Response(answer.status_code, headers=answer.headers, content=answer.content)
 

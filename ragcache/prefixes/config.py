@@ -42,6 +42,11 @@ class PrefixRegistryConfig:
     # Local JSON file that holds the registry when no Redis client is given.
     file_path: Path = Path("data/prefixes.json")
     redis_key: str = "rc:prefixes"
+    # The deployment's vLLM replicas (base URLs): a prefix whose target is one of them is kept warm on all.
+    endpoints: tuple[str, ...] = ()
+    # How long a replica's lease on a (prefix, endpoint) outlives it (with a shared Redis): another replica
+    # takes the warming over at most this long after the holder died.
+    lease_ttl_s: float = 10.0
     # LMCache controller pin target (see LMCache's controller `/pin` API).
     lmcache_instance_id: str = "lmcache_default_instance"
     lmcache_location: str = "LocalCPUBackend"
@@ -55,5 +60,8 @@ class PrefixRegistryConfig:
             raise ConfigError("warm_budget_per_minute must be at least 1")
         if not 0 < self.backoff_min_s <= self.backoff_max_s:
             raise ConfigError("need 0 < backoff_min_s <= backoff_max_s")
+        if self.lease_ttl_s <= 0:
+            raise ConfigError("lease_ttl_s must be positive")
+        object.__setattr__(self, "endpoints", tuple(url.rstrip("/") for url in self.endpoints))
         if self.tick_interval_s <= 0 or self.default_block_size < 1:
             raise ConfigError("tick_interval_s and default_block_size must be positive")

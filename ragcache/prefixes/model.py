@@ -23,6 +23,7 @@ __all__ = [
     "WarmResult",
     "PrefixStats",
     "TargetStats",
+    "EndpointStats",
     "RegistryStats",
     "RegisterResult",
     "content_hash",
@@ -72,6 +73,8 @@ class PrefixSpec:
     form: PromptForm = PromptForm.COMPLETION
     lmcache_controller_url: str | None = None
     pinned: bool = True
+    # More vLLM replicas (base URLs) serving ``target.model``: the prefix is kept warm on each of them.
+    endpoints: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -91,6 +94,8 @@ class Prefix:
     content_hash: str
     created_at: float
     updated_at: float
+    # Replicas beside ``target`` (absent in records stored before fleets existed).
+    endpoints: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (the storage format)."""
@@ -104,6 +109,7 @@ class Prefix:
         fields = dict(data)
         fields["target"] = Target(**fields["target"])
         fields["form"] = PromptForm(fields["form"])
+        fields["endpoints"] = tuple(fields.get("endpoints") or ())
         return cls(**fields)
 
 
@@ -151,6 +157,27 @@ class WarmResult:
     num_cached_tokens: int = 0
     latency_s: float = 0.0
     error: str | None = None
+    # The vLLM base URL that was warmed.
+    endpoint: str = ""
+
+
+@dataclass(frozen=True)
+class EndpointStats:
+    """One prefix on one vLLM endpoint, as this process's warms found it."""
+
+    base_url: str
+    # As the last judged warm found it: True resident, False evicted (and loaded again by that warm);
+    # None before a re-warm has been judged.
+    resident: bool | None
+    last_outcome: WarmOutcome | None
+    last_warm_at: float | None
+    num_warms: int
+    num_resident: int
+    num_evicted: int
+    num_errors: int
+    num_skipped: int
+    residency_rate: float | None
+    rewarm_interval_s: float
 
 
 @dataclass(frozen=True)
@@ -174,6 +201,8 @@ class PrefixStats:
     num_uses: int
     # Tokens an LMCache controller reported pinned for this version; None without a controller.
     lmcache_pinned_tokens: int | None = None
+    # Per vLLM endpoint (the target first); the counters above are their sums.
+    endpoints: tuple[EndpointStats, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -208,4 +237,6 @@ class RegisterResult:
     created: bool
     new_version: bool
     warnings: tuple[str, ...]
-    warm: WarmResult | None
+    warm: WarmResult | None  # the target's warm
+    # Every endpoint's warm (the target's first); empty when nothing was warmed.
+    warms: tuple[WarmResult, ...] = ()

@@ -5,6 +5,11 @@ one-token completion when it is registered and again before it would be evicted,
 ``usage.prompt_tokens_details.cached_tokens`` to learn whether it was still resident, and adapts the
 interval (see :mod:`.policy`). A target that fails is reported down and backed off; registration never
 depends on vLLM being up, and warming resumes by itself when it comes back.
+
+A prefix lives on every **endpoint** of its deployment: its target, the replicas it names, and (when its target
+is one of them) the deployment-wide ``config.endpoints``. Each endpoint has its own schedule and counters,
+since each vLLM replica evicts on its own. Across ragcache replicas, a :class:`~.lease.WarmGate` decides
+which replica warms which (prefix, endpoint) and holds the fleet-wide budget.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import redis
 from ragcache.errors import InvalidInputError, NotFoundError, TierUnavailableError
 
 from .config import PrefixRegistryConfig
+from .lease import LocalWarmGate, RedisWarmGate, WarmGate
 from .model import (
     Prefix,
     PrefixSpec,
@@ -38,7 +44,7 @@ from .model import (
     content_hash,
 )
 from .policy import Backoff, Schedule, WarmBudget, judge_residency, next_schedule
-from .state import WarmState
+from .state import WarmState, summarize
 from .store import PrefixStore, make_store
 from .text import find_volatile, render_messages, render_text, template_head
 from .tokens import LocalTokenCounter
@@ -49,6 +55,8 @@ __all__ = ["PrefixRegistry"]
 log = logging.getLogger(__name__)
 
 TokenCounter = Callable[[Target, str], "int | None"]
+# Replicas one prefix may name (each is warmed on its own schedule): a bound on the work one registration adds.
+MAX_ENDPOINTS = 64
 
 
 class PrefixRegistry:
@@ -67,6 +75,7 @@ class PrefixRegistry:
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
         token_counter: TokenCounter | None = None,
+        gate: WarmGate | None = None,
     ) -> None:
         self.config = config or PrefixRegistryConfig()
         self._store = store
@@ -75,8 +84,10 @@ class PrefixRegistry:
         self._wall_clock = wall_clock
         self._token_counter = token_counter
         self._lock = threading.RLock()
-        self._budget = WarmBudget(self.config.warm_budget_per_minute, clock)
-        self._states: dict[str, WarmState] = {}
+        self._gate = gate or LocalWarmGate(WarmBudget(self.config.warm_budget_per_minute, clock))
+        # (prefix name, endpoint base URL) -> the warm state of the prefix's current version there.
+        self._states: dict[tuple[str, str], WarmState] = {}
+        self._uses: dict[str, int] = {}
         self._health: dict[str, Backoff] = {}
         self._counters: dict[str, PrefixCacheCounters] = {}
         self._scraped_at: dict[str, float] = {}
@@ -96,11 +107,16 @@ class PrefixRegistry:
         redis_client: redis.Redis | None = None,
         http: httpx.Client | None = None,
     ) -> PrefixRegistry:
-        """The production wiring: Redis (or the local file) store, an httpx client, local tokenizers."""
+        """The production wiring: Redis (or the local file) store, an httpx client, local tokenizers; with
+        Redis, leases and the warm budget are shared by every replica (:class:`~.lease.RedisWarmGate`)."""
         config = config or PrefixRegistryConfig()
         store = make_store(redis_client, config.file_path, config.redis_key)
         http = http or httpx.Client(timeout=config.request_timeout_s)
-        return cls(store, VLLMClient(http), config, token_counter=LocalTokenCounter())
+        gate = None
+        if redis_client is not None:
+            gate = RedisWarmGate(redis_client, budget_per_minute=config.warm_budget_per_minute,
+                                 lease_ttl_s=config.lease_ttl_s, key_prefix=config.redis_key)
+        return cls(store, VLLMClient(http), config, token_counter=LocalTokenCounter(), gate=gate)
 
     # ----- registration -------------------------------------------------------------------------
 
@@ -129,19 +145,27 @@ class PrefixRegistry:
             content_hash=digest,
             created_at=now if existing is None else existing.created_at,
             updated_at=now if new_version or _flags_changed(existing, spec) else existing.updated_at,  # type: ignore[union-attr]
+            endpoints=tuple(dict.fromkeys(spec.endpoints)),
         )
         self._store.put(prefix)
         with self._lock:
             self._known[prefix.name] = prefix
-            state = self._state_for(prefix)
+            states = [self._state_for(prefix, url) for url in self.endpoints_of(prefix)]
         block_size = self._block_size(prefix.target)
         if num_tokens is not None and num_tokens <= block_size:
             warnings.append(f"prefix has {num_tokens} tokens, not more than one KV block ({block_size}); "
                             "vLLM caches whole blocks only, so nothing of it is reused")
-        warm = None
-        if prefix.pinned and (new_version or not state.primed):
-            warm = self.warm(prefix.name)
-        return RegisterResult(prefix, existing is None, new_version, tuple(warnings), warm)
+        warms: tuple[WarmResult, ...] = ()
+        if prefix.pinned and (new_version or not all(state.primed for state in states)):
+            warms = self.warm_all(prefix.name)
+        return RegisterResult(prefix, existing is None, new_version, tuple(warnings), warms[0] if warms else None,
+                              warms)
+
+    def endpoints_of(self, prefix: Prefix) -> tuple[str, ...]:
+        """The vLLM base URLs that keep ``prefix`` warm: its target first, then its replicas, then the
+        deployment's list when its target is on it."""
+        fleet = self.config.endpoints if prefix.target.base_url in self.config.endpoints else ()
+        return tuple(dict.fromkeys((prefix.target.base_url, *prefix.endpoints, *fleet)))
 
     def _count_tokens(self, target: Target, head: str) -> int | None:
         """Tokens of ``head``: the local tokenizer when there is one, else vLLM's /tokenize."""
@@ -175,7 +199,8 @@ class PrefixRegistry:
             raise NotFoundError(f"no prefix named {name!r}")
         with self._lock:
             self._known.pop(name, None)
-            self._states.pop(name, None)
+            self._uses.pop(name, None)
+            self._states = {key: state for key, state in self._states.items() if key[0] != name}
 
     # ----- prompt building ----------------------------------------------------------------------
 
@@ -197,53 +222,62 @@ class PrefixRegistry:
         """Count requests that used prefix ``name`` (clients report the prompts they rendered)."""
         if count < 0:
             raise InvalidInputError("count must not be negative", field="count")
-        prefix = self.get(name)
+        self.get(name)
         with self._lock:
-            self._state_for(prefix).num_uses += count
+            self._uses[name] = self._uses.get(name, 0) + count
 
     # ----- warming ------------------------------------------------------------------------------
 
-    def warm(self, name: str) -> WarmResult:
-        """Warm prefix ``name`` now (within the budget and the target's back-off) and record the result."""
+    def warm_all(self, name: str) -> tuple[WarmResult, ...]:
+        """Warm prefix ``name`` on every one of its endpoints now (target first)."""
         prefix = self.get(name)
-        url = prefix.target.base_url
+        return tuple(self.warm(name, url) for url in self.endpoints_of(prefix))
+
+    def warm(self, name: str, endpoint: str | None = None) -> WarmResult:
+        """Warm prefix ``name`` on ``endpoint`` (default: its target) now, within the budget and the
+        endpoint's back-off, and record the result."""
+        prefix = self.get(name)
+        url = prefix.target.base_url if endpoint is None else endpoint.rstrip("/")
+        if url not in self.endpoints_of(prefix):
+            raise InvalidInputError(f"prefix {name!r} is not served by {url!r}", field="endpoint")
+        target = Target(url, prefix.target.model)
+
+        def skipped(error: str) -> WarmResult:
+            return WarmResult(prefix.name, prefix.version, WarmOutcome.SKIPPED, error=error, endpoint=url)
+
         with self._lock:
-            state = self._state_for(prefix)
-            now = self._clock()
-            if not self._health_of(url).may_try(now):
-                return self._finish(prefix, state, WarmResult(prefix.name, prefix.version, WarmOutcome.SKIPPED,
-                                                              error="target is backing off"))
-            if not self._budget.try_acquire():
+            state = self._state_for(prefix, url)
+            if not self._health_of(url).may_try(self._clock()):
+                return self._finish(state, skipped("target is backing off"))
+            if not self._gate.try_spend():
                 self._num_warms_deferred += 1
-                return self._finish(prefix, state, WarmResult(prefix.name, prefix.version, WarmOutcome.SKIPPED,
-                                                              error="warm budget for this minute is spent"))
+                return self._finish(state, skipped("warm budget for this minute is spent"))
             self._num_warms_sent += 1
             primed = state.primed
         head = template_head(prefix.text, prefix.is_template)
         try:
-            usage = self._vllm.complete_one(prefix.target, head, prefix.form)
+            usage = self._vllm.complete_one(target, head, prefix.form)
         except TargetUnavailableError as exc:
             with self._lock:
                 delay = self._health_of(url).failed(self._clock())
-                log.warning("warming %s failed (%s); target backs off %.1fs", prefix.name, exc, delay)
-                return self._finish(prefix, state, WarmResult(prefix.name, prefix.version, WarmOutcome.ERROR,
-                                                              error=str(exc)))
+                log.warning("warming %s on %s failed (%s); it backs off %.1fs", prefix.name, url, exc, delay)
+                return self._finish(state, WarmResult(prefix.name, prefix.version, WarmOutcome.ERROR,
+                                                      error=str(exc), endpoint=url))
         self._target_succeeded(url)
         if prefix.num_tokens is None and prefix.form is PromptForm.COMPLETION:
             self._fill_token_count(prefix, usage.num_prompt_tokens)
         if primed:
-            block_size = self._block_size(prefix.target)
-            resident = judge_residency(usage.num_prompt_tokens, usage.num_cached_tokens, block_size)
+            resident = judge_residency(usage.num_prompt_tokens, usage.num_cached_tokens, self._block_size(target))
             outcome = WarmOutcome.RESIDENT if resident else WarmOutcome.EVICTED
         else:
             outcome = WarmOutcome.PRIME
         result = WarmResult(prefix.name, prefix.version, outcome, usage.num_prompt_tokens,
-                            usage.num_cached_tokens, usage.latency_s)
+                            usage.num_cached_tokens, usage.latency_s, endpoint=url)
         if outcome is WarmOutcome.PRIME and prefix.lmcache_controller_url:
-            self._lmcache_pin(prefix, head, state)
+            self._lmcache_pin(prefix, target, head, state)
         with self._lock:
             state.primed = True
-            return self._finish(prefix, state, result)
+            return self._finish(state, result)
 
     def _fill_token_count(self, prefix: Prefix, num_tokens: int) -> None:
         """Record the token count vLLM reported, for a prefix registered while it was down."""
@@ -260,7 +294,7 @@ class PrefixRegistry:
             with self._lock:
                 self._known[prefix.name] = updated
 
-    def _finish(self, prefix: Prefix, state: WarmState, result: WarmResult) -> WarmResult:
+    def _finish(self, state: WarmState, result: WarmResult) -> WarmResult:
         """Count ``result`` and schedule the next warm (caller holds the lock)."""
         state.count(result.outcome, self._wall_clock())
         now = self._clock()
@@ -272,16 +306,16 @@ class PrefixRegistry:
             # Stay due: the warm goes out as soon as the budget or the back-off allows.
             state.next_due_at = min(state.next_due_at, self._clock())
         elif result.outcome is WarmOutcome.ERROR:
-            state.next_due_at = self._health_of(prefix.target.base_url).retry_at
+            state.next_due_at = self._health_of(state.base_url).retry_at
         else:
             state.next_due_at = now + state.schedule.interval_s
         return result
 
-    def _lmcache_pin(self, prefix: Prefix, head: str, state: WarmState) -> None:
+    def _lmcache_pin(self, prefix: Prefix, target: Target, head: str, state: WarmState) -> None:
         """Back the keep-warm with LMCache's pin API; best effort, a failure is logged only."""
         assert prefix.lmcache_controller_url is not None
         try:
-            tokens = self._vllm.tokenize(prefix.target, head)
+            tokens = self._vllm.tokenize(target, head)
             pinned = self._vllm.lmcache_pin(prefix.lmcache_controller_url, tokens,
                                             self.config.lmcache_instance_id, self.config.lmcache_location)
         except TargetUnavailableError as exc:
@@ -308,9 +342,8 @@ class PrefixRegistry:
 
     def _reprime(self, url: str) -> None:
         now = self._clock()
-        for name, state in self._states.items():
-            prefix = self._known.get(name)
-            if prefix is not None and prefix.target.base_url == url:
+        for (_name, base_url), state in self._states.items():
+            if base_url == url:
                 state.primed = False
                 state.next_due_at = now
 
@@ -339,14 +372,13 @@ class PrefixRegistry:
 
     # ----- the keep-warm loop -------------------------------------------------------------------
 
-    def _state_for(self, prefix: Prefix) -> WarmState:
-        """The warm state of ``prefix``'s current version; a new version starts afresh (caller locks)."""
-        state = self._states.get(prefix.name)
+    def _state_for(self, prefix: Prefix, url: str) -> WarmState:
+        """The warm state of ``prefix``'s current version on ``url``; a new version starts afresh (caller locks)."""
+        state = self._states.get((prefix.name, url))
         if state is None or state.version != prefix.version:
-            num_uses = state.num_uses if state is not None else 0
-            state = WarmState(version=prefix.version, schedule=Schedule(self.config.initial_rewarm_interval_s),
-                              next_due_at=self._clock(), num_uses=num_uses)
-            self._states[prefix.name] = state
+            state = WarmState(version=prefix.version, base_url=url,
+                              schedule=Schedule(self.config.initial_rewarm_interval_s), next_due_at=self._clock())
+            self._states[(prefix.name, url)] = state
         return state
 
     def _refresh(self) -> builtins.list[Prefix]:
@@ -360,28 +392,33 @@ class PrefixRegistry:
             else:
                 with self._lock:
                     self._known = {p.name: p for p in listed}
-                    self._states = {n: s for n, s in self._states.items() if n in self._known}
+                    live = {(p.name, url) for p in listed for url in self.endpoints_of(p)}
+                    self._states = {key: s for key, s in self._states.items() if key in live}
                 self._store_read_at = now
         with self._lock:
             return list(self._known.values())
 
     def tick(self) -> builtins.list[WarmResult]:
-        """One pass of the loop: scrape targets that are due, warm pinned prefixes that are due."""
+        """One pass of the loop: scrape endpoints that are due, warm the (prefix, endpoint) pairs that are
+        due and that this replica holds the lease of."""
         prefixes = self._refresh()
         now = self._clock()
-        for url in sorted({p.target.base_url for p in prefixes}):
+        for url in sorted({url for p in prefixes for url in self.endpoints_of(p)}):
             if now - self._scraped_at.get(url, float("-inf")) >= self.config.metrics_interval_s:
                 self.scrape(url)
-        due: list[tuple[float, str]] = []
+        pairs = [(p, url) for p in prefixes if p.pinned for url in self.endpoints_of(p)]
+        # Every pair's lease is checked (and renewed) each tick, due or not: a holder that let its lease
+        # lapse between two warms would hand its schedule to another replica and both would warm.
+        held = [(p, url) for p, url in pairs if self._gate.holds(p.name, url)]
+        due: list[tuple[float, str, str]] = []
         with self._lock:
-            for prefix in prefixes:
-                state = self._state_for(prefix)
-                if (prefix.pinned and self._clock() >= state.next_due_at
-                        and self._health_of(prefix.target.base_url).may_try(self._clock())):
-                    due.append((state.next_due_at, prefix.name))
+            for prefix, url in held:
+                state = self._state_for(prefix, url)
+                if self._clock() >= state.next_due_at and self._health_of(url).may_try(self._clock()):
+                    due.append((state.next_due_at, prefix.name, url))
         # Longest-waiting first, so a spent budget delays every prefix fairly instead of starving
         # the ones that sort last.
-        return [self.warm(name) for _, name in sorted(due)]
+        return [self.warm(name, url) for _, name, url in sorted(due)]
 
     def _run(self) -> None:
         while not self._stop.wait(self.config.tick_interval_s):
@@ -408,17 +445,21 @@ class PrefixRegistry:
     # ----- stats --------------------------------------------------------------------------------
 
     def prefix_stats(self, name: str) -> PrefixStats:
-        """Counters of prefix ``name`` in this process."""
+        """Counters of prefix ``name`` in this process, summed and per endpoint."""
         prefix = self.get(name)
         with self._lock:
-            return self._state_for(prefix).snapshot(prefix.name, prefix.num_tokens, prefix.pinned)
+            return self._summary(prefix)
+
+    def _summary(self, prefix: Prefix) -> PrefixStats:
+        states = [self._state_for(prefix, url) for url in self.endpoints_of(prefix)]
+        return summarize(prefix, states, self._uses.get(prefix.name, 0))
 
     def stats(self) -> RegistryStats:
-        """Counters of every known prefix and target (targets from their last scrape)."""
+        """Counters of every known prefix and endpoint (endpoints from their last scrape)."""
         with self._lock:
             prefixes = sorted(self._known.values(), key=lambda p: p.name)
-            per_prefix = tuple(self._state_for(p).snapshot(p.name, p.num_tokens, p.pinned) for p in prefixes)
-            urls = sorted({p.target.base_url for p in prefixes} | set(self._health))
+            per_prefix = tuple(self._summary(p) for p in prefixes)
+            urls = sorted({url for p in prefixes for url in self.endpoints_of(p)} | set(self._health))
             per_target = tuple(self._target_stats(url) for url in urls)
             return RegistryStats(per_prefix, per_target, self._num_warms_sent, self._num_warms_deferred)
 
@@ -443,6 +484,10 @@ def _validate(spec: PrefixSpec) -> str:
         raise InvalidInputError("target base_url must be an http(s) URL", field="target.base_url")
     if not spec.target.model:
         raise InvalidInputError("target model must not be empty", field="target.model")
+    if len(spec.endpoints) > MAX_ENDPOINTS:
+        raise InvalidInputError(f"at most {MAX_ENDPOINTS} endpoints", field="endpoints")
+    if not all(isinstance(url, str) and url.startswith(("http://", "https://")) for url in spec.endpoints):
+        raise InvalidInputError("every endpoint must be an http(s) base URL", field="endpoints")
     head = template_head(spec.text, spec.is_template)
     if not head:
         raise InvalidInputError("the prefix (the text before the first slot) is empty", field="text")
@@ -451,5 +496,5 @@ def _validate(spec: PrefixSpec) -> str:
 
 def _flags_changed(existing: Prefix | None, spec: PrefixSpec) -> bool:
     """Whether a re-registration with the same content changes anything else that is stored."""
-    return existing is None or (existing.pinned, existing.lmcache_controller_url) != (
-        spec.pinned, spec.lmcache_controller_url)
+    return existing is None or (existing.pinned, existing.lmcache_controller_url, existing.endpoints) != (
+        spec.pinned, spec.lmcache_controller_url, tuple(dict.fromkeys(spec.endpoints)))

@@ -1,21 +1,26 @@
-"""Per-process runtime state of each pinned prefix: its warm schedule and counters."""
+"""Per-process runtime state of each pinned prefix on each vLLM endpoint: its warm schedule and counters."""
 
 from __future__ import annotations
 
-import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .model import PrefixStats, WarmOutcome
+from .model import EndpointStats, Prefix, PrefixStats, WarmOutcome
 from .policy import Schedule
 
-__all__ = ["WarmState"]
+__all__ = ["WarmState", "summarize"]
 
 
 @dataclass
 class WarmState:
-    """Mutable book-keeping for one prefix version; owned by the registry and guarded by its lock."""
+    """Book-keeping for one prefix version on one endpoint; owned by the registry and guarded by its lock.
+
+    Each endpoint has its own schedule: vLLM replicas evict independently (each sees its own traffic), so an
+    eviction on one shortens that one's interval only and never makes the others be warmed more often.
+    """
 
     version: int
+    base_url: str
     schedule: Schedule
     next_due_at: float = 0.0
     # Monotonic time of the last warm that reached vLLM: the gap to the next one is what eviction
@@ -29,8 +34,8 @@ class WarmState:
     num_evicted: int = 0
     num_errors: int = 0
     num_skipped: int = 0
-    num_uses: int = 0
     last_outcome: WarmOutcome | None = None
+    last_judged: WarmOutcome | None = None
     last_warm_at: float | None = None
     lmcache_pinned_tokens: int | None = None
 
@@ -44,18 +49,48 @@ class WarmState:
         self.last_warm_at = wall_time
         if outcome is WarmOutcome.RESIDENT:
             self.num_resident += 1
+            self.last_judged = outcome
         elif outcome is WarmOutcome.EVICTED:
             self.num_evicted += 1
+            self.last_judged = outcome
         elif outcome is WarmOutcome.ERROR:
             self.num_errors += 1
 
     @property
     def residency_rate(self) -> float | None:
-        judged = self.num_resident + self.num_evicted
-        return self.num_resident / judged if judged else None
+        return _rate(self.num_resident, self.num_evicted)
 
-    def snapshot(self, name: str, num_tokens: int | None, pinned: bool) -> PrefixStats:
-        """A frozen copy for callers (every counter of the same name, plus the current interval)."""
-        shared = {f.name: getattr(self, f.name) for f in dataclasses.fields(PrefixStats) if hasattr(self, f.name)}
-        return PrefixStats(**shared, name=name, num_tokens=num_tokens, pinned=pinned,
-                           rewarm_interval_s=self.schedule.interval_s)
+    def snapshot(self) -> EndpointStats:
+        """A frozen copy for callers."""
+        return EndpointStats(
+            base_url=self.base_url,
+            resident=None if self.last_judged is None else self.last_judged is WarmOutcome.RESIDENT,
+            last_outcome=self.last_outcome, last_warm_at=self.last_warm_at, num_warms=self.num_warms,
+            num_resident=self.num_resident, num_evicted=self.num_evicted, num_errors=self.num_errors,
+            num_skipped=self.num_skipped, residency_rate=self.residency_rate,
+            rewarm_interval_s=self.schedule.interval_s)
+
+
+def summarize(prefix: Prefix, states: Sequence[WarmState], num_uses: int) -> PrefixStats:
+    """The prefix's stats: counters summed over its endpoints' states (target first), and each endpoint's."""
+    per_endpoint = tuple(state.snapshot() for state in states)
+    latest = max((s for s in states if s.last_warm_at is not None), key=lambda s: s.last_warm_at or 0.0,
+                 default=None)
+    num_resident = sum(s.num_resident for s in states)
+    num_evicted = sum(s.num_evicted for s in states)
+    pinned_tokens = [s.lmcache_pinned_tokens for s in states if s.lmcache_pinned_tokens is not None]
+    return PrefixStats(
+        name=prefix.name, version=prefix.version, num_tokens=prefix.num_tokens, pinned=prefix.pinned,
+        num_warms=sum(s.num_warms for s in states), num_resident=num_resident, num_evicted=num_evicted,
+        num_errors=sum(s.num_errors for s in states), num_skipped=sum(s.num_skipped for s in states),
+        residency_rate=_rate(num_resident, num_evicted),
+        last_outcome=latest.last_outcome if latest else None, last_warm_at=latest.last_warm_at if latest else None,
+        # The shortest: the prefix is re-warmed somewhere at least this often.
+        rewarm_interval_s=min((s.schedule.interval_s for s in states), default=0.0),
+        num_uses=num_uses, lmcache_pinned_tokens=max(pinned_tokens) if pinned_tokens else None,
+        endpoints=per_endpoint)
+
+
+def _rate(num_resident: int, num_evicted: int) -> float | None:
+    judged = num_resident + num_evicted
+    return num_resident / judged if judged else None

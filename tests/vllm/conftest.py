@@ -57,6 +57,19 @@ def vllm_server(vllm_paths, tmp_path_factory):
     server.stop()
 
 
+@pytest.fixture(scope="session")
+def second_vllm_server(vllm_paths, tmp_path_factory):
+    """A second replica of the same model (a fleet of two): started once, when a fleet test first needs it."""
+    python, model = vllm_paths
+    log_path = tmp_path_factory.mktemp("vllm-b") / "server.log"
+    server = VLLMServer(VLLMServerConfig(python=python, model=model, block_size=BLOCK_SIZE,
+                                         num_blocks=NUM_BLOCKS, log_path=log_path))
+    server.start()
+    print(f"second vLLM started in {server.startup_s:.1f}s on {server.base_url} (log: {log_path})")
+    yield server
+    server.stop()
+
+
 @pytest.fixture
 def target(vllm_server) -> Target:
     return Target(vllm_server.base_url, vllm_server.config.served_model_name)

@@ -1,0 +1,133 @@
+"""Who may warm what: one replica per (prefix, endpoint), and one warm budget for the whole fleet.
+
+Every ragcache replica runs the keep-warm loop over the same registry. Without coordination N replicas send N
+times the warms (and N times the budget). :class:`RedisWarmGate` keeps, in Redis, a lease per (prefix, endpoint)
+that only its holder renews, and a sliding-minute log of the warms the whole fleet sent; a replica that dies stops
+renewing, its leases expire after ``lease_ttl_s``, and another replica takes the work over at its next tick.
+:class:`LocalWarmGate` is the single-process form (no Redis: every pair is this process's, the budget is local).
+
+When Redis fails, a replica warms with its local budget rather than not at all: a duplicate warm costs one
+cached prefill, a missed one costs every user request a full prefill.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from typing import Protocol
+
+import redis
+
+from ragcache.redis_client import REDIS_ERRORS
+
+from .policy import WarmBudget
+
+__all__ = ["WarmGate", "LocalWarmGate", "RedisWarmGate"]
+
+log = logging.getLogger(__name__)
+
+
+class WarmGate(Protocol):
+    """What the registry asks before each warm."""
+
+    def holds(self, name: str, base_url: str) -> bool:
+        """Whether this replica is the one that warms prefix ``name`` on ``base_url`` now (renewing its lease)."""
+        ...
+
+    def try_spend(self) -> bool:
+        """Take one warm from the (fleet-wide) budget; False when this minute's budget is spent."""
+        ...
+
+
+class LocalWarmGate:
+    """One process: every (prefix, endpoint) is its own; the budget is :class:`WarmBudget`."""
+
+    def __init__(self, budget: WarmBudget) -> None:
+        self._budget = budget
+
+    def holds(self, name: str, base_url: str) -> bool:
+        return True
+
+    def try_spend(self) -> bool:
+        return self._budget.try_acquire()
+
+
+# Take the lease when free, renew it when ours; one script so that no other replica can slip in between.
+_HOLD = """
+local holder = redis.call('GET', KEYS[1])
+if holder == false or holder == ARGV[1] then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return 1
+end
+return 0
+"""
+
+# A sliding log of send times (Redis' own clock, so replicas' clocks never disagree): at most ARGV[1] warms in
+# any ARGV[2] seconds, fleet-wide.
+_SPEND = """
+local now = redis.call('TIME')
+local now_s = tonumber(now[1]) + tonumber(now[2]) / 1e6
+local window = tonumber(ARGV[2])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now_s - window)
+if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[1]) then
+  return 0
+end
+redis.call('ZADD', KEYS[1], now_s, ARGV[3])
+redis.call('PEXPIRE', KEYS[1], math.ceil(window * 1000))
+return 1
+"""
+
+
+class RedisWarmGate:
+    """Leases and the budget in Redis, shared by every replica that uses the same ``key_prefix``.
+
+    A held lease is renewed at most every ``lease_ttl_s / 3`` (remembered locally in between), so Redis sees a
+    few commands per pair every TTL however fast the loop ticks.
+    """
+
+    def __init__(self, client: redis.Redis, *, budget_per_minute: int, lease_ttl_s: float = 10.0,
+                 key_prefix: str = "rc:prefixes", replica_id: str | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._client = client
+        self._ttl_ms = max(1, int(lease_ttl_s * 1000))
+        self._renew_every_s = lease_ttl_s / 3
+        self._budget_per_minute = budget_per_minute
+        self._key_prefix = key_prefix
+        self.replica_id = replica_id or uuid.uuid4().hex
+        self._clock = clock
+        self._hold = client.register_script(_HOLD)
+        self._spend = client.register_script(_SPEND)
+        # (name, base_url) -> monotonic time until which our lease is surely still ours.
+        self._held_until: dict[tuple[str, str], float] = {}
+        self._fallback = WarmBudget(budget_per_minute, clock)
+        self._sequence = itertools.count()
+
+    def lease_key(self, name: str, base_url: str) -> str:
+        return f"{self._key_prefix}:lease:{name}:{base_url}"
+
+    def holds(self, name: str, base_url: str) -> bool:
+        now = self._clock()
+        if self._held_until.get((name, base_url), float("-inf")) - now > 2 * self._renew_every_s:
+            return True
+        try:
+            held = bool(self._hold(keys=[self.lease_key(name, base_url)], args=[self.replica_id, self._ttl_ms]))
+        except REDIS_ERRORS as exc:
+            log.warning("prefix lease check failed (%s); warming from this replica", exc)
+            return True
+        if held:
+            self._held_until[(name, base_url)] = now + self._ttl_ms / 1000
+        else:
+            self._held_until.pop((name, base_url), None)
+        return held
+
+    def try_spend(self) -> bool:
+        member = f"{self.replica_id}:{next(self._sequence)}"
+        try:
+            return bool(self._spend(keys=[f"{self._key_prefix}:warm-log"],
+                                    args=[self._budget_per_minute, WarmBudget.window_s, member]))
+        except REDIS_ERRORS as exc:
+            log.warning("fleet warm budget unavailable (%s); using this replica's own", exc)
+            return self._fallback.try_acquire()

@@ -1,0 +1,138 @@
+"""Fleets against real vLLM servers (two replicas of the tiny model, small KV caches): a prefix kept warm on
+both, churn on one of them, and two real ragcache processes sharing one Redis and one warm schedule."""
+
+from __future__ import annotations
+
+import random
+import time
+
+import httpx
+import pytest
+
+from ragcache.bench.prefixes import build_prefix_text, count_tokens
+from ragcache.bench.service import ServiceProcess
+from ragcache.prefixes import FilePrefixStore, PrefixRegistry, PrefixRegistryConfig, PrefixSpec, Target, VLLMClient
+from ragcache.prefixes.model import WarmOutcome
+from ragcache.prefixes.policy import judge_residency
+
+BLOCK_SIZE = 32  # tests/vllm/conftest.py
+pytestmark = pytest.mark.vllm
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def churn(http: httpx.Client, target: Target, num_prompts: int = 5, num_tokens: int = 1024) -> None:
+    """Unique random-token prompts: 5 x 1,024 tokens cycle the whole 4,096-token KV cache of the server."""
+    rng = random.Random()
+    for _ in range(num_prompts):
+        prompt = [rng.randrange(3, 8192) for _ in range(num_tokens)]
+        http.post(f"{target.base_url}/v1/completions",
+                  json={"model": target.model, "prompt": prompt, "max_tokens": 1}).raise_for_status()
+
+
+def cached_tokens(http: httpx.Client, target: Target, prompt: str) -> int:
+    r = http.post(f"{target.base_url}/v1/completions", json={"model": target.model, "prompt": prompt, "max_tokens": 1})
+    r.raise_for_status()
+    return r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+
+def test_churn_on_one_replica_evicts_only_there_and_only_that_one_is_rewarmed(
+        vllm_server, second_vllm_server, http, tmp_path):
+    a = Target(vllm_server.base_url, vllm_server.config.served_model_name)
+    b = Target(second_vllm_server.base_url, a.model)
+    clock = Clock()
+    config = PrefixRegistryConfig(initial_rewarm_interval_s=8.0, min_rewarm_interval_s=2.0, max_rewarm_interval_s=16.0,
+                                  default_block_size=BLOCK_SIZE, store_refresh_interval_s=0.0,
+                                  metrics_interval_s=1e9)
+    registry = PrefixRegistry(FilePrefixStore(tmp_path / "prefixes.json"), VLLMClient(http), config,
+                              clock=clock, wall_clock=clock)
+    text = build_prefix_text(http, a, 600)
+    registered = registry.register(PrefixSpec("fleet", text, a, endpoints=(b.base_url,)))
+    assert [(w.endpoint, w.outcome) for w in registered.warms] == [(a.base_url, WarmOutcome.PRIME),
+                                                                     (b.base_url, WarmOutcome.PRIME)]
+    clock.now += 8
+    assert {w.outcome for w in registry.tick()} == {WarmOutcome.RESIDENT}
+
+    churn(http, a)  # real traffic on replica A only
+    clock.now += 12
+    outcomes = {w.endpoint: w.outcome for w in registry.tick()}
+    assert outcomes == {a.base_url: WarmOutcome.EVICTED, b.base_url: WarmOutcome.RESIDENT}
+
+    clock.now += 6  # A's interval was halved by the eviction; B's grew
+    assert [(w.endpoint, w.outcome) for w in registry.tick()] == [(a.base_url, WarmOutcome.RESIDENT)]
+    endpoints = {e.base_url: e for e in registry.prefix_stats("fleet").endpoints}
+    assert (endpoints[a.base_url].num_evicted, endpoints[a.base_url].num_warms) == (1, 4)
+    assert (endpoints[b.base_url].num_evicted, endpoints[b.base_url].num_warms) == (0, 3)  # not warmed needlessly
+    num_tokens = count_tokens(http, a, text)
+    for target in (a, b):  # both replicas serve the prefix from cache now
+        assert judge_residency(num_tokens, cached_tokens(http, target, text + "Why?"), BLOCK_SIZE)
+
+
+def completed_requests(http: httpx.Client, target: Target) -> float:
+    """vLLM's own count of finished requests (every reason), from /metrics."""
+    text = http.get(f"{target.base_url}/metrics").text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("vllm:request_success_total"))
+
+
+def warms_by_endpoint(replica: ServiceProcess) -> dict[str, int]:
+    stats = replica.client.get("/prefixes/fleet/stats").json()
+    return {e["base_url"]: e["num_warms"] for e in stats["endpoints"]}
+
+
+def _wait_for(predicate, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+
+
+LEASE_TTL_S = 3.0
+
+
+@pytest.fixture
+def ragcache_pair(redis_url, tmp_path):
+    env = {"RAGCACHE_MILVUS_URI": "off", "RAGCACHE_DRIFT_CHECK": "false",
+           "RAGCACHE_PREFIX_MIN_REWARM_INTERVAL_S": "0.5", "RAGCACHE_PREFIX_MAX_REWARM_INTERVAL_S": "1.0",
+           "RAGCACHE_PREFIX_LEASE_TTL_S": str(LEASE_TTL_S)}
+    replicas = [ServiceProcess(tmp_path, redis_url=redis_url, extra_env=env) for _ in range(2)]
+    yield replicas
+    for replica in replicas:
+        replica.stop()
+
+
+def test_two_ragcache_replicas_send_one_schedule_and_a_survivor_takes_over(
+        vllm_server, second_vllm_server, ragcache_pair, http):
+    a = Target(vllm_server.base_url, vllm_server.config.served_model_name)
+    b = Target(second_vllm_server.base_url, a.model)
+    first, second = ragcache_pair
+    body = {"name": "fleet", "text": build_prefix_text(http, a, 300), "endpoints": [b.base_url],
+            "target": {"base_url": a.base_url, "model": a.model}}
+    assert first.client.post("/prefixes", json=body).status_code == 201
+    time.sleep(2.0)  # both replicas' loops have seen the prefix; the leases are taken
+
+    servers_before = sum(completed_requests(http, t) for t in (a, b))
+    before = [warms_by_endpoint(r) for r in ragcache_pair]
+    time.sleep(6.0)
+    after = [warms_by_endpoint(r) for r in ragcache_pair]
+    servers_after = sum(completed_requests(http, t) for t in (a, b))
+    sent = [sum(after[i].values()) - sum(before[i].values()) for i in range(2)]
+    at_servers = servers_after - servers_before
+    print(f"warms sent by the replicas over 6 s: {sent}; requests counted by the vLLM servers: {at_servers}")
+    holder, other = (0, 1) if sent[0] else (1, 0)
+    assert sent[other] == 0 and sent[holder] >= 6  # one schedule: ~1 warm/s on each of two endpoints
+    assert abs(at_servers - sent[holder]) <= 2  # a warm in flight at either edge of the window
+
+    survivor = ragcache_pair[other]
+    start = warms_by_endpoint(survivor)
+    ragcache_pair[holder].process.kill()  # dies without a word: its leases only expire
+    _wait_for(lambda: all(n > start[url] for url, n in warms_by_endpoint(survivor).items()),
+              LEASE_TTL_S + 15, "the survivor to warm both endpoints")
