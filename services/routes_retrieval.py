@@ -15,6 +15,7 @@ from fastapi import APIRouter, Request
 from ragcache.documents import check_collection_name
 from ragcache.errors import InvalidInputError, TierUnavailableError
 from ragcache.knowledge import KnowledgeBase
+from ragcache.prefixes import assemble_prompt, render_text
 from ragcache.prompts import DOCUMENT, QUERY
 from ragcache.rerank.stage import rerank_result
 from ragcache.results import SearchResult
@@ -146,7 +147,7 @@ async def search(body: SearchRequest, request: Request) -> JSONResponse:
         top_n = body.rerank.top_n or body.top_k
         result = await blocking(rerank_result, result, body.query, reranker, top_n=top_n, namespace=rerank_namespace(request))
         headers.update(rerank_headers(result))
-    return JSONResponse(result, headers=headers)
+    return JSONResponse(await with_prompt(result, body, request), headers=headers)
 
 
 def rerank_headers(result: SearchResult) -> dict[str, str]:
@@ -177,6 +178,22 @@ def search_headers(results: list[SearchResult]) -> dict[str, str]:
     if any(result.fallback is not None for result in results):
         headers["X-Search-Fallback"] = "dense"
     return headers
+
+
+async def with_prompt(result: SearchResult, body: SearchRequest, request: Request) -> Any:
+    """The answer, plus ``prompt`` when the request names a registered prefix: its text, the hits ordered by id,
+    the volatile part last (``ragcache.prefixes.assemble_prompt``), so consecutive prompts share the longest
+    possible head in vLLM's prefix cache."""
+    if body.prompt_prefix is None:
+        return result
+    volatile = f"Question: {body.query}\n" if body.prompt_volatile is None else body.prompt_volatile
+    check_text_size(volatile, "prompt_volatile", request.app.state.ragcache.settings.max_text_bytes)
+    registry = request.app.state.prefixes
+    prefix = await blocking(registry.get, body.prompt_prefix)  # the store is Redis (or a file): off the loop
+    if prefix.is_template:
+        raise InvalidInputError("prompt_prefix must name a plain prefix, not a template", field="prompt_prefix")
+    registry.record_use(prefix.name)
+    return {**dataclasses.asdict(result), "prompt": assemble_prompt(render_text(prefix, {}), result.hits, volatile)}
 
 
 async def searches_without_filter(knowledge: KnowledgeBase, collection: str, query: str, cache, query_cache) -> bool:

@@ -170,6 +170,10 @@ class SearchRequest(SearchOptionsBody):
     query: StrictStr
     collection: StrictStr = COLLECTION
     rerank: RerankStage | None = Field(None, description="reorder the hits by a reranker's scores")
+    prompt_prefix: StrictStr | None = Field(
+        None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$",
+        description="a registered (plain) prefix: the answer adds `prompt` = the prefix, the hits by id, `prompt_volatile` last")
+    prompt_volatile: StrictStr | None = Field(None, description="what goes last in `prompt` (default: 'Question: <query>')")
 
 
 class BatchSearchRequest(SearchOptionsBody):

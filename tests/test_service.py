@@ -287,3 +287,28 @@ def test_repeated_search_is_served_from_the_result_cache_until_an_ingest(http):
     http.post("/documents", json={"collection": name, "documents": [{"id": "b", "text": "alpha decay"}]})
     third = http.post("/search", json=body).json()
     assert third["result_cache"] == "miss" and {hit["id"] for hit in third["hits"]} == {"a", "b"}
+
+
+def test_search_with_a_prompt_prefix_answers_the_assembled_prompt(http):
+    name = "pp_" + uuid.uuid4().hex[:8]
+    documents = [{"id": "b-redis", "text": "Redis keeps keys in memory."},
+                 {"id": "a-kv", "text": "A KV cache keeps attention keys and values."}]
+    http.post("/documents", json={"collection": name, "documents": documents})
+    system = "Answer from the context only.\n"
+    # Registration works while its vLLM target is down (nothing listens there).
+    registered = http.post("/prefixes", json={"name": name, "text": system, "pinned": False,
+                                              "target": {"base_url": "http://127.0.0.1:9", "model": "m"}})
+    assert registered.status_code == 201
+    body = {"collection": name, "query": "what keeps keys?", "top_k": 2, "prompt_prefix": name}
+    for _ in range(2):  # computed, then from the result cache: the same prompt both times
+        found = http.post("/search", json=body).json()
+        assert found["prompt"] == (system + "[a-kv] A KV cache keeps attention keys and values.\n"
+                                   "[b-redis] Redis keeps keys in memory.\nQuestion: what keeps keys?\n")
+    custom = http.post("/search", json={**body, "prompt_volatile": "Today: Monday. Q?"}).json()
+    assert custom["prompt"].endswith("memory.\nToday: Monday. Q?")
+    assert "prompt" not in http.post("/search", json={k: v for k, v in body.items() if k != "prompt_prefix"}).json()
+    missing = http.post("/search", json={**body, "prompt_prefix": "no-such-prefix"})
+    assert missing.status_code == 404
+    newline = http.post("/search", json={**body, "prompt_prefix": name + "\n"})
+    assert newline.status_code == 422 and newline.json()["error"]["field"] == "prompt_prefix"
+    assert http.get(f"/prefixes/{name}/stats").json()["num_uses"] == 3
