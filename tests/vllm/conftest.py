@@ -57,9 +57,10 @@ def vllm_server(vllm_paths, tmp_path_factory):
     server.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def second_vllm_server(vllm_paths, tmp_path_factory):
-    """A second replica of the same model (a fleet of two): started once, when a fleet test first needs it."""
+    """A second replica of the same model (a fleet of two): started once, for the fleet tests' module only
+    (they are all in one module), so the later tests do not share the two cores with it."""
     python, model = vllm_paths
     log_path = tmp_path_factory.mktemp("vllm-b") / "server.log"
     server = VLLMServer(VLLMServerConfig(python=python, model=model, block_size=BLOCK_SIZE,
