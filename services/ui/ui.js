@@ -330,10 +330,17 @@
         return el("div", { "data-field": name, text: `${label(name)}: ${fmtAny(value)}` });
       }
       const fields = Object.entries(value).sort(([a], [b]) => rank(a) - rank(b));
+      if (!fields.length) return null;
       return el("div", { "data-section": name }, el("h4", { text: label(name) }),
         el("div", { className: "tiles" }, ...fields.map(([field, v]) =>
-          tile(field, label(field), typeof v === "object" && v !== null ? JSON.stringify(v) : v, fmtAny(v)))));
+          tile(field, label(field), typeof v === "object" && v !== null ? JSON.stringify(v) : v, fmtField(field, v)))));
     }));
+  }
+
+  // A "..._at" number is a time (seconds since the epoch): shown as how long ago.
+  function fmtField(field, value) {
+    if (field.endsWith("_at") && (typeof value === "number" || value === null)) return fmtAgo(value);
+    return fmtAny(value);
   }
 
   function rank(field) {
@@ -445,8 +452,10 @@
       ...Object.entries(answer.timings_ms || {}).map(([name, ms]) => metaItem("timings_ms." + name, name + " ms", ms)),
       metaItem("round_trip_ms", "round trip ms (browser)", Math.round(roundTripMs * 10) / 10),
     ];
+    // Fields a newer /search adds (mode, reranking, ...) are shown when they hold something.
     for (const [name, value] of Object.entries(answer)) {
-      if (!["hits", "embedding_level", "result_cache", "timings_ms", "collection"].includes(name)) items.push(metaItem(name, label(name), value));
+      if (value === null || ["hits", "embedding_level", "result_cache", "timings_ms", "collection"].includes(name)) continue;
+      items.push(metaItem(name, label(name), value));
     }
     $("search-meta").replaceChildren(...items);
     const hits = answer.hits || [];
