@@ -168,6 +168,10 @@ def test_a_tenant_sees_and_searches_only_its_own_collections(clients):
     for tenant, expected in (("acme", "a1"), ("globex", "g1")):
         hits = clients[tenant].post("/search", json={"collection": name, "query": "rockets", "top_k": 10}).json()["hits"]
         assert [hit["id"] for hit in hits] == [expected]
+    # Keyword search sees the tenant's own collection only: "rockets" is in acme's text, not globex's.
+    for tenant, expected in (("acme", ["a1"]), ("globex", [])):
+        body = {"collection": name, "query": "rockets", "top_k": 10, "mode": "keyword"}
+        assert [hit["id"] for hit in clients[tenant].post("/search", json=body).json()["hits"]] == expected
     listed = {c["name"] for c in clients["globex"].get("/collections").json()["collections"]}
     assert name in listed and acme_only not in listed and not any("--" in n for n in listed)
 
@@ -198,12 +202,14 @@ def test_a_filter_cannot_reach_another_tenants_documents(clients, expression):
         "collection": name, "documents": [{"id": "a", "text": "acme secret", "metadata": {"owner": "acme"}}]})
     clients["globex"].post("/documents", json={
         "collection": name, "documents": [{"id": "g", "text": "globex text", "metadata": {"owner": "globex"}}]})
-    response = clients["globex"].post("/search", json={"collection": name, "query": "secret", "top_k": 10, "filter": expression})
-    assert response.status_code in (200, 422), response.text
-    if response.status_code == 200:
-        assert {hit["id"] for hit in response.json()["hits"]} <= {"g"}
-    else:
-        assert response.json()["error"]["field"] == "filter"
+    for mode in ("dense", "keyword", "hybrid"):  # BM25 ("secret" is in acme's text only) as much as vectors
+        body = {"collection": name, "query": "secret", "top_k": 10, "filter": expression, "mode": mode}
+        response = clients["globex"].post("/search", json=body)
+        assert response.status_code in (200, 422), response.text
+        if response.status_code == 200:
+            assert {hit["id"] for hit in response.json()["hits"]} <= {"g"}
+        else:
+            assert response.json()["error"]["field"] == "filter"
 
 
 def test_tenant_cache_namespaces_keep_hits_apart(clients):
