@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import platform
 from dataclasses import asdict
 
@@ -112,7 +113,6 @@ def _admin_info(state: ServiceState, models: list[dict]) -> dict:
     import fastapi
     import pymilvus
     import redis
-    import sentence_transformers
     import torch
 
     for model, cache in zip(models, state.caches.values()):
@@ -137,7 +137,8 @@ def _admin_info(state: ServiceState, models: list[dict]) -> dict:
             "ragcache": ragcache.__version__,
             "python": platform.python_version(),
             "torch": torch.__version__,
-            "sentence_transformers": sentence_transformers.__version__,
+            # From the package metadata: importing it takes ~8 s, and a service of remote models never needs it.
+            "sentence_transformers": importlib.metadata.version("sentence-transformers"),
             "redis_py": redis.__version__,
             "pymilvus": pymilvus.__version__,
             "fastapi": fastapi.__version__,

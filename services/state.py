@@ -13,6 +13,7 @@ from ragcache.errors import ConfigError, InvalidInputError, NotFoundError
 from ragcache.knowledge import KnowledgeBase
 from ragcache.prefixes import PrefixRegistry, PrefixRegistryConfig
 from ragcache.prompts import PromptedEncoder, known_prompts
+from ragcache.providers import load_models
 from ragcache.rerank.build import build_rerankers, score_cache
 from ragcache.rerank.scores import RerankCache
 from ragcache.settings import Settings
@@ -40,9 +41,11 @@ class ServiceState:
 
     @classmethod
     def open(cls, settings: Settings) -> ServiceState:
-        unknown = sorted(set(settings.model_prompts) - set(settings.models))
+        # Remote models (ragcache.providers) may have named prompts too: prepended to each text they send.
+        served = [*settings.models, *(model.name for model in load_models(settings.models_json, settings.models_file))]
+        unknown = sorted(set(settings.model_prompts) - set(served))
         if unknown:
-            raise ConfigError(f"model_prompts names models that are not served: {unknown}; served: {settings.models}")
+            raise ConfigError(f"model_prompts names models that are not served: {unknown}; served: {served}")
         stores = Stores.open(settings)
         caches: dict[str, EmbeddingCache] = {}
         rerankers: dict[str, RerankCache] = {}

@@ -259,6 +259,8 @@ def test_stats_metrics_and_the_watch_show_what_the_upstream_cost_and_the_cache_s
     metrics = httpx.get(f"{service.url}/metrics", timeout=5).text
     for name in ("requests_total", "texts_total", "tokens_total", "retries_total", "tokens_saved_total", "latency_seconds_count"):
         assert f'ragcache_upstream_{name}{{model="{MODEL}",provider="openai"}}' in metrics, name
+    info = httpx.get(f"{service.url}/info", timeout=30)
+    assert info.status_code == 200 and MODEL in info.text and SECRET not in info.text
     assert main(["stats", "--watch", "--count", "1", "--interval", "0.1", "--url", service.url]) == 0
     out = capsys.readouterr().out
     assert f"upstream openai http://127.0.0.1:{upstream.port}  up" in out and "tokens" in out and "saved:" in out

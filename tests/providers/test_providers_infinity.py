@@ -83,6 +83,7 @@ def service(infinity, redis_server, tmp_path_factory):
 
     # The remote model is the default: no local model is loaded.
     settings = Settings(model="minilm-remote", models_json=json.dumps(models), redis_url=redis_server,
+                        model_prompts={"minilm-remote": {"query": "query: "}},
                         data_dir=tmp_path_factory.mktemp("data"), write_behind=False, single_flight=False)
     with LiveServer(settings) as server:
         yield server
@@ -131,3 +132,13 @@ def forget_above(cache, level: str) -> None:
         keys = list(tier.client.scan_iter(f"rc:{cache.space.space_id}:*"))
         if keys:
             tier.client.delete(*keys)
+
+
+def test_a_named_prompt_of_a_remote_model_is_prepended_to_what_it_sends(service, infinity):
+    texts = ["prompted one", "prompted two"]
+    vectors, response = embed(service, texts, input_type="query")
+    assert response.headers["X-Cache-Compute"] == "2"
+    expected = infinity_vectors(infinity, ["query: " + text for text in texts])
+    assert np.array_equal(vectors.view(np.uint32), expected.view(np.uint32))
+    again, response = embed(service, texts, input_type="query")
+    assert response.headers["X-Cache-L1"] == "2" and np.array_equal(again, vectors)
