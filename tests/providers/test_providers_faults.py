@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import json
+import threading
 import time
 
 import httpx
@@ -48,9 +49,23 @@ class Upstream:
 
     def __init__(self):
         self.faults: list = []
+        self.in_flight = self.max_in_flight = 0
+        self._lock = threading.Lock()
 
     def __call__(self, request: Received) -> Reply:
+        with self._lock:
+            self.in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            return self._answer(request)
+        finally:
+            with self._lock:
+                self.in_flight -= 1
+
+    def _answer(self, request: Received) -> Reply:
         texts = request.body["input"]
+        if any("SLOW" in t for t in texts):
+            threading.Event().wait(0.3)  # long enough for the other requests of the batch to be in flight too
         if request.headers.get("authorization") == "Bearer refused-key":
             return Reply(401, {"error": {"message": "Incorrect API key provided: refused-key"}})
         if any("FAIL500" in t for t in texts):
@@ -301,3 +316,13 @@ def test_a_callers_refused_key_fails_that_caller_only(service, upstream):
     assert service.state.cache_for(BYOK).encoder.stats().up
     bad = post(service, ["x"], BYOK, {"Authorization": "Basic abc"})
     assert bad.status_code == 400 and bad.json()["error"]["field"] == "Authorization"
+
+
+def test_at_most_concurrency_requests_are_in_flight_to_the_upstream(service, upstream):
+    # 16 texts, 2 per request: 8 upstream requests for one batch, and concurrency 4 (the default).
+    upstream.plan.max_in_flight = 0
+    texts = [f"SLOW parallel {i}" for i in range(16)]
+    response = post(service, texts)
+    assert response.status_code == 200 and len(upstream.received) == 8
+    assert np.array_equal(vectors_of(response), np.stack([known_vector(t) for t in texts]))
+    assert 1 < upstream.plan.max_in_flight <= 4
