@@ -112,7 +112,10 @@ def drift_monitor(settings: Settings, stores: Stores, caches: dict[str, Embeddin
     fingerprints = Fingerprints.of(stores.redis, stores.milvus)
     if not settings.drift_check:
         return DriftMonitor([])
-    guards = [DriftGuard(name, cache.encoder, fingerprints, cache.generation) for name, cache in caches.items()]
+    guards = [
+        DriftGuard(name, cache.encoder, fingerprints, cache.generation, tolerance=settings.drift_tolerance)
+        for name, cache in caches.items()
+    ]
     return DriftMonitor(guards, interval_s=settings.drift_check_interval_s)
 
 

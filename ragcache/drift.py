@@ -112,13 +112,15 @@ class DriftGuard:
         *,
         clock: Callable[[], float] = time.time,
         max_races: int = 3,
+        tolerance: float | None = None,
     ):
         self.model = model
         self.encoder = encoder
         self.base = replace(encoder.space, generation=0, namespace=None)
         self.fingerprints = fingerprints
         self.generation = generation
-        self.tolerance = TOLERANCES[self.base.dtype]
+        # An operator's own tolerance for an upstream noisier than its dtype (docs/drift.md), else the dtype's.
+        self.tolerance = TOLERANCES[self.base.dtype] if tolerance is None else tolerance
         self._clock = clock
         self._max_races = max_races
         self._lock = threading.Lock()  # one check of a model at a time

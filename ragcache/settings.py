@@ -89,6 +89,7 @@ class Settings(BaseSettings):
     # -- model drift (docs/drift.md) ---------------------------------------------------------------------
     drift_check: bool = Field(True, description="check each model against canaries stored with its space (changed: new generation)")
     drift_check_interval_s: float = Field(300.0, ge=0, description="seconds between drift checks after the one at start; 0 = only at start")
+    drift_tolerance: float | None = Field(None, gt=0, description="most relative canary distance of an unchanged model; unset: the dtype's")
 
     # -- the KV-prefix registry (keep-warm of vLLM prefix-cache entries) ---------------------------------
     prefix_warm_budget_per_minute: int = Field(120, gt=0, description="most warm requests sent to vLLM a minute")

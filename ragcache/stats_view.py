@@ -45,7 +45,18 @@ def render_stats(stats: dict[str, Any], previous: dict[str, Any] | None = None, 
             lines.append(row + f"{level['latency_p50_ms']:>9.3f}{level['latency_p99_ms']:>9.3f}")
         if "upstream" in entry:
             lines += _upstream_lines(entry["upstream"])
+        if entry.get("drift"):
+            lines.append(_drift_line(entry["drift"]))
     return "\n".join(lines)
+
+
+def _drift_line(drift: dict[str, Any]) -> str:
+    """The model's drift check (docs/drift.md): status, generation in use, events, the last distance."""
+    distance = "-" if drift["last_distance"] is None else f"{drift['last_distance']:.2g}"
+    line = (f"  drift {drift['status']}  generation {drift['generation']}  events {drift['num_drift_events']:,}  "
+            f"checks {drift['num_checks']:,} (failed {drift['num_check_errors']:,})  "
+            f"canary distance {distance} (tolerance {drift['tolerance']:g})")
+    return line + (f"  last error: {drift['last_error']}" if drift["last_error"] else "")
 
 
 def _upstream_lines(upstream: dict[str, Any]) -> list[str]:

@@ -229,3 +229,11 @@ def test_a_failing_model_keeps_the_generation_and_counts_the_error(swappable):
     assert DriftMonitor([guard]).check_all() == 0
     state = guard.state()
     assert (state.generation, state.num_check_errors) == (0, 1) and "not finite" in state.last_error
+
+
+def test_an_operator_tolerance_absorbs_a_noisy_upstream(swappable):
+    encoder = swappable()
+    guard = DriftGuard("fake", encoder, Fingerprints([]), Generation(), tolerance=10.0)
+    guard.check()
+    encoder.version = 1  # unrelated vectors: a relative distance of about 1.4, under this tolerance
+    assert guard.check() is False and guard.state().generation == 0 and guard.state().tolerance == 10.0

@@ -59,6 +59,8 @@ def test_render_real_stats_and_the_interval_column(live):
     assert level_row(table, "L1")[8] == "1.000"
     # L2 was not asked at all in between (every text was in L1).
     assert level_row(table, "L2")[8] == "-"
+    # The model's drift check (docs/drift.md): checked once at start, nothing changed.
+    assert re.search(r"^  drift stable  generation 0  events 0  checks 1 \(failed 0\)  canary distance (0|-) ", once, re.M), once
 
 
 def test_watch_renders_count_tables_and_clears_only_a_terminal():
