@@ -18,7 +18,15 @@ import redis
 from ragcache.errors import ConfigError, TierUnavailableError
 from ragcache.processes import free_port, stop_process
 
-__all__ = ["EmbeddedRedis", "find_redis_server", "free_port"]
+__all__ = ["EVICTION_POLICY", "EmbeddedRedis", "find_redis_server", "free_port"]
+
+# volatile-lru, not allkeys-lru: the same Redis holds cache entries, which all have a TTL (L2 vectors,
+# search results, single-flight locks) and may go, and records without one that must stay (the KV-prefix
+# registry, model fingerprints, result-cache versions). At the memory limit Redis evicts the least recently
+# used key that has a TTL; allkeys-lru could evict a registered prefix or a fingerprint as readily as a
+# vector. Should only records remain and memory still be full, a write is refused (an L2 write then fails
+# like a Redis that is down: a miss) rather than anything durable being dropped.
+EVICTION_POLICY = "volatile-lru"
 
 
 def find_redis_server() -> str:
@@ -38,6 +46,7 @@ def find_redis_server() -> str:
 
 class EmbeddedRedis:
     """One redis-server child process. ``data_dir`` set: snapshots there (survives restarts); else memory only.
+    ``maxmemory`` (bytes, or Redis' own form such as ``1gb``) bounds its memory, evicting with ``EVICTION_POLICY``.
 
     ``extra_args`` are appended to the command line (e.g. the cluster-mode options ``EmbeddedRedisCluster`` uses).
     """
@@ -64,7 +73,7 @@ class EmbeddedRedis:
             "--save", "300 1 60 10000" if data_dir else "",
         ]
         if maxmemory:
-            args += ["--maxmemory", maxmemory, "--maxmemory-policy", "allkeys-lru"]
+            args += ["--maxmemory", maxmemory, "--maxmemory-policy", EVICTION_POLICY]
         args += extra_args
         self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         self._wait_ready()

@@ -50,7 +50,7 @@ from ragcache.documents import (
 from ragcache.errors import ConflictError, InvalidInputError, NotFoundError, RagCacheError, TierUnavailableError
 from ragcache.keys import EmbeddingSpace
 from ragcache.keyword import SPARSE_FIELD, add_keyword_index, has_keyword_index, keyword_search_params
-from ragcache.result_cache import ResultCache
+from ragcache.result_cache import DEFAULT_MAX_VALUE_BYTES, ResultCache
 from ragcache.results import CollectionInfo, IngestResult, SearchHit, SearchResult, SearchTimings
 from ragcache.retrieval import SearchOptions, finish, fuse, group_hits
 from ragcache.sync import MAX_LISTED_IDS, SyncOptions, source_expression, sources_of
@@ -130,13 +130,14 @@ class KnowledgeBase:
         *,
         redis=None,
         result_ttl_s: int = 300,
+        result_max_bytes: int = DEFAULT_MAX_VALUE_BYTES,
         index_type: str = DEFAULT_INDEX_TYPE,
         max_top_k: int = 1000,
         record_ttl_s: float = RECORD_TTL_S,
         clock: Callable[[], float] = time.perf_counter,
     ):
         self.milvus = milvus
-        self.results = ResultCache(redis, ttl_s=result_ttl_s) if redis is not None else None
+        self.results = ResultCache(redis, ttl_s=result_ttl_s, max_value_bytes=result_max_bytes) if redis is not None else None
         self.index_type = index_type
         self.max_top_k = max_top_k
         self.record_ttl_s = record_ttl_s
@@ -162,6 +163,12 @@ class KnowledgeBase:
             self._collections.pop(meta.name, None)
         if self.results is not None:
             self.results.discard(meta.uid)
+
+    def collection_names(self, *, prefix: str = "") -> list[str]:
+        """The names of the knowledge-base collections starting with ``prefix``: one call, nothing read or loaded
+        (what a quota needs)."""
+        names = (collection_name_from_milvus(milvus_name) for milvus_name in self._milvus("list_collections", collection=None))
+        return sorted(name for name in names if name is not None and name.startswith(prefix))
 
     def list_collections(self, *, prefix: str = "") -> list[CollectionInfo]:
         """The knowledge-base collections whose names start with ``prefix`` (a tenant's), by name.

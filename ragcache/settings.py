@@ -54,6 +54,9 @@ class Settings(BaseSettings):
     )
     redis_ttl_s: int | None = Field(7 * 24 * 3600, gt=0, description="L2 time to live; unset = no expiry")
     redis_refresh_ttl_on_hit: bool = Field(False, description="an L2 hit restarts the entry's time to live (sliding expiry)")
+    embedded_redis_max_bytes: int = Field(
+        1024**3, gt=0, description="memory limit of the embedded Redis (no redis_url); least recently used TTL'd keys are evicted"
+    )
     redis_timeout_s: float = Field(0.5, gt=0, description="connect and read timeout of a Redis call; slower counts as a failure")
     milvus_uri: str = Field("", description="default: <data_dir>/milvus.db (Milvus Lite); 'off': no L3")
     milvus_timeout_s: float = Field(
@@ -64,6 +67,9 @@ class Settings(BaseSettings):
     milvus_password: str | None = Field(None, repr=False, description="Milvus password")
     milvus_token: str | None = Field(None, repr=False, description="Milvus token ('user:password' or an API key); wins over user/password")
     data_dir: Path = Field(Path("data"), description="local state: the embedded Redis's snapshots, the default Milvus Lite file")
+    result_cache_max_bytes: int = Field(
+        1024 * 1024, gt=0, description="largest search result list (JSON bytes) cached in Redis; larger ones are not cached"
+    )
     write_behind: bool = Field(True, description="store in L2/L3 from a worker thread")
 
     # -- compute -----------------------------------------------------------------------------------------
@@ -118,6 +124,9 @@ class Settings(BaseSettings):
     api_keys_file: Path | None = Field(None, description="JSON or TOML file of API keys with scopes and tenants")
     api_keys: str | None = Field(None, repr=False, description="the same key list as JSON text, e.g. from a secret store")
     insecure: bool = Field(False, description="allow a non-loopback bind without any API key")
+    tenant_max_collections: int | None = Field(
+        100, gt=0, description="most knowledge-base collections one tenant may create (403 beyond); unset: no quota"
+    )
     tenant_cache_namespaces: bool = Field(False, description="each tenant its own cache entries (no shared hits)")
     max_text_bytes: int = Field(65536, gt=0, description="most UTF-8 bytes in one text or query (413 beyond)")
     max_body_bytes: int = Field(16 * 1024 * 1024, gt=0, description="most bytes in one request body (413 beyond)")

@@ -150,7 +150,10 @@ class Stores:
         if settings.l2_enabled:
             url = settings.redis_url
             if url is None:
-                embedded = EmbeddedRedis(settings.data_dir / "redis")
+                embedded = EmbeddedRedis(settings.data_dir / "redis", maxmemory=str(settings.embedded_redis_max_bytes))
+                if settings.redis_ttl_s is None:
+                    log.warning("redis_ttl_s is unset: L2 entries have no TTL, so the embedded Redis (volatile-lru) "
+                                "cannot evict them, and L2 writes fail once it holds embedded_redis_max_bytes")
                 url = embedded.url
             redis_client = open_redis(url, timeout_s=settings.redis_timeout_s)
         return cls(redis_client, connect_milvus(settings), embedded, tracing)

@@ -58,9 +58,22 @@ async def add_documents(body: AddDocumentsRequest, request: Request) -> JSONResp
         if "admin" not in principal_of(request).scopes:
             raise HTTPError(403, "sync deletes documents, which needs the 'admin' scope", field="sync", type="forbidden")
         sync = SyncOptions(body.sync.cleanup, body.sync.scope)
+    tenant, quota = principal_of(request).tenant, state.settings.tenant_max_collections
+    if tenant is not None and quota is not None:
+        await blocking(check_collection_quota, knowledge_of(state), tenant, stored, body.collection, quota)
     with public_names(stored, body.collection):
         result = await blocking(knowledge_of(state).add_documents, stored, documents, cache=cache, sync=sync)
     return JSONResponse(dataclasses.replace(result, collection=body.collection))
+
+
+def check_collection_quota(knowledge: KnowledgeBase, tenant: str, stored: str, public: str, quota: int) -> None:
+    """403 when an ingest would create one collection more than the tenant may have. Checked per request,
+    not under a lock: two first ingests racing into new collections may pass it together (one over)."""
+    names = knowledge.collection_names(prefix=tenant_prefix(tenant))
+    if stored not in names and len(names) >= quota:
+        message = (f"collection {public!r} would be this tenant's {len(names) + 1}th, over its quota of {quota} "
+                   "(RAGCACHE_TENANT_MAX_COLLECTIONS): ingest into an existing collection, or delete one")
+        raise HTTPError(403, message, field="collection", type="quota_exceeded")
 
 
 @router.post("/documents/ids", summary="The ids of a collection's documents (optionally filtered), for syncing")

@@ -228,13 +228,14 @@ ERROR_RESPONSES = {
     for status, description in [
         (400, "the body is not valid JSON"),
         (401, "missing or wrong API key (when the server has keys)"),
-        (403, "the API key lacks the scope this route needs"),
+        (403, "the API key lacks the scope this route needs, or an ingest would pass the tenant's collection quota"),
         (404, "unknown model, collection or prefix"),
+        (408, "the body did not arrive within the server's body timeout"),
         (409, "the collection belongs to another embedding space"),
         (413, "too many texts, a text or body over the size limit, or a text over the token limit with truncate=false"),
         (422, "a field is missing, of the wrong type, or invalid; `field` names it"),
         (429, "this key's rate limit is exhausted; Retry-After says when to retry"),
-        (503, "a store the request needs is down"),
+        (503, "a store the request needs is down, or the model's queue is full (Retry-After says when to retry)"),
         (504, "the request took longer than the server's request timeout"),
     ]
 }

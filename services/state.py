@@ -68,7 +68,11 @@ class ServiceState:
                 closable.close()  # type: ignore[attr-defined]
             stores.close()
             raise
-        knowledge = KnowledgeBase(stores.milvus, redis=stores.redis) if stores.milvus is not None else None
+        knowledge = (
+            KnowledgeBase(stores.milvus, redis=stores.redis, result_max_bytes=settings.result_cache_max_bytes)
+            if stores.milvus is not None
+            else None
+        )
         # Prefixes live in Redis so every replica shares them; without Redis, in a file under data_dir.
         prefixes = PrefixRegistry.create(
             PrefixRegistryConfig(

@@ -1,0 +1,112 @@
+"""Storage bounds: the search result cache's value cap, the embedded Redis' memory limit and eviction policy."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import pytest
+import redis
+
+from ragcache.build import build_cache
+from ragcache.embedded_redis import EVICTION_POLICY
+from ragcache.knowledge import KnowledgeBase
+from ragcache.result_cache import DECODE_OFF_LOOP_BYTES, ResultCache
+from ragcache.settings import Settings
+from ragcache.stores import Stores
+
+
+@pytest.fixture
+def results(redis_client):
+    return ResultCache(redis_client, max_value_bytes=4 * DECODE_OFF_LOOP_BYTES)
+
+
+def test_a_result_list_over_the_cap_is_not_cached_and_one_under_it_is(results):
+    uid = uuid.uuid4().hex
+    _, version = results.get(uid, "q-big", "[10]")
+    results.put(uid, version, "q-big", "[10]", [["id", 0.5, "x" * (5 * DECODE_OFF_LOOP_BYTES), {}]])
+    assert results.get(uid, "q-big", "[10]") == (None, version) and results.num_too_large == 1
+    value = [["id", 0.5, "y" * (2 * DECODE_OFF_LOOP_BYTES), {"lang": "en"}]]  # large: decoded off the event loop
+    results.put(uid, version, "q-small", "[10]", value)
+    assert results.get(uid, "q-small", "[10]") == (value, version)
+    assert asyncio.run(results.aget(uid, "q-small", "[10]")) == value
+
+
+def test_the_knowledge_base_caches_only_result_lists_under_its_cap(milvus_client, redis_client, encoder):
+    cache = build_cache(Settings(redis_url="off", milvus_uri="off", write_behind=False), Stores(None, None), encoder)
+    kb = KnowledgeBase(milvus_client, redis=redis_client, result_max_bytes=4096)
+    name = f"capped_{uuid.uuid4().hex[:8]}"
+    documents = [{"id": f"d{i}", "text": f"document {i} about bounded caches " + "filler " * 300} for i in range(5)]
+    try:
+        kb.add_documents(name, documents, cache=cache)
+        outcomes = [kb.search(name, "bounded caches", cache=cache, top_k=5).result_cache for _ in range(2)]
+        assert outcomes == ["miss", "miss"]  # 5 x 2 KB of text: over 4096 bytes, never stored
+        assert kb.results is not None and kb.results.num_too_large == 2
+        kb.add_documents(name, [{"id": "short", "text": "short"}], cache=cache)
+        small = [kb.search(name, "short", cache=cache, top_k=1, filter='id == "short"').result_cache for _ in range(2)]
+        assert small == ["miss", "hit"]
+    finally:
+        kb.drop_collection(name)
+        cache.close()
+
+
+def test_the_embedded_redis_is_bounded_and_evicts_cache_entries_never_records(tmp_path):
+    settings = Settings(data_dir=tmp_path, milvus_uri="off", embedded_redis_max_bytes=4 * 1024 * 1024)
+    stores = Stores.open(settings)
+    try:
+        client = stores.redis
+        assert client is not None
+        assert client.config_get("maxmemory")["maxmemory"] == str(4 * 1024 * 1024)  # before: 0, unbounded
+        assert client.config_get("maxmemory-policy")["maxmemory-policy"] == EVICTION_POLICY == "volatile-lru"
+        client.set("rc:prefix:record", "a registered prefix: no TTL")
+        value = b"v" * 1500  # about one L2 vector of 384 float32
+        for start in range(0, 12_000, 500):  # ~18 MB of TTL'd cache entries into 4 MiB
+            with client.pipeline(transaction=False) as pipe:
+                for number in range(start, start + 500):
+                    pipe.set(f"rc:l2:{number}", value, ex=3600)
+                pipe.execute()
+        assert int(client.info("stats")["evicted_keys"]) > 0
+        assert client.get("rc:prefix:record") == b"a registered prefix: no TTL"
+    finally:
+        stores.close()
+
+
+def test_with_only_records_left_a_full_embedded_redis_refuses_writes_rather_than_dropping_them(tmp_path):
+    settings = Settings(data_dir=tmp_path, milvus_uri="off", embedded_redis_max_bytes=2 * 1024 * 1024)
+    stores = Stores.open(settings)
+    try:
+        client = stores.redis
+        assert client is not None
+        with pytest.raises(redis.exceptions.OutOfMemoryError):
+            for number in range(10_000):
+                client.set(f"rc:record:{number}", b"r" * 1000)  # no TTL: never evicted
+        assert client.get("rc:record:0") == b"r" * 1000
+    finally:
+        stores.close()
+
+
+def test_a_tenant_may_create_only_its_quota_of_collections(tmp_path):
+    import json
+
+    import httpx
+
+    from tests.live_server import LiveServer
+
+    keys = {"keys": [
+        {"name": "acme", "key": "acme-key-0123456789", "scopes": ["embed", "search", "ingest"], "tenant": "acme"},
+        {"name": "ops", "key": "ops-key-0123456789ab", "scopes": "*"},
+    ]}
+    settings = Settings(redis_url="off", data_dir=tmp_path, api_keys=json.dumps(keys), tenant_max_collections=2)
+    document = [{"id": "1", "text": "a document"}]
+    with LiveServer(settings) as live:
+        def ingest(key: str, collection: str) -> httpx.Response:
+            return httpx.post(live.url + "/documents", json={"collection": collection, "documents": document},
+                              headers={"Authorization": f"Bearer {key}"}, timeout=60)
+
+        assert [ingest("acme-key-0123456789", name).status_code for name in ("one", "two")] == [200, 200]
+        refused = ingest("acme-key-0123456789", "three")
+        assert refused.status_code == 403 and refused.json()["error"]["type"] == "quota_exceeded"
+        assert "RAGCACHE_TENANT_MAX_COLLECTIONS" in refused.json()["error"]["message"]
+        assert refused.json()["error"]["field"] == "collection" and "acme--" not in refused.text
+        assert ingest("acme-key-0123456789", "one").status_code == 200  # an existing collection: always
+        assert ingest("ops-key-0123456789ab", "three").status_code == 200  # a key without a tenant has no quota
