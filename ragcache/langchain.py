@@ -95,7 +95,8 @@ def _scored(result: SearchResult) -> list[tuple[Document, float]]:
 
 class RagCacheRetriever(BaseRetriever):
     """The ``top_k`` documents of ``collection`` nearest to the query, from the service's ``/search``
-    (``filter``: a Milvus expression on the documents, e.g. ``metadata["lang"] == "en"``)."""
+    (``filter``: a Milvus expression on the documents, e.g. ``metadata["lang"] == "en"``; ``options``: the
+    search mode and ranking, e.g. ``SearchOptions(mode="hybrid")``)."""
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
@@ -104,6 +105,7 @@ class RagCacheRetriever(BaseRetriever):
     collection: str
     top_k: int = 4
     filter: str | None = None
+    options: Any = None  # ragcache.retrieval.SearchOptions
 
     def model_post_init(self, context: Any) -> None:
         if self.client is None and self.async_client is None:
@@ -112,12 +114,13 @@ class RagCacheRetriever(BaseRetriever):
     def _get_relevant_documents(self, query: str, *, run_manager: CallbackManagerForRetrieverRun) -> list[Document]:
         if self.client is None:
             raise ConfigError("this RagCacheRetriever has only an AsyncClient: use ainvoke, or pass client=")
-        return _documents(self.client.search(query, self.collection, top_k=self.top_k, filter=self.filter))
+        return _documents(self.client.search(query, self.collection, top_k=self.top_k, filter=self.filter, options=self.options))
 
     async def _aget_relevant_documents(self, query: str, *, run_manager: AsyncCallbackManagerForRetrieverRun) -> list[Document]:
         if self.async_client is None:
             return await super()._aget_relevant_documents(query, run_manager=run_manager)
-        return _documents(await self.async_client.search(query, self.collection, top_k=self.top_k, filter=self.filter))
+        result = await self.async_client.search(query, self.collection, top_k=self.top_k, filter=self.filter, options=self.options)
+        return _documents(result)
 
 
 class RagCacheVectorStore(VectorStore):

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from ragcache.errors import ConfigError
 from ragcache.results import SearchResult
+from ragcache.retrieval import SearchOptions
 
 try:
     from llama_index.core.base.embeddings.base import BaseEmbedding
@@ -92,10 +93,12 @@ def _nodes(result: SearchResult) -> list[NodeWithScore]:
 
 class RagCacheRetriever(BaseRetriever):
     """The ``top_k`` documents of ``collection`` nearest to the query, from the service's ``/search``
-    (``filter``: a Milvus expression on the documents, e.g. ``metadata["lang"] == "en"``)."""
+    (``filter``: a Milvus expression on the documents, e.g. ``metadata["lang"] == "en"``; ``options``: the
+    search mode and ranking, e.g. ``SearchOptions(mode="hybrid")``)."""
 
     def __init__(self, client: Client | None, collection: str, *, async_client: AsyncClient | None = None,
-                 top_k: int = 4, filter: str | None = None, **kwargs: Any):  # noqa: A002 - the API's name
+                 top_k: int = 4, filter: str | None = None, options: SearchOptions | None = None,  # noqa: A002
+                 **kwargs: Any):
         if client is None and async_client is None:
             raise ConfigError("RagCacheRetriever needs a Client, an AsyncClient, or both")
         super().__init__(**kwargs)
@@ -104,15 +107,17 @@ class RagCacheRetriever(BaseRetriever):
         self.collection = collection
         self.top_k = top_k
         self.filter = filter
+        self.options = options
 
     def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
         if self.client is None:
             raise ConfigError("this RagCacheRetriever has only an AsyncClient: use aretrieve, or pass client=")
-        return _nodes(self.client.search(query_bundle.query_str, self.collection, top_k=self.top_k, filter=self.filter))
+        return _nodes(self.client.search(query_bundle.query_str, self.collection, top_k=self.top_k, filter=self.filter,
+                                        options=self.options))
 
     async def _aretrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
         if self.async_client is None:
             return await asyncio.to_thread(self._retrieve, query_bundle)
         result = await self.async_client.search(query_bundle.query_str, self.collection, top_k=self.top_k,  # type: ignore[misc]
-                                                filter=self.filter)
+                                                filter=self.filter, options=self.options)
         return _nodes(result)

@@ -19,6 +19,7 @@ from ragcache.langchain import RagCacheRetriever, RagCacheVectorStore
 from ragcache.llamaindex import RagCacheEmbedding
 from ragcache.llamaindex import RagCacheRetriever as LlamaRetriever
 from ragcache.processes import free_port
+from ragcache.retrieval import SearchOptions
 from ragcache.settings import Settings
 from tests.live_server import LiveServer
 
@@ -62,6 +63,16 @@ def test_langchain_retriever_returns_the_search_hits_as_documents(client):
     assert [document.id for document in documents] == [hit.id for hit in expected] and documents[0].id == "lru"
     assert documents[0].page_content == DOCUMENTS[2]["text"]
     assert documents[0].metadata == {"topic": "cache", "score": pytest.approx(expected[0].score)}
+
+
+def test_retrievers_take_search_options(client):
+    """Hybrid search through both frameworks' retrievers: the same hits as the client's own search."""
+    options = SearchOptions(mode="hybrid")
+    expected = [hit.id for hit in client.search("LRU evicts", "notes", top_k=3, options=options).hits]
+    assert [d.id for d in RagCacheRetriever(client=client, collection="notes", top_k=3, options=options).invoke("LRU evicts")] == expected
+    assert [n.node.node_id for n in LlamaRetriever(client, "notes", top_k=3, options=options).retrieve("LRU evicts")] == expected
+    keyword = RagCacheRetriever(client=client, collection="notes", options=SearchOptions(mode="keyword")).invoke("LRU")
+    assert [d.id for d in keyword] == ["lru"]
 
 
 async def test_langchain_retriever_async_with_a_filter(async_client):
