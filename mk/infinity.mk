@@ -19,3 +19,8 @@ $(INFINITY_STAMP): constraints.txt mk/infinity.mk
 	touch $@
 
 infinity-env: $(INFINITY_STAMP)
+
+# ragcache in front of Infinity vs Infinity alone (BENCHMARKS.md); RAGCACHE_INFINITY_PYTHON is exported above.
+.PHONY: bench-providers
+bench-providers: $(STAMP) $(INFINITY_STAMP)
+	HF_HUB_OFFLINE=1 $(VENV)/bin/ragcache bench providers --quick --out bench-results
