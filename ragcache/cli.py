@@ -42,6 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.set_defaults(run=run_serve)
 
     for name, help_text in [("ingest", "add files to a collection"), ("search", "search a collection"),
+                            ("rerank", "score texts against a query with the server's reranker"),
                             ("stats", "hit rates per level as a table (--watch: live)")]:
         sub = commands.add_parser(name, help=help_text)
         sub.add_argument("--url", default=os.environ.get("RAGCACHE_URL", DEFAULT_URL), help="the service's base URL")
@@ -63,6 +64,11 @@ def build_parser() -> argparse.ArgumentParser:
             sub.add_argument("--rerank", action="store_true", help="reorder the top-k hits with the server's reranker")
             sub.add_argument("--rerank-top-n", type=int, default=None, help="hits kept after reranking (default: top-k)")
             sub.add_argument("--rerank-model", default=None, help="a served reranker (default: the server's first)")
+        elif name == "rerank":
+            sub.add_argument("query")
+            sub.add_argument("texts", nargs="+", help="the texts to score")
+            sub.add_argument("--top-n", type=int, default=None, help="print the best n only")
+            sub.add_argument("--model", default=None, help="a served reranker (default: the server's first)")
         elif name == "stats":
             sub.add_argument("--watch", action="store_true", help="refresh in place: live hit rates per level")
             sub.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes (with --watch)")
@@ -218,6 +224,15 @@ def run_search(args) -> int:
     elif result.reranked_by:
         print(f"(reranked by {result.reranked_by} in {result.timings_ms.rerank:.1f} ms)")
     print(f"({len(result.hits)} hits, {result.mode}; query embedding from {result.embedding_level}; {result.timings_ms.total:.1f} ms)")
+    return 0
+
+
+def run_rerank(args) -> int:
+    with _client(args) as client:
+        result = client.rerank(args.query, args.texts, top_n=args.top_n, model=args.model)
+    for rank, hit in enumerate(result.hits, start=1):
+        print(f"{rank:>2}. {hit.score:.4f}  [{hit.index}]  {' '.join(args.texts[hit.index].split())[:100]}")
+    print(f"(reranked by {result.model}; {result.num_cached} of {len(args.texts)} scores from cache)")
     return 0
 
 

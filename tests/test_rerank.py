@@ -270,3 +270,15 @@ def test_cli_search_with_rerank(rerank_server, collection, capsys):
     assert main(["search", QUERY, "--collection", "rerank_docs", *down, "--url", rerank_server.url]) == 0
     assert "warning: reranker 'remote-down' failed" in capsys.readouterr().out
     assert main(["search", QUERY, "--collection", "rerank_docs", "--rerank-model", "x", "--url", rerank_server.url]) == 1
+
+
+def test_cli_rerank(rerank_server, local, capsys):
+    from ragcache.cli import main
+
+    assert main(["rerank", "cli query", *TEXTS[:3], "--top-n", "2", "--url", rerank_server.url]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    best = int(np.argmax(local.score([("cli query", text) for text in TEXTS[:3]])))
+    assert lines[0].startswith(" 1. ") and f"[{best}]" in lines[0] and len(lines) == 3
+    assert main(["rerank", "cli query", *TEXTS[:3], "--url", rerank_server.url]) == 0
+    assert "3 of 3 scores from cache" in capsys.readouterr().out
+    assert main(["rerank", "q", "t", "--model", "nope", "--url", rerank_server.url]) == 1
