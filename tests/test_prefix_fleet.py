@@ -163,3 +163,22 @@ def test_the_stats_route_shows_each_endpoint_and_the_client_warms_one(fleet, clo
     assert [(e["base_url"], e["resident"], e["num_evicted"], e["num_warms"]) for e in stats["endpoints"]] == [
         (A, None, 0, 1), (B, False, 1, 2)]
     assert stats["num_warms"] == 3 and stats["endpoints"][1]["last_warm_at"] == clock.now
+
+
+def test_metrics_show_residency_and_evictions_per_endpoint(fleet, clock, tmp_path):
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from ragcache.prefixes import register_prefix_metrics
+
+    registry = registry_for(fleet, clock, tmp_path)
+    registry.register(PrefixSpec("p", SYSTEM, Target(A, "m"), endpoints=(B,)))
+    fleet[A].evict_all()
+    clock.now += 8
+    registry.tick()
+    collectors = CollectorRegistry()
+    register_prefix_metrics(registry, collectors)
+    text = generate_latest(collectors).decode()
+    assert f'ragcache_prefix_endpoint_resident{{endpoint="{A}",prefix="p"}} 0.0' in text
+    assert f'ragcache_prefix_endpoint_resident{{endpoint="{B}",prefix="p"}} 1.0' in text
+    assert f'ragcache_prefix_endpoint_evictions_total{{endpoint="{A}",prefix="p"}} 1.0' in text
+    assert f'ragcache_prefix_endpoint_evictions_total{{endpoint="{B}",prefix="p"}} 0.0' in text

@@ -33,6 +33,12 @@ class PrefixMetricsCollector(Collector):
         interval = GaugeMetricFamily("ragcache_prefix_rewarm_interval_seconds", "Current re-warm interval",
                                      labels=["prefix"])
         uses = CounterMetricFamily("ragcache_prefix_uses", "Requests that used the prefix", labels=["prefix"])
+        resident = GaugeMetricFamily("ragcache_prefix_endpoint_resident",
+                                     "1 when the last judged warm on this vLLM endpoint found the prefix resident",
+                                     labels=["prefix", "endpoint"])
+        evictions = CounterMetricFamily("ragcache_prefix_endpoint_evictions",
+                                        "Warms on this vLLM endpoint that found the prefix evicted",
+                                        labels=["prefix", "endpoint"])
         for p in stats.prefixes:
             if p.num_tokens is not None:
                 tokens.add_metric([p.name], p.num_tokens)
@@ -44,6 +50,10 @@ class PrefixMetricsCollector(Collector):
                 residency.add_metric([p.name], p.residency_rate)
             interval.add_metric([p.name], p.rewarm_interval_s)
             uses.add_metric([p.name], p.num_uses)
+            for endpoint in p.endpoints:
+                if endpoint.resident is not None:
+                    resident.add_metric([p.name, endpoint.base_url], 1.0 if endpoint.resident else 0.0)
+                evictions.add_metric([p.name, endpoint.base_url], endpoint.num_evicted)
         up = GaugeMetricFamily("ragcache_vllm_target_up", "1 when the vLLM target answered last time",
                                labels=["target"])
         queries = GaugeMetricFamily("ragcache_vllm_prefix_cache_queries",
@@ -63,7 +73,7 @@ class PrefixMetricsCollector(Collector):
         sent.add_metric([], stats.num_warms_sent)
         deferred = CounterMetricFamily("ragcache_prefix_warms_deferred", "Warms deferred by the per-minute budget")
         deferred.add_metric([], stats.num_warms_deferred)
-        yield from (tokens, warms, residency, interval, uses, up, queries, hits, hit_rate, sent, deferred)
+        yield from (tokens, warms, residency, interval, uses, resident, evictions, up, queries, hits, hit_rate, sent, deferred)
 
 
 def register_prefix_metrics(registry: PrefixRegistry, collector_registry: CollectorRegistry) -> PrefixMetricsCollector:
