@@ -67,6 +67,9 @@ class Settings(BaseSettings):
     milvus_password: str | None = Field(None, repr=False, description="Milvus password")
     milvus_token: str | None = Field(None, repr=False, description="Milvus token ('user:password' or an API key); wins over user/password")
     data_dir: Path = Field(Path("data"), description="local state: the embedded Redis's snapshots, the default Milvus Lite file")
+    keyword_index: bool = Field(
+        True, description="new collections get a BM25 index for keyword/hybrid search (slower Milvus writes); false: dense only"
+    )
     result_cache_max_bytes: int = Field(
         1024 * 1024, gt=0, description="largest search result list (JSON bytes) cached in Redis; larger ones are not cached"
     )

@@ -69,7 +69,12 @@ class ServiceState:
             stores.close()
             raise
         knowledge = (
-            KnowledgeBase(stores.milvus, redis=stores.redis, result_max_bytes=settings.result_cache_max_bytes)
+            KnowledgeBase(
+                stores.milvus,
+                redis=stores.redis,
+                result_max_bytes=settings.result_cache_max_bytes,
+                keyword_index=settings.keyword_index,
+            )
             if stores.milvus is not None
             else None
         )

@@ -209,3 +209,12 @@ def test_a_collection_without_keyword_index_refuses_keyword_modes(milvus_client,
     with pytest.raises(InvalidInputError) as caught:
         kb.search(name, "pump", cache=cache, options=SearchOptions(mode="hybrid"))
     assert caught.value.field == "mode"
+
+
+def test_keyword_index_off_makes_dense_only_collections(milvus_client, cache):
+    kb = KnowledgeBase(milvus_client, keyword_index=False)
+    kb.add_documents("dense-only", DOCS[:2], cache=cache)
+    assert ids(kb.search("dense-only", "pump", cache=cache, top_k=1)) == ["manual.md#1"]
+    with pytest.raises(InvalidInputError) as caught:
+        kb.search("dense-only", "pump", cache=cache, options=SearchOptions(mode="keyword"))
+    assert caught.value.field == "mode"
