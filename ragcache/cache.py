@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -27,7 +28,7 @@ from ragcache.writeback import WriteBehind
 if TYPE_CHECKING:
     from opentelemetry.trace import Tracer
 
-__all__ = ["EmbeddingCache", "EmbedResult", "Encoder"]
+__all__ = ["CacheNamespace", "EmbeddingCache", "EmbedResult", "Encoder", "NamespaceStats"]
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +105,11 @@ class EmbeddingCache:
         self._health = [TierHealth() for _ in self.tiers]
         self._recorders = [LevelRecorder(tier.name, window_s=window_s) for tier in self.tiers]
         self._requests = LevelRecorder("cache", window_s=window_s)
+        self._window_s = window_s
+        # Per key namespace (a tenant's, ``namespace()``): its space at each generation, and its own counters.
+        self._namespace_spaces: dict[tuple[str, int], EmbeddingSpace] = {}
+        self._namespace_requests: dict[str, LevelRecorder] = {}
+        self._namespaces_lock = threading.Lock()
         self._batcher = ComputeBatcher(
             encoder.encode, max_batch=compute_max_batch, max_wait_s=compute_max_wait_s, max_pending=compute_max_pending
         )
@@ -132,59 +138,77 @@ class EmbeddingCache:
 
     # ---- the read path -------------------------------------------------------------------------------
 
-    def embed(self, texts: Sequence[str], *, normalize: bool = False, as_tensor: bool = False) -> np.ndarray | torch.Tensor:
-        """One vector per text, in input order (duplicates included), as numpy (or a torch tensor)."""
-        return self.embed_detailed(texts, normalize=normalize, as_tensor=as_tensor).vectors
+    def namespace(self, name: str) -> CacheNamespace:
+        """A key namespace inside this cache (a tenant's): the same levels, model and threads, its own keys, so
+        one namespace's entries never serve another's, and its own request counters (``namespace_stats``)."""
+        return CacheNamespace(self, name)
 
-    def embed_resident(self, texts: Sequence[str], *, normalize: bool = False) -> EmbedResult | None:
+    def space_in(self, namespace: str | None) -> EmbeddingSpace:
+        """The space (and so the keys) of ``namespace`` at the model's current generation; None: the cache's."""
+        space = self.space
+        if namespace is None:
+            return space
+        found = self._namespace_spaces.get((namespace, space.generation))
+        if found is None:
+            # A handful of namespaces (tenants come from the key file) times the generations seen.
+            found = self._namespace_spaces[(namespace, space.generation)] = dataclasses.replace(space, namespace=namespace)
+        return found
+
+    def embed(self, texts: Sequence[str], *, normalize: bool = False, as_tensor: bool = False,
+              namespace: str | None = None) -> np.ndarray | torch.Tensor:
+        """One vector per text, in input order (duplicates included), as numpy (or a torch tensor)."""
+        return self.embed_detailed(texts, normalize=normalize, as_tensor=as_tensor, namespace=namespace).vectors
+
+    def embed_resident(self, texts: Sequence[str], *, normalize: bool = False, namespace: str | None = None) -> EmbedResult | None:
         """The result when the first level (L1) holds every text, else None with nothing recorded.
 
         Never blocks on I/O or the model, so an event loop may call it directly and hand only the
         remaining requests to a worker thread.
         """
         if self._tracer is None:
-            return self._embed_resident(texts, normalize=normalize)
+            return self._embed_resident(texts, normalize=normalize, namespace=namespace)
         started_ns = time.time_ns()
-        result = self._embed_resident(texts, normalize=normalize)
+        result = self._embed_resident(texts, normalize=normalize, namespace=namespace)
         # A span only when L1 answered: a probe that finds a text missing leaves it to embed_detailed's span.
         if result is not None:
             attributes = {"ragcache.num_texts": len(texts), "ragcache.resident": True, **_served_attributes(result)}
             self._tracer.start_span("ragcache.embed", attributes=attributes, start_time=started_ns).end()
         return result
 
-    def _embed_resident(self, texts: Sequence[str], *, normalize: bool = False) -> EmbedResult | None:
+    def _embed_resident(self, texts: Sequence[str], *, normalize: bool, namespace: str | None) -> EmbedResult | None:
         if isinstance(texts, str) or not isinstance(texts, Sequence):
             raise InvalidInputError("texts must be a list of strings", field="inputs")
         started = self._clock()
-        space = self.space
+        space = self.space_in(namespace)
         keys = space.keys(space.prepare(texts))
         hits = self.tiers[0].get_many(keys)
         if len(hits.index) != len(keys):
             return None
         latency_s = self._clock() - started
         self._recorders[0].record(hits=len(keys), misses=0, latency_s=latency_s)
-        self._requests.record(hits=len(keys), misses=0, latency_s=latency_s)
+        self._record_request(namespace, hits=len(keys), misses=0, latency_s=latency_s)
         vectors = hits.vectors
         if normalize:
             vectors = torch.nn.functional.normalize(vectors.float(), dim=-1).to(self.dtype)
         return EmbedResult(_to_numpy(vectors), np.zeros(len(keys), dtype=np.int8), self.level_names)
 
-    def embed_detailed(self, texts: Sequence[str], *, normalize: bool = False, as_tensor: bool = False) -> EmbedResult:
+    def embed_detailed(self, texts: Sequence[str], *, normalize: bool = False, as_tensor: bool = False,
+                       namespace: str | None = None) -> EmbedResult:
         """Like ``embed``, plus the level that served each input."""
         if self._tracer is None:
-            return self._embed_detailed(texts, normalize=normalize, as_tensor=as_tensor)
+            return self._embed_detailed(texts, normalize=normalize, as_tensor=as_tensor, namespace=namespace)
         attributes: dict[str, str | int] = {"ragcache.num_texts": len(texts), "ragcache.model": self.space.model}
         with self._tracer.start_as_current_span("ragcache.embed", attributes=attributes) as current:
-            result = self._embed_detailed(texts, normalize=normalize, as_tensor=as_tensor)
+            result = self._embed_detailed(texts, normalize=normalize, as_tensor=as_tensor, namespace=namespace)
             current.set_attributes(_served_attributes(result))
             return result
 
-    def _embed_detailed(self, texts: Sequence[str], *, normalize: bool, as_tensor: bool) -> EmbedResult:
+    def _embed_detailed(self, texts: Sequence[str], *, normalize: bool, as_tensor: bool, namespace: str | None) -> EmbedResult:
         if isinstance(texts, str) or not isinstance(texts, Sequence):
             raise InvalidInputError("texts must be a list of strings", field="inputs")
         # The space is taken once: every key this request reads or writes is of one generation, so vectors
         # computed while a drift switch happens are written under the generation they were computed for.
-        space = self.space
+        space = self.space_in(namespace)
         prepared = space.prepare(texts)
         keys = space.keys(prepared)
         started = self._clock()
@@ -229,7 +253,7 @@ class EmbeddingCache:
 
         # A vector another replica computed while this one waited counts as a hit: nothing was computed here.
         num_served = len(keys) - num_computed
-        self._requests.record(hits=num_served, misses=num_computed, latency_s=self._clock() - started)
+        self._record_request(namespace, hits=num_served, misses=num_computed, latency_s=self._clock() - started)
         if len(unique_keys) != len(keys):
             index = torch.tensor(inverse, device=self.device)
             vectors, levels = vectors.index_select(0, index), levels[inverse]
@@ -389,6 +413,26 @@ class EmbeddingCache:
             levels=tuple(recorder.snapshot(recent=recent) for recorder in self._recorders),
         )
 
+    def _record_request(self, namespace: str | None, *, hits: int, misses: int, latency_s: float) -> None:
+        self._requests.record(hits=hits, misses=misses, latency_s=latency_s)
+        if namespace is None:
+            return
+        recorder = self._namespace_requests.get(namespace)
+        if recorder is None:
+            with self._namespaces_lock:
+                recorder = self._namespace_requests.setdefault(namespace, LevelRecorder(namespace, window_s=self._window_s))
+        recorder.record(hits=hits, misses=misses, latency_s=latency_s)
+
+    def namespace_stats(self, *, recent: bool = False) -> dict[str, NamespaceStats]:
+        """Per namespace that has embedded anything: its requests, texts and hits (they are also in ``stats``)."""
+        with self._namespaces_lock:
+            recorders = dict(self._namespace_requests)
+        stats = {}
+        for name, recorder in sorted(recorders.items()):
+            figures = recorder.snapshot(recent=recent)
+            stats[name] = NamespaceStats(recorder.num_calls(recent=recent), figures.lookups, figures.hits, figures.hit_rate)
+        return stats
+
     def latency_histograms(self) -> dict[str, LatencyHistogram]:
         """Per level, and for whole requests (``"request"``), every batch lookup's latency since start."""
         histograms = {recorder.level: recorder.histogram() for recorder in self._recorders}
@@ -435,3 +479,42 @@ def _to_numpy(vectors: torch.Tensor) -> np.ndarray:
     if vectors.dtype == torch.bfloat16:
         vectors = vectors.float()
     return vectors.cpu().numpy()
+
+
+@dataclass(frozen=True)
+class NamespaceStats:
+    """One key namespace's share of its cache's traffic."""
+
+    requests: int
+    texts: int
+    hits: int
+    hit_rate: float
+
+
+class CacheNamespace:
+    """A key namespace inside an ``EmbeddingCache`` (``EmbeddingCache.namespace``), used where a cache is: its
+    embed calls go through the cache with ``namespace`` set, its ``space`` is the namespace's, and everything
+    else (levels, stats, tokenizer) is the cache's own. Nothing to close: the cache is."""
+
+    def __init__(self, cache: EmbeddingCache, name: str):
+        self.cache = cache
+        self.name = name
+
+    @property
+    def space(self) -> EmbeddingSpace:
+        return self.cache.space_in(self.name)
+
+    def embed(self, texts: Sequence[str], *, normalize: bool = False, as_tensor: bool = False) -> np.ndarray | torch.Tensor:
+        return self.cache.embed(texts, normalize=normalize, as_tensor=as_tensor, namespace=self.name)
+
+    def embed_detailed(self, texts: Sequence[str], *, normalize: bool = False, as_tensor: bool = False) -> EmbedResult:
+        return self.cache.embed_detailed(texts, normalize=normalize, as_tensor=as_tensor, namespace=self.name)
+
+    def embed_resident(self, texts: Sequence[str], *, normalize: bool = False) -> EmbedResult | None:
+        return self.cache.embed_resident(texts, normalize=normalize, namespace=self.name)
+
+    def close(self) -> None:
+        """Nothing of its own to close (closing the cache would close it for every namespace)."""
+
+    def __getattr__(self, name: str):
+        return getattr(self.cache, name)

@@ -35,11 +35,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         state = await to_thread.run_sync(ServiceState.open, settings)
         app.state.ragcache = state
         app.state.prefixes = state.prefixes
-        tenant_caches = app.state.tenant_caches = TenantCaches(state, enabled=settings.tenant_cache_namespaces)
+        app.state.tenant_caches = TenantCaches(state, enabled=settings.tenant_cache_namespaces)
         # Rerank score caches count like the models' (their model label names the reranker; a "text" is a pair).
         rerank_caches = [reranker.cache for reranker in state.rerankers.values()]
         app.state.metrics_registry.register(
-            CacheCollector(lambda: [*state.caches.values(), *state.prompted.values(), *tenant_caches.caches(), *rerank_caches])
+            CacheCollector(lambda: [*state.caches.values(), *state.prompted.values(), *rerank_caches])
         )
         register_prefix_metrics(state.prefixes, app.state.metrics_registry)
         app.state.metrics_registry.register(DriftCollector(lambda: state.drift.states() if state.drift else []))
@@ -48,7 +48,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             yield
         finally:
             # Graceful shutdown: writes still queued for L2/L3 are flushed before the stores close.
-            await to_thread.run_sync(app.state.tenant_caches.close)
             await to_thread.run_sync(state.close)
 
     app = FastAPI(

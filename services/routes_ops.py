@@ -33,6 +33,8 @@ async def stats(request: Request) -> JSONResponse:
             "since_start": asdict(cache.stats()),
             "recent": asdict(cache.stats(recent=True)),
             "drift": drift.get(name),
+            # Each tenant's key namespace (tenant_cache_namespaces): its share of the figures above.
+            "namespaces": _namespaces_of(cache),
             **_upstream_of(cache),
             # The model under each named prompt used so far (ragcache.prompts): a space and cache of its own.
             "prompts": {
@@ -144,3 +146,9 @@ def _admin_info(state: ServiceState, models: list[dict]) -> dict:
             "fastapi": fastapi.__version__,
         },
     }
+
+
+def _namespaces_of(cache) -> dict[str, dict]:
+    since_start, recent = cache.namespace_stats(), cache.namespace_stats(recent=True)
+    return {name: {"since_start": asdict(figures), "recent": asdict(recent[name]) if name in recent else None}
+            for name, figures in since_start.items()}

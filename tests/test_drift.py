@@ -199,10 +199,7 @@ def test_the_monitor_switches_tenants_caches_with_the_model(redis_client, milvus
     shared = make_cache(encoder, redis_client, milvus_client)
     settings = Settings(redis_url="redis://unused", milvus_uri="unused.db", write_behind=False, drift_check_interval_s=0)
     monitor = drift_monitor(settings, Stores(redis_client, milvus_client), {"fake": shared}).start()
-    from services.tenants import NamespacedEncoder
-
-    tenant_encoder = NamespacedEncoder(encoder, "acme")
-    tenant = build_cache(settings, Stores(redis_client, milvus_client), tenant_encoder, l1=shared.tiers[0], generation=shared.generation)
+    tenant = shared.namespace("acme")
     tenant.embed(TEXTS)
     encoder.version = 1
     assert monitor.check_all() == 1
@@ -211,7 +208,6 @@ def test_the_monitor_switches_tenants_caches_with_the_model(redis_client, milvus
     np.testing.assert_array_equal(result.vectors, encoder.vectors(TEXTS).numpy())
     assert [s.num_drift_events for s in monitor.states()] == [1]
     monitor.close()
-    tenant.close()
     shared.close()
 
 
