@@ -87,6 +87,10 @@ class _Retry(Exception):
         self.retry_after_s = retry_after_s
 
 
+class _SlotsBusy(UpstreamTimeoutError):
+    """Every connection to the upstream stayed busy until the call's deadline."""
+
+
 class _CredentialsRefused(UpstreamBadResponseError):
     """A 401 or 403: the upstream refused the key it was sent."""
 
@@ -240,12 +244,6 @@ class RemoteEncoder:
             up=not self._health.is_down,
         )
 
-    def health(self) -> dict[str, Any]:
-        """The breaker's state, as the cache reports a level's."""
-        health = self._health
-        return {"up": not health.is_down, "last_error": health.last_error if health.is_down else None,
-                "num_outages": health.num_outages, "down_for_s": health.down_for_s()}
-
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
         self._http.close()
@@ -278,9 +276,10 @@ class RemoteEncoder:
                 self._sleep(wait_s)
                 continue
             except UpstreamError as exc:
-                # With pass-through the keys are the callers': one refused is that caller's problem, not the upstream's.
+                # With pass-through the keys are the callers': one refused is that caller's problem, not the
+                # upstream's; and a wait for a free connection is this process's queue, not the upstream failing.
                 callers_own = self.model.pass_through_auth and isinstance(exc, _CredentialsRefused)
-                self._fail(exc, open_breaker=not callers_own)
+                self._fail(exc, open_breaker=not (callers_own or isinstance(exc, _SlotsBusy)))
             if self._health.record_success():
                 log.warning("model %r: the upstream at %s is back", self.name, self._endpoint)
             self._recorder.answered(len(texts), reported_tokens if reported_tokens is not None else num_tokens)
@@ -306,7 +305,7 @@ class RemoteEncoder:
         remaining = deadline - self._clock()
         if remaining <= 0 or not self._slots.acquire(timeout=remaining):
             busy = f"no answer within {self.model.timeout_s:g} s (all {self.model.concurrency} connections busy)"
-            raise UpstreamTimeoutError(self.name, busy)
+            raise _SlotsBusy(self.name, busy)
         started = self._clock()
         try:
             status, headers, body = self._post(texts, deadline, api_key)

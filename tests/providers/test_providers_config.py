@@ -115,3 +115,42 @@ def test_retry_after_is_read_in_seconds_or_as_an_http_date():
     assert 8 <= _retry_after_s(httpx.Headers({"Retry-After": in_ten_s})) <= 10
     assert _retry_after_s(httpx.Headers({"Retry-After": "soon"})) is None
     assert _retry_after_s(httpx.Headers({})) is None
+
+
+def test_waiting_for_a_busy_connection_times_out_without_opening_the_breaker():
+    import threading
+
+    import httpx
+
+    from ragcache.errors import UpstreamTimeoutError
+
+    entered, release = threading.Event(), threading.Event()
+
+    def upstream(request: httpx.Request) -> httpx.Response:
+        entered.set()
+        release.wait(10)  # holds the one connection until the second call has given up
+        texts = json.loads(request.content)["input"]
+        return httpx.Response(200, json={"data": [{"index": i, "embedding": [0.5] * 8} for i in range(len(texts))]})
+
+    model = RemoteModel(**{**BASE, "concurrency": 1, "timeout_s": 0.5})
+    encoder = OpenAIEncoder(model, transport=httpx.MockTransport(upstream))
+    outcomes: list = []
+
+    def first_call() -> None:
+        try:
+            outcomes.append(encoder.encode(["first"]))
+        except UpstreamTimeoutError as exc:  # it outlived its own deadline holding the connection: expected
+            outcomes.append(exc)
+
+    first = threading.Thread(target=first_call)
+    try:
+        first.start()
+        assert entered.wait(10)
+        with pytest.raises(UpstreamTimeoutError, match="connections busy"):
+            encoder.encode(["second"])
+        assert encoder.stats().up and encoder.stats().errors == {"timeout": 1}  # counted, breaker still closed
+    finally:
+        release.set()
+        first.join(10)
+        encoder.close()
+    assert len(outcomes) == 1
