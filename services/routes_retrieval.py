@@ -15,7 +15,7 @@ from fastapi import APIRouter, Request
 from ragcache.documents import check_collection_name
 from ragcache.errors import InvalidInputError, TierUnavailableError
 from ragcache.knowledge import KnowledgeBase
-from ragcache.prefixes import assemble_prompt, render_text
+from ragcache.prefixes import Prefix, PrefixRegistry, assemble_prompt, render_text
 from ragcache.prompts import DOCUMENT, QUERY
 from ragcache.rerank.stage import rerank_result
 from ragcache.results import SearchResult
@@ -201,12 +201,18 @@ async def with_prompt(result: SearchResult, body: SearchRequest, request: Reques
         return result
     volatile = f"Question: {body.query}\n" if body.prompt_volatile is None else body.prompt_volatile
     check_text_size(volatile, "prompt_volatile", request.app.state.ragcache.settings.max_text_bytes)
-    registry = request.app.state.prefixes
-    prefix = await blocking(registry.get, body.prompt_prefix)  # the store is Redis (or a file): off the loop
+    # The store is Redis (or a file): read it, and count the use, off the event loop.
+    prefix = await blocking(plain_prefix_used, request.app.state.prefixes, body.prompt_prefix)
+    return {**dataclasses.asdict(result), "prompt": assemble_prompt(render_text(prefix, {}), result.hits, volatile)}
+
+
+def plain_prefix_used(registry: PrefixRegistry, name: str) -> Prefix:
+    """The registered prefix ``name``, counted as used; a template is refused (its slots are the caller's)."""
+    prefix = registry.get(name)
     if prefix.is_template:
         raise InvalidInputError("prompt_prefix must name a plain prefix, not a template", field="prompt_prefix")
     registry.record_use(prefix.name)
-    return {**dataclasses.asdict(result), "prompt": assemble_prompt(render_text(prefix, {}), result.hits, volatile)}
+    return prefix
 
 
 async def searches_without_filter(knowledge: KnowledgeBase, collection: str, query: str, cache, query_cache) -> bool:
