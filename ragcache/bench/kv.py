@@ -14,7 +14,8 @@ over the level (churn and warms included). The configurations, with the same req
 - ``off``: automatic prefix caching off (a server started with ``--no-enable-prefix-caching``; against
   ``--base-url``, a unique ``cache_salt`` per request, which keeps any request from reusing another's blocks);
 - ``on``: prefix caching on;
-- ``on+churn``: on, while unrelated traffic (random-token prompts) churns the KV cache;
+- ``on+churn``: on, while unrelated traffic (random-token prompts) churns the KV cache (on a GPU server with a
+  large KV cache, raise ``--churn-streams``/``--churn-tokens`` until the ``on+churn`` rows lose cached tokens);
 - ``on+churn+keep-warm``: the same churn, with the prefix registry keeping the system prompt warm.
 
 **RAG assembly.** Requests retrieve ``rag_k`` chunks from a corpus with Zipf popularity (ids unrelated to
@@ -348,8 +349,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--min-requests", type=int, default=KVConfig.min_requests)
     parser.add_argument("--requests-per-worker", type=int, default=KVConfig.requests_per_worker)
     parser.add_argument("--think-s", type=float, default=KVConfig.think_s, help="pause of a worker between requests")
-    parser.add_argument("--churn-streams", type=int, default=KVConfig.churn_streams)
-    parser.add_argument("--churn-tokens", type=int, default=KVConfig.churn_tokens)
+    parser.add_argument("--churn-streams", type=int, default=KVConfig.churn_streams,
+                        help="concurrent churn senders (size the churn to the server's KV cache)")
+    parser.add_argument("--churn-tokens", type=int, default=KVConfig.churn_tokens, help="tokens per churn prompt")
     parser.add_argument("--rag-requests", type=int, default=60, help="requests of the RAG assembly run (0: skip it)")
     parser.add_argument("--rag-system-tokens", type=int, default=200, help="system prompt of the RAG run")
     parser.add_argument("--rag-chunks", type=int, default=200, help="chunks in the RAG corpus (120 words each)")
