@@ -32,6 +32,9 @@ def http(server):
     with httpx.Client(base_url=server.url, timeout=60) as client:
         yield client
 
+# /health's drift section for the packaged model when its fingerprint has never changed (docs/drift.md).
+STABLE = {"sentence-transformers/all-MiniLM-L6-v2": {"generation": 0, "last_drift_at": None, "num_drift_events": 0, "status": "stable"}}
+
 
 def assert_same_vectors(actual, expected):
     """Served vectors against a fresh computation in this process: the server may have batched the texts
@@ -188,7 +191,7 @@ def test_stats_metrics_health_info(http):
     assert entry["recent"]["period"] == "recent"
     metrics = http.get("/metrics").text
     assert 'ragcache_hits_total{level="L1"' in metrics and "ragcache_hit_ratio" in metrics
-    assert http.get("/health").json() == {"status": "ok", "levels_down": []}
+    assert http.get("/health").json() == {"status": "ok", "levels_down": [], "drift": STABLE}
     info = http.get("/info").json()
     assert info["models"][0]["dim"] == 384 and info["versions"]["torch"].startswith("2.13")
     openapi = http.get("/openapi.json").json()
@@ -225,7 +228,7 @@ def test_redis_failure_makes_the_service_slower_not_broken(tmp_path, encoder):
         redis_server.stop()
         response = httpx.post(live.url + "/embed", json={"inputs": fresh(2), "normalize": False}, timeout=30)
         assert response.status_code == 200
-        assert httpx.get(live.url + "/health").json() == {"status": "degraded", "levels_down": ["L2"]}
+        assert httpx.get(live.url + "/health").json() == {"status": "degraded", "levels_down": ["L2"], "drift": STABLE}
 
 
 def test_graceful_shutdown_flushes_queued_writes(redis_url, tmp_path):
