@@ -12,12 +12,11 @@ import os
 import signal
 import socket
 import subprocess
-import time
 from pathlib import Path
 
 from ragcache.embedded_redis import free_port
 from ragcache.errors import TierUnavailableError
-from ragcache.processes import stop_process
+from ragcache.processes import ProcessExited, poll_until, stop_process
 
 __all__ = ["MilvusLiteServer"]
 
@@ -60,16 +59,17 @@ class MilvusLiteServer:
 
     def _wait_listening(self, timeout_s: float) -> None:
         assert self.process is not None, "started before it is waited on"
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                error = self.process.stderr.read().decode(errors="replace")  # type: ignore[union-attr]
-                raise TierUnavailableError("L3", f"milvus-lite server exited: {error[-2000:]}")
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
-                    return
-            except OSError:
-                time.sleep(0.05)
+
+        def listening() -> bool:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
+                return True
+
+        try:
+            if poll_until(listening, timeout_s=timeout_s, process=self.process, name="milvus-lite", not_yet=(OSError,)):
+                return
+        except ProcessExited as exc:
+            error = self.process.stderr.read().decode(errors="replace")  # type: ignore[union-attr]
+            raise TierUnavailableError("L3", f"milvus-lite server exited: {error[-2000:]}") from exc
         self.stop()
         raise TierUnavailableError("L3", f"milvus-lite server did not listen on port {self.port}")
 

@@ -9,14 +9,13 @@ from __future__ import annotations
 import shutil
 import subprocess
 import tempfile
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
 import redis
 
 from ragcache.errors import ConfigError, TierUnavailableError
-from ragcache.processes import free_port, stop_process
+from ragcache.processes import ProcessExited, free_port, poll_until, stop_process
 
 __all__ = ["EVICTION_POLICY", "EmbeddedRedis", "find_redis_server", "free_port"]
 
@@ -84,17 +83,15 @@ class EmbeddedRedis:
 
     def _wait_ready(self, timeout_s: float = 10.0) -> None:
         client = redis.Redis(port=self.port, socket_connect_timeout=0.2)
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise TierUnavailableError("L2", f"embedded redis-server exited: {self.process.stderr.read().decode()}")  # type: ignore[union-attr]
-            try:
-                client.ping()
+        try:
+            if poll_until(client.ping, timeout_s=timeout_s, interval_s=0.02, process=self.process,
+                          name="redis-server", not_yet=(redis.ConnectionError,)):
                 return
-            except redis.ConnectionError:
-                time.sleep(0.02)
-            finally:
-                client.close()
+        except ProcessExited as exc:
+            error = self.process.stderr.read().decode()  # type: ignore[union-attr]
+            raise TierUnavailableError("L2", f"embedded redis-server exited: {error}") from exc
+        finally:
+            client.close()
         self.stop()
         raise TierUnavailableError("L2", f"embedded redis-server did not answer on port {self.port}")
 

@@ -18,6 +18,7 @@ import redis
 
 from ragcache.embedded_redis import EmbeddedRedis, free_port
 from ragcache.errors import ConfigError, TierUnavailableError
+from ragcache.processes import poll_until
 
 __all__ = ["EmbeddedRedisCluster", "NUM_SLOTS"]
 
@@ -63,13 +64,8 @@ def _replicas_caught_up(admin: redis.Redis) -> bool:
 
 def _until(deadline: float, condition: Callable[..., bool], *args) -> None:
     """Poll ``condition(*args)`` until it holds; a node that is not ready yet may answer with an error."""
-    while time.monotonic() < deadline:
-        try:
-            if condition(*args):
-                return
-        except redis.RedisError:
-            pass
-        time.sleep(0.05)
+    if poll_until(lambda: condition(*args), timeout_s=max(0.0, deadline - time.monotonic()), not_yet=(redis.RedisError,)):
+        return
     raise TierUnavailableError("L2", f"the embedded Redis Cluster did not come together in time ({condition.__name__})")
 
 

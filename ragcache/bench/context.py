@@ -12,7 +12,6 @@ import os
 import shutil
 import tempfile
 import threading
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -23,6 +22,7 @@ import numpy as np
 import torch
 
 from ragcache.bench.corpus import Corpus, ZipfStream, build_corpus, zipf_stream
+from ragcache.processes import poll_until
 
 __all__ = ["BenchContext", "CountingEncoder", "RecordingEncoder", "Sizes"]
 
@@ -215,12 +215,7 @@ class RecordingEncoder:
 
 
 def wait_until(predicate, timeout_s: float, interval_s: float = 0.1) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval_s)
-    return predicate()
+    return poll_until(predicate, timeout_s=timeout_s, interval_s=interval_s)
 
 
 class CountingEncoder:
