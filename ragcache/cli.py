@@ -214,9 +214,7 @@ def run_search(args) -> int:
         raise RagCacheError("--rerank-top-n and --rerank-model go with --rerank")
     with _client(args) as client:
         result = client.search(args.query, collection=args.collection, top_k=args.top_k, filter=args.filter, options=options, rerank=rerank)
-    for rank, hit in enumerate(result.hits, start=args.offset + 1):
-        text = " ".join(hit.text.split())
-        print(f"{rank:>2}. {hit.score:.4f}  {hit.id}  {text[:100]}")
+    _print_hits(result, args.offset)
     if result.fallback:
         print(f"warning: {result.fallback}")
     if result.rerank_fallback:
@@ -225,6 +223,22 @@ def run_search(args) -> int:
         print(f"(reranked by {result.reranked_by} in {result.timings_ms.rerank:.1f} ms)")
     print(f"({len(result.hits)} hits, {result.mode}; query embedding from {result.embedding_level}; {result.timings_ms.total:.1f} ms)")
     return 0
+
+
+def _print_hits(result, offset: int) -> None:
+    """One line a hit, numbered from ``offset + 1``; grouped by source under a numbered line a source."""
+    def line(hit) -> str:
+        return f"{hit.score:.4f}  {hit.id}  {' '.join(hit.text.split())[:100]}"
+
+    if result.groups is None:
+        for rank, hit in enumerate(result.hits, start=offset + 1):
+            print(f"{rank:>2}. {line(hit)}")
+        return
+    by_id = {hit.id: hit for hit in result.hits}
+    for rank, group in enumerate(result.groups, start=offset + 1):
+        print(f"{rank:>2}. {group.source}")
+        for doc_id in group.ids:
+            print(f"      {line(by_id[doc_id])}")
 
 
 def run_rerank(args) -> int:

@@ -107,6 +107,10 @@ def test_python_clients_and_cli_search_every_mode(server, capsys):
     assert main(["search", "E4711", "--collection", COLLECTION, "--mode", "keyword", "--top-k", "1", "--url", server.url]) == 0
     out = capsys.readouterr().out
     assert "manual.md#0" in out and "keyword" in out
+    grouped = ["search", "pump pressure", "--collection", COLLECTION, "--group-by-source", "--group-size", "3", "--top-k", "1"]
+    assert main([*grouped, "--url", server.url]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == " 1. manual.md" and all("manual.md#" in line for line in lines[1:-1])
 
 
 def test_failing_keyword_index_falls_back_to_dense_with_header(redis_server, tmp_path):
