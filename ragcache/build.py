@@ -17,6 +17,7 @@ from ragcache.stores import Stores
 from ragcache.tiers.compute import TORCH_DTYPES, ModelEncoder
 from ragcache.tiers.memory import MemoryTier
 from ragcache.tiers.milvus import MilvusTier
+from ragcache.tiers.milvus_budget import L3Budget
 from ragcache.tiers.redis import RedisTier
 from ragcache.tiers.spaces import PerSpaceTier
 
@@ -86,7 +87,8 @@ def build_cache(
         milvus = stores.milvus
         # One collection per space id, the key's: a drift switch moves to another collection, and a late
         # write of the old generation still goes to the old one (ragcache.tiers.spaces).
-        per_space = lambda space_id: MilvusTier(milvus, space_id=space_id, dim=space.dim, dtype=dtype)  # noqa: E731
+        budget = L3Budget(max_rows=settings.l3_max_rows, max_age_s=settings.l3_max_age_s)
+        per_space = lambda space_id: MilvusTier(milvus, space_id=space_id, dim=space.dim, dtype=dtype, budget=budget)  # noqa: E731
         tiers.append(PerSpaceTier(per_space, dim=space.dim, dtype=dtype))
     return EmbeddingCache(
         encoder,

@@ -66,6 +66,8 @@ class Settings(BaseSettings):
     milvus_user: str | None = Field(None, repr=False, description="Milvus user (with milvus_password)")
     milvus_password: str | None = Field(None, repr=False, description="Milvus password")
     milvus_token: str | None = Field(None, repr=False, description="Milvus token ('user:password' or an API key); wins over user/password")
+    l3_max_rows: int | None = Field(None, gt=0, description="L3 size budget per space: the oldest written rows go beyond it; unset = none")
+    l3_max_age_s: float | None = Field(None, gt=0, description="L3 age budget: rows last written longer ago go; unset = none")
     data_dir: Path = Field(Path("data"), description="local state: the embedded Redis's snapshots, the default Milvus Lite file")
     keyword_index: bool = Field(
         True, description="new collections get a BM25 index for keyword/hybrid search (slower Milvus writes); false: dense only"

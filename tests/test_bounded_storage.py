@@ -110,3 +110,51 @@ def test_a_tenant_may_create_only_its_quota_of_collections(tmp_path):
         assert refused.json()["error"]["field"] == "collection" and "acme--" not in refused.text
         assert ingest("acme-key-0123456789", "one").status_code == 200  # an existing collection: always
         assert ingest("ops-key-0123456789ab", "three").status_code == 200  # a key without a tenant has no quota
+
+
+class Clock:
+    """A settable clock in seconds, for write times."""
+
+    def __init__(self, now: float = 1_700_000_000.0):
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _space_keys(space_id: str, count: int) -> list[str]:
+    return [f"rc:{space_id}:{number:032x}" for number in range(count)]
+
+
+def test_the_l3_size_budget_keeps_the_most_recently_written_rows(milvus_client):
+    import torch
+
+    from ragcache.tiers.milvus import MilvusTier
+    from ragcache.tiers.milvus_budget import L3Budget
+
+    space_id, clock = uuid.uuid4().hex[:16], Clock()
+    level = MilvusTier(milvus_client, space_id=space_id, dim=4, dtype=torch.float32,
+                       budget=L3Budget(max_rows=10, check_interval_s=0), clock=clock)
+    keys = _space_keys(space_id, 30)
+    for number, key in enumerate(keys):
+        clock.now += 1
+        level.put_many([key], torch.full((1, 4), float(number)))
+    assert level.get_many(keys).index == list(range(20, 30))  # the ten written last; before: all 30 kept
+    assert level.budget.num_evicted == 20
+
+
+def test_the_l3_age_budget_deletes_rows_written_too_long_ago(milvus_client):
+    import torch
+
+    from ragcache.tiers.milvus import MilvusTier
+    from ragcache.tiers.milvus_budget import L3Budget
+
+    space_id, clock = uuid.uuid4().hex[:16], Clock()
+    level = MilvusTier(milvus_client, space_id=space_id, dim=4, dtype=torch.float32,
+                       budget=L3Budget(max_age_s=5, check_interval_s=0), clock=clock)
+    keys = _space_keys(space_id, 10)
+    for number, key in enumerate(keys):
+        clock.now += 1
+        level.put_many([key], torch.full((1, 4), float(number)))
+    # Written at t+1 .. t+10; the last write, at t+10, deleted what was written before t+5.
+    assert level.get_many(keys).index == list(range(4, 10))

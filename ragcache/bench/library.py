@@ -440,6 +440,7 @@ def bench_scale(ctx: BenchContext) -> BenchResult:
     """Lookup cost of 32 random resident keys at 10k, 100k and 1M entries, per level; L1 memory vs budget."""
     from ragcache.tiers.memory import MemoryTier
     from ragcache.tiers.milvus import MilvusTier
+    from ragcache.tiers.milvus_budget import WRITTEN_AT
     from ragcache.tiers.redis import RedisTier
 
     result = BenchResult("scale", "lookup of 32 random resident keys vs entries held")
@@ -515,7 +516,7 @@ def bench_scale(ctx: BenchContext) -> BenchResult:
             # Milvus Lite 2.5 takes 5,000+ rows per call ~30x slower per row (measured: ~150 vs ~4,700 rows/s).
             chunk = keys_fill[start : start + 2_000]
             rows = torch.randn(len(chunk), dim).numpy()
-            ctx.milvus.insert(milvus_tier.collection, [{"key": k[-32:], "vector": v} for k, v in zip(chunk, rows)])
+            ctx.milvus.insert(milvus_tier.collection, [{"key": k[-32:], "vector": v, WRITTEN_AT: 0} for k, v in zip(chunk, rows)])
         fill_rate = (size - filled) / (time.perf_counter() - started)
         filled = size
         cost = _lookup_cost(milvus_tier.get_many, lambda i: _synthetic_keys(space.space_id, i, i + 1)[0], size, rng, 30)

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 
 import grpc
 import numpy as np
@@ -17,6 +18,7 @@ from pymilvus.exceptions import ConnectError, MilvusException, MilvusUnavailable
 
 from ragcache.errors import TierUnavailableError
 from ragcache.tiers.base import TierHits
+from ragcache.tiers.milvus_budget import WRITTEN_AT, BudgetKeeper, L3Budget
 
 __all__ = ["MilvusTier", "is_milvus_outage", "milvus_error_message", "milvus_failures"]
 
@@ -63,11 +65,22 @@ class MilvusTier:
 
     name = "L3"
 
-    def __init__(self, client: MilvusClient, *, space_id: str, dim: int, dtype: torch.dtype):
+    def __init__(
+        self,
+        client: MilvusClient,
+        *,
+        space_id: str,
+        dim: int,
+        dtype: torch.dtype,
+        budget: L3Budget | None = None,
+        clock: Callable[[], float] = time.time,
+    ):
         self.client = client
         self.collection = f"rc_{space_id}"
         self.dim = dim
         self.dtype = dtype
+        self.budget = BudgetKeeper(client, self.collection, budget or L3Budget(), clock=clock)
+        self._has_written_at = True  # False for a collection made before rows recorded their write time
         self._ready = False
         self.num_corrupt = 0
         self._ready_lock = threading.Lock()
@@ -100,12 +113,21 @@ class MilvusTier:
 
     def _prepare_collection(self) -> None:
         """Create the collection when missing (or holding other vectors), and load it."""
-        if self.client.has_collection(self.collection) and self._stored_dim() != self.dim:
-            self._replace_foreign_collection()
+        self._has_written_at = True
+        if self.client.has_collection(self.collection):
+            fields = self._stored_fields()
+            if fields.get("vector") != self.dim:
+                self._replace_foreign_collection()
+            elif WRITTEN_AT not in fields:
+                self._has_written_at = False
+                if self.budget.budget.enabled:
+                    log.warning("L3 collection %s predates write times: its age/size budget is not applied "
+                                "(drop the collection, a cache, to start one that has them)", self.collection)
         if not self.client.has_collection(self.collection):
             schema = MilvusClient.create_schema(auto_id=False, enable_dynamic_field=False)
             schema.add_field("key", DataType.VARCHAR, is_primary=True, max_length=TEXT_HASH_LENGTH)
             schema.add_field("vector", DataType.FLOAT_VECTOR, dim=self.dim)
+            schema.add_field(WRITTEN_AT, DataType.INT64)  # for the optional budget (milvus_budget.py)
             index_params = MilvusClient.prepare_index_params()
             # Lookups here are by primary key only; FLAT costs nothing to build and lets the collection load.
             index_params.add_index(field_name="vector", index_type="FLAT", metric_type="IP")
@@ -118,12 +140,13 @@ class MilvusTier:
         self._ready = False
         return TierUnavailableError(self.name, f"Milvus failed: {milvus_error_message(exc)}")
 
-    def _stored_dim(self) -> int | None:
+    def _stored_fields(self) -> dict[str, int | None]:
+        """The stored collection's field names, with the vector field's dimension (others: None)."""
         described = self.client.describe_collection(self.collection)
-        for field in described.get("fields", []):
-            if field.get("name") == "vector":
-                return int(field.get("params", {}).get("dim", 0))
-        return None
+        return {
+            field.get("name"): int(field.get("params", {}).get("dim", 0)) if field.get("name") == "vector" else None
+            for field in described.get("fields", [])
+        }
 
     def _replace_foreign_collection(self) -> None:
         # The space id names the dimension, so a collection of this name holding other vectors was written
@@ -178,13 +201,19 @@ class MilvusTier:
         if not keys:
             return
         rows = vectors.detach().to(device="cpu", dtype=torch.float32).numpy()
-        data = [{"key": text_hash, "vector": row} for text_hash, row in zip(self._text_hashes(keys), rows)]
         try:
             self._ensure_collection()
+            data = [{"key": text_hash, "vector": row} for text_hash, row in zip(self._text_hashes(keys), rows)]
+            if self._has_written_at:
+                written_at = self.budget.now_ms()
+                for row in data:
+                    row[WRITTEN_AT] = written_at
             # Milvus Lite 2.5 takes one call of 5,000+ rows ~30x slower per row than calls of 2,000
             # (measured: ~150 vs ~4,700 rows/s), so a large batch (an ingest, a warm-up) goes in chunks.
             for start in range(0, len(data), MAX_ROWS_PER_CALL):
                 self.client.upsert(self.collection, data[start : start + MAX_ROWS_PER_CALL])
+            if self._has_written_at:
+                self.budget.maybe_enforce()
         except milvus_failures as exc:
             raise self._failed(exc) from exc
 
