@@ -20,6 +20,7 @@ from ragcache.prefixes import (
     RegisterResult,
     WarmResult,
 )
+from services.deps import prefixes_of
 
 __all__ = ["router"]
 
@@ -31,7 +32,7 @@ class UsesIn(BaseModel):
 
 
 def _registry(request: Request) -> PrefixRegistry:
-    return request.app.state.prefixes
+    return prefixes_of(request)
 
 
 @router.post("", response_model=RegisterResult)

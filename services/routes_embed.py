@@ -5,7 +5,6 @@ from __future__ import annotations
 import base64
 import dataclasses
 from contextlib import nullcontext
-from functools import partial
 
 import numpy as np
 from fastapi import APIRouter, Request
@@ -14,20 +13,14 @@ from ragcache.cache import EmbeddingCache, EmbedResult
 from ragcache.errors import InvalidInputError
 from ragcache.prompts import prompt_name_of
 from ragcache.tokens import Tokenizer
-from services.auth import principal_of
+from services.deps import blocking, cache_of, check_count, check_text_size, served_count_headers, state_of
 from services.errors import HTTPError
 from services.passthrough import caller_scope
 from services.responses import JSONResponse
 from services.schemas import DecodeRequest, EmbedRequest, OpenAIEmbeddingsRequest, TokenizeRequest
-from services.state import ServiceState
 from services.tokens import token_counts_of
-from services.workers import current_pool
 
 router = APIRouter(tags=["embeddings"])
-
-
-def state_of(request: Request) -> ServiceState:
-    return request.app.state.ragcache
 
 
 def as_batch(inputs: str | list[str], field: str, max_batch: int, max_text_bytes: int) -> list[str]:
@@ -41,36 +34,6 @@ def as_batch(inputs: str | list[str], field: str, max_batch: int, max_text_bytes
     return texts
 
 
-def check_count(items: list, field: str, max_batch: int) -> None:
-    """413 for a list (texts, documents, ids) longer than ``max_batch``."""
-    if len(items) > max_batch:
-        raise HTTPError(413, f"{field} has {len(items)} items, over this server's limit of {max_batch}: split the batch", field=field)
-
-
-def check_text_size(text: str, field: str, max_text_bytes: int) -> None:
-    """413 for a text over ``max_text_bytes`` UTF-8 bytes: the model would truncate it anyway, but hashing
-    and tokenizing megabytes would cost the server first."""
-    # A code point is at most 4 bytes: most texts are judged by their length alone, without encoding.
-    if len(text) * 4 <= max_text_bytes:
-        return
-    size = len(text.encode("utf-8", "surrogatepass"))
-    if size > max_text_bytes:
-        message = f"{field} has {size} UTF-8 bytes, over this server's limit of {max_text_bytes} (RAGCACHE_MAX_TEXT_BYTES)"
-        raise HTTPError(413, message, field=field)
-
-
-async def blocking(function, *args, **kwargs):
-    """Run a blocking call (Redis, Milvus, the model) in a worker thread, abandoned at the request deadline;
-    at most ``max_worker_threads`` at once, abandoned ones counted until they end (services/workers.py)."""
-    return await current_pool.get().run(partial(function, *args, **kwargs))
-
-
-def cache_of(request: Request, model: str | None, prompt_name: str | None = None, *, optional: bool = False) -> EmbeddingCache:
-    """The cache this caller embeds through: the model's (under a named prompt, ``ragcache.prompts``), or its
-    tenant's own namespace of it. An unknown ``prompt_name`` is a 422, or with ``optional`` no prompt."""
-    return request.app.state.tenant_caches.cache_for(model, principal_of(request).tenant, prompt_name, optional=optional)
-
-
 def prompted_cache_of(request: Request, model: str | None, prompt_name: str | None, input_type: str | None) -> EmbeddingCache:
     """The cache of an embedding request: an explicit ``prompt_name`` must exist (422 otherwise); the prompt an
     ``input_type`` implies is used when the model has it (clients such as Cohere's always send one)."""
@@ -81,14 +44,6 @@ def prompted_cache_of(request: Request, model: str | None, prompt_name: str | No
 def served_headers(result: EmbedResult) -> dict[str, str]:
     """The cache outcome of the request: how many inputs each level served."""
     return served_count_headers(result.served)
-
-
-def served_count_headers(served: dict[str, int]) -> dict[str, str]:
-    """``X-Cache-<level>`` per level and ``X-Cache-Hit-Rate``, from how many items each level served."""
-    headers = {f"X-Cache-{name.capitalize()}": str(count) for name, count in served.items()}
-    total = sum(served.values())
-    headers["X-Cache-Hit-Rate"] = f"{(total - served.get('compute', 0)) / total:.4f}" if total else "0"
-    return headers
 
 
 async def embed_through_cache(

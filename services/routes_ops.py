@@ -15,6 +15,7 @@ from ragcache.drift import DriftState
 from ragcache.providers.stats import upstream_figures
 from ragcache.redact import redact_url
 from services.auth import principal_of
+from services.deps import metrics_registry_of, state_of
 from services.responses import JSONResponse
 from services.state import ServiceState
 
@@ -23,7 +24,7 @@ router = APIRouter(tags=["operations"])
 
 @router.get("/stats", summary="Hit rates per level and per model, since start and over the recent window")
 async def stats(request: Request) -> JSONResponse:
-    state: ServiceState = request.app.state.ragcache
+    state = state_of(request)
     drift = _drift_of(state)
     models = {
         name: {
@@ -70,12 +71,12 @@ def _upstream_of(cache) -> dict:
 
 @router.get("/metrics", summary="Prometheus exposition", response_class=Response)
 async def metrics(request: Request) -> Response:
-    return Response(generate_latest(request.app.state.metrics_registry), media_type=CONTENT_TYPE_LATEST)
+    return Response(generate_latest(metrics_registry_of(request)), media_type=CONTENT_TYPE_LATEST)
 
 
 @router.get("/health", summary="ok, or degraded while a level is down (the service still answers)")
 async def health(request: Request) -> JSONResponse:
-    state: ServiceState = request.app.state.ragcache
+    state = state_of(request)
     down = sorted({level for cache in state.caches.values() for level, s in cache.level_states().items() if not s["up"]})
     # Per model: stable, changed (the model behind the name changed and a new space generation is served;
     # the service is fine), or check_failing (the canaries could not be checked; the last generation stays).
@@ -99,7 +100,7 @@ def _drift_of(state: ServiceState) -> dict[str, dict]:
 
 @router.get("/info", summary="Models and dimensions; for an admin key also levels, settings and versions")
 async def info(request: Request) -> JSONResponse:
-    state: ServiceState = request.app.state.ragcache
+    state = state_of(request)
     models = [
         {"name": name, "dim": cache.space.dim, "dtype": cache.space.dtype, "prompts": state.prompts_of(name)}
         for name, cache in state.caches.items()

@@ -6,20 +6,12 @@ from fastapi import APIRouter, Request
 
 from ragcache.rerank import RerankResult
 from ragcache.rerank.scores import RerankCache
-from services.auth import principal_of
+from services.deps import blocking, check_count, check_text_size, rerank_namespace, served_count_headers, state_of
 from services.errors import HTTPError
 from services.responses import JSONResponse
-from services.routes_embed import blocking, check_count, check_text_size, served_count_headers
 from services.schemas import RerankRequest
-from services.state import ServiceState
 
 router = APIRouter(tags=["reranking"])
-
-
-def rerank_namespace(request: Request) -> str | None:
-    """The caller's tenant when tenants keep their own cache entries: then its scores are its own too."""
-    state: ServiceState = request.app.state.ragcache
-    return principal_of(request).tenant if state.settings.tenant_cache_namespaces else None
 
 
 def check_lengths(reranker: RerankCache, query: str, texts: list[str], field: str) -> None:
@@ -40,7 +32,7 @@ def check_lengths(reranker: RerankCache, query: str, texts: list[str], field: st
 async def rerank(body: RerankRequest, request: Request) -> JSONResponse:
     """TEI's answer ``[{index, score}]`` for ``texts``; Cohere's ``{"results": [{index, relevance_score}]}`` for
     ``documents``. Headers ``X-Cache-*`` tell how many scores each level served."""
-    state: ServiceState = request.app.state.ragcache
+    state = state_of(request)
     texts, field = body.texts_given()
     check_count(texts, field, state.settings.max_batch)
     check_text_size(body.query, "query", state.settings.max_text_bytes)

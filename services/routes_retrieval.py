@@ -21,10 +21,9 @@ from ragcache.rerank.stage import rerank_result
 from ragcache.results import SearchResult
 from ragcache.sync import SyncOptions
 from services.auth import principal_of
+from services.deps import blocking, cache_of, check_count, check_text_size, prefixes_of, rerank_namespace, state_of
 from services.errors import HTTPError
 from services.responses import JSONResponse
-from services.routes_embed import blocking, cache_of, check_count, check_text_size
-from services.routes_rerank import rerank_namespace
 from services.schemas import (
     AddDocumentsRequest,
     BatchSearchRequest,
@@ -47,7 +46,7 @@ def knowledge_of(state: ServiceState) -> KnowledgeBase:
 
 @router.post("/documents", summary="Add or replace documents (upsert by id)")
 async def add_documents(body: AddDocumentsRequest, request: Request) -> JSONResponse:
-    state: ServiceState = request.app.state.ragcache
+    state = state_of(request)
     check_count(body.documents, "documents", state.settings.max_batch)
     stored = stored_collection(principal_of(request).tenant, body.collection)
     cache = cache_of(request, body.model, DOCUMENT, optional=True)
@@ -80,14 +79,14 @@ def check_collection_quota(knowledge: KnowledgeBase, tenant: str, stored: str, p
 async def list_ids(body: ListIdsRequest, request: Request) -> JSONResponse:
     stored = stored_collection(principal_of(request).tenant, body.collection)
     with public_names(stored, body.collection):
-        ids = await blocking(knowledge_of(request.app.state.ragcache).list_ids, stored, body.filter)
+        ids = await blocking(knowledge_of(state_of(request)).list_ids, stored, body.filter)
     return JSONResponse({"collection": body.collection, "ids": ids})
 
 
 @router.post("/documents/get", summary="Documents by id (text and metadata)")
 async def get_documents(body: GetDocumentsRequest, request: Request) -> JSONResponse:
     """``{"collection", "documents": [{id, text, metadata}], "missing": [ids]}``, documents in the order asked."""
-    state: ServiceState = request.app.state.ragcache
+    state = state_of(request)
     check_count(body.ids, "ids", state.settings.max_batch)
     stored = stored_collection(principal_of(request).tenant, body.collection)
     with public_names(stored, body.collection):
@@ -102,13 +101,13 @@ async def drop_collection(collection: str, request: Request) -> JSONResponse:
     """404 when it does not exist (for a tenant: when it is not the tenant's)."""
     stored = stored_collection(principal_of(request).tenant, check_collection_name(collection))
     with public_names(stored, collection):
-        await blocking(knowledge_of(request.app.state.ragcache).drop_collection, stored)
+        await blocking(knowledge_of(state_of(request)).drop_collection, stored)
     return JSONResponse({"collection": collection, "dropped": True})
 
 
 @router.delete("/documents", summary="Delete documents by id")
 async def delete_documents(body: DeleteDocumentsRequest, request: Request) -> JSONResponse:
-    state: ServiceState = request.app.state.ragcache
+    state = state_of(request)
     check_count(body.ids, "ids", state.settings.max_batch)
     stored = stored_collection(principal_of(request).tenant, body.collection)
     with public_names(stored, body.collection):
@@ -120,7 +119,7 @@ async def delete_documents(body: DeleteDocumentsRequest, request: Request) -> JS
 async def list_collections(request: Request) -> JSONResponse:
     tenant = principal_of(request).tenant
     # Only the tenant's own collections are read: another tenant's broken one cannot fail this listing.
-    infos = await blocking(knowledge_of(request.app.state.ragcache).list_collections, prefix=tenant_prefix(tenant))
+    infos = await blocking(knowledge_of(state_of(request)).list_collections, prefix=tenant_prefix(tenant))
     own = [(info, public_collection(tenant, info.name)) for info in infos]
     return JSONResponse({"collections": [dataclasses.replace(info, name=name) for info, name in own if name is not None]})
 
@@ -131,7 +130,7 @@ async def search(body: SearchRequest, request: Request) -> JSONResponse:
     ``fallback``) says that a keyword or hybrid search was answered by dense search alone. With ``rerank``,
     ``X-Rerank`` names the reranker that ordered the hits, or ``X-Rerank-Fallback: search-order`` (and the
     body's ``rerank_fallback``) says that it failed and the hits are in search order."""
-    state: ServiceState = request.app.state.ragcache
+    state = state_of(request)
     check_text_size(body.query, "query", state.settings.max_text_bytes)
     reranker = None
     if body.rerank is not None:  # checked before any work: an unknown reranker is the caller's to fix
@@ -173,7 +172,7 @@ def rerank_headers(result: SearchResult) -> dict[str, str]:
 @router.post("/search/batch", summary="Several queries against one collection in one call")
 async def search_batch(body: BatchSearchRequest, request: Request) -> JSONResponse:
     """``{"results": [...]}``, one /search answer per query, in order; the queries are embedded as one batch."""
-    state: ServiceState = request.app.state.ragcache
+    state = state_of(request)
     for index, query in enumerate(body.queries):
         check_text_size(query, f"queries[{index}]", state.settings.max_text_bytes)
     stored = stored_collection(principal_of(request).tenant, body.collection)
@@ -200,9 +199,9 @@ async def with_prompt(result: SearchResult, body: SearchRequest, request: Reques
     if body.prompt_prefix is None:
         return result
     volatile = f"Question: {body.query}\n" if body.prompt_volatile is None else body.prompt_volatile
-    check_text_size(volatile, "prompt_volatile", request.app.state.ragcache.settings.max_text_bytes)
+    check_text_size(volatile, "prompt_volatile", state_of(request).settings.max_text_bytes)
     # The store is Redis (or a file): read it, and count the use, off the event loop.
-    prefix = await blocking(plain_prefix_used, request.app.state.prefixes, body.prompt_prefix)
+    prefix = await blocking(plain_prefix_used, prefixes_of(request), body.prompt_prefix)
     return {**dataclasses.asdict(result), "prompt": assemble_prompt(render_text(prefix, {}), result.hits, volatile)}
 
 
