@@ -35,8 +35,9 @@ from ragcache.prefixes import (
     render_text,
     template_head,
 )
-from ragcache.prefixes.policy import Backoff, Schedule, WarmBudget, judge_residency, next_schedule
+from ragcache.prefixes.policy import Schedule, WarmBudget, judge_residency, next_schedule
 from ragcache.results import SearchHit
+from ragcache.tiers.base import TierHealth
 from services.prefixes_api import router
 from tests.live_server import transport_to
 
@@ -152,11 +153,19 @@ def test_budget_is_a_sliding_minute(clock):
     assert budget.num_available == 3
 
 
-def test_backoff_doubles_up_to_the_cap_and_resets():
-    backoff = Backoff(CONFIG)
-    assert [backoff.failed(0.0) for _ in range(4)] == [1.0, 2.0, 4.0, 4.0]
-    assert not backoff.up and not backoff.may_try(3.9) and backoff.may_try(4.0)
-    assert backoff.succeeded() is True and backoff.up and backoff.succeeded() is False
+def test_a_targets_breaker_doubles_its_back_off_up_to_the_cap_and_resets():
+    clock = FakeClock()
+    health = TierHealth(backoff_initial_s=CONFIG.backoff_min_s, backoff_max_s=CONFIG.backoff_max_s, clock=clock)
+    delays = []
+    for _ in range(4):
+        health.record_failure(TargetUnavailableError("http://vllm:8000", "refused"))
+        delays.append(health.retry_at - clock.now)
+    assert delays == [1.0, 2.0, 4.0, 4.0]
+    clock.now += 3.9
+    assert health.is_down and not health.may_try() and not health.may_try()  # a peek claims nothing
+    clock.now += 0.1
+    assert health.may_try()
+    assert health.record_success() is True and not health.is_down and health.record_success() is False
 
 
 # ----- text -----------------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from .config import PrefixRegistryConfig
 from .model import WarmOutcome
 
-__all__ = ["Schedule", "next_schedule", "judge_residency", "WarmBudget", "Backoff"]
+__all__ = ["Schedule", "next_schedule", "judge_residency", "WarmBudget"]
 
 
 @dataclass(frozen=True)
@@ -90,35 +90,3 @@ class WarmBudget:
         """Warms that could be sent right now."""
         self._prune(self._clock())
         return self._per_minute - len(self._sent)
-
-
-class Backoff:
-    """Health of one target: consecutive failures and when to try again (doubling, capped)."""
-
-    def __init__(self, config: PrefixRegistryConfig) -> None:
-        self._min_s = config.backoff_min_s
-        self._max_s = config.backoff_max_s
-        self.num_failures = 0
-        self.retry_at = 0.0
-
-    @property
-    def up(self) -> bool:
-        return self.num_failures == 0
-
-    def may_try(self, now: float) -> bool:
-        """True when the target is up or its back-off has run out."""
-        return self.up or now >= self.retry_at
-
-    def failed(self, now: float) -> float:
-        """Record a failure; returns the delay before the next try."""
-        self.num_failures += 1
-        delay = min(self._min_s * 2 ** (self.num_failures - 1), self._max_s)
-        self.retry_at = now + delay
-        return delay
-
-    def succeeded(self) -> bool:
-        """Record a success; returns True when the target was down until now (it recovered)."""
-        recovered = self.num_failures > 0
-        self.num_failures = 0
-        self.retry_at = 0.0
-        return recovered

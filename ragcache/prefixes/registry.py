@@ -26,6 +26,7 @@ import httpx
 import redis
 
 from ragcache.errors import InvalidInputError, NotFoundError, TierUnavailableError
+from ragcache.tiers.base import TierHealth
 
 from .config import PrefixRegistryConfig
 from .lease import LocalWarmGate, RedisWarmGate, WarmGate
@@ -43,7 +44,7 @@ from .model import (
     check_name,
     content_hash,
 )
-from .policy import Backoff, Schedule, WarmBudget, judge_residency, next_schedule
+from .policy import Schedule, WarmBudget, judge_residency, next_schedule
 from .state import WarmState, summarize
 from .store import PrefixStore, make_store
 from .text import find_volatile, render_messages, render_text, template_head
@@ -88,7 +89,7 @@ class PrefixRegistry:
         # (prefix name, endpoint base URL) -> the warm state of the prefix's current version there.
         self._states: dict[tuple[str, str], WarmState] = {}
         self._uses: dict[str, int] = {}
-        self._health: dict[str, Backoff] = {}
+        self._health: dict[str, TierHealth] = {}  # per target: the breaker every remote dependency uses
         self._counters: dict[str, PrefixCacheCounters] = {}
         self._scraped_at: dict[str, float] = {}
         # Last list read from the store: the loop keeps warming from it while the store is down.
@@ -247,7 +248,7 @@ class PrefixRegistry:
 
         with self._lock:
             state = self._state_for(prefix, url)
-            if not self._health_of(url).may_try(self._clock()):
+            if not self._health_of(url).may_try():
                 return self._finish(state, skipped("target is backing off"))
             if not self._gate.try_spend():
                 self._num_warms_deferred += 1
@@ -259,7 +260,9 @@ class PrefixRegistry:
             usage = self._vllm.complete_one(target, head, prefix.form)
         except TargetUnavailableError as exc:
             with self._lock:
-                delay = self._health_of(url).failed(self._clock())
+                health = self._health_of(url)
+                health.record_failure(exc)
+                delay = health.retry_at - self._clock()
                 log.warning("warming %s on %s failed (%s); it backs off %.1fs", prefix.name, url, exc, delay)
                 return self._finish(state, WarmResult(prefix.name, prefix.version, WarmOutcome.ERROR,
                                                       error=str(exc), endpoint=url))
@@ -326,8 +329,12 @@ class PrefixRegistry:
 
     # ----- targets ------------------------------------------------------------------------------
 
-    def _health_of(self, url: str) -> Backoff:
-        return self._health.setdefault(url, Backoff(self.config))
+    def _health_of(self, url: str) -> TierHealth:
+        health = self._health.get(url)
+        if health is None:
+            health = self._health[url] = TierHealth(backoff_initial_s=self.config.backoff_min_s,
+                                                    backoff_max_s=self.config.backoff_max_s, clock=self._clock)
+        return health
 
     def _block_size(self, target: Target) -> int:
         counters = self._counters.get(target.base_url)
@@ -336,7 +343,7 @@ class PrefixRegistry:
     def _target_succeeded(self, url: str) -> None:
         """Mark ``url`` up; when it was down, its prefixes lost their KV cache and are re-primed now."""
         with self._lock:
-            if self._health_of(url).succeeded():
+            if self._health_of(url).record_success():
                 log.info("target %s is back; re-warming its prefixes", url)
                 self._reprime(url)
 
@@ -350,13 +357,13 @@ class PrefixRegistry:
     def scrape(self, url: str) -> PrefixCacheCounters | None:
         """Read a target's prefix-cache counters; also a health probe (and restart detector)."""
         with self._lock:
-            if not self._health_of(url).may_try(self._clock()):
+            if not self._health_of(url).may_try():
                 return None
         try:
             counters = self._vllm.prefix_cache_counters(url)
         except TargetUnavailableError as exc:
             with self._lock:
-                self._health_of(url).failed(self._clock())
+                self._health_of(url).record_failure(exc)
             log.warning("scraping %s failed: %s", url, exc)
             return None
         with self._lock:
@@ -414,7 +421,7 @@ class PrefixRegistry:
         with self._lock:
             for prefix, url in held:
                 state = self._state_for(prefix, url)
-                if self._clock() >= state.next_due_at and self._health_of(url).may_try(self._clock()):
+                if self._clock() >= state.next_due_at and self._health_of(url).may_try():
                     due.append((state.next_due_at, prefix.name, url))
         # Longest-waiting first, so a spent budget delays every prefix fairly instead of starving
         # the ones that sort last.
@@ -468,7 +475,7 @@ class PrefixRegistry:
         counters = self._counters.get(url)
         return TargetStats(
             base_url=url,
-            up=health.up,
+            up=not health.is_down,
             num_failures=health.num_failures,
             prefix_cache_queries=counters.queries if counters else None,
             prefix_cache_hits=counters.hits if counters else None,

@@ -78,6 +78,11 @@ class TierHealth:
         since = self.down_since
         return None if since is None else round(self.clock() - since, 3)
 
+    def may_try(self) -> bool:
+        """Whether a call would be let through now (up, or the back-off has run out), without claiming the
+        probe: for a scheduler that picks what is due before it tries it (the prefix registry's warm loop)."""
+        return not self.is_down or self.clock() >= self.retry_at
+
     def should_try(self) -> bool:
         """True when the level is up, or down with its back-off passed: then this caller is the one probe,
         and the others keep skipping the level until the probe's outcome is recorded (or one more back-off)."""
