@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -c constraints.txt -e '.[test,langchain,llamaindex,tracing]'
+	$(PY) -m pip install -q -c constraints.txt -e '.[test,langchain,llamaindex,tracing,onnx]'
 	touch $(STAMP)
 
 serve: $(STAMP)

@@ -25,9 +25,28 @@ __all__ = ["build_cache", "drift_monitor", "open_cache", "load_encoder", "load_r
 
 
 def load_encoder(settings: Settings, model: str | None = None) -> ModelEncoder:
+    """The local model ``model`` (default: ``settings.model``) on its backend (``model_backend(s)``)."""
+    name = model or settings.model
+    revision = settings.model_revision if model in (None, settings.model) else None
+    backend = settings.model_backends.get(name, settings.model_backend)
+    if backend != "torch":
+        from ragcache.tiers.onnx import OnnxEncoder  # onnxruntime is imported only when asked for
+
+        return OnnxEncoder(
+            name,
+            backend=backend,
+            cache_dir=settings.data_dir / "onnx",
+            revision=revision,
+            dtype=settings.dtype,
+            normalize=settings.normalize,
+            max_seq_length=settings.max_seq_length,
+            prompt=settings.prompt,
+            text_normalization=settings.text_normalization,
+            batch_size=settings.compute_batch_size,
+        )
     return ModelEncoder(
-        model or settings.model,
-        revision=settings.model_revision if model in (None, settings.model) else None,
+        name,
+        revision=revision,
         device=settings.device,
         dtype=settings.dtype,
         normalize=settings.normalize,

@@ -23,7 +23,7 @@ KEY_PREFIX = "rc"
 DTYPES = ("float32", "float16", "bfloat16")
 TEXT_NORMALIZATIONS = (None, "NFC", "NFKC")
 # Fields added after space ids were in use: absent from the description when unset, so ids stay the same.
-_OMITTED_WHEN_NONE = ("namespace", "provider", "endpoint", "prompt_name")
+_OMITTED_WHEN_NONE = ("namespace", "provider", "endpoint", "prompt_name", "backend")
 
 
 @dataclass(frozen=True)
@@ -54,6 +54,9 @@ class EmbeddingSpace:
     provider: str | None = None
     endpoint: str | None = None
     prompt_name: str | None = None
+    # A local model run by another engine than torch (ragcache.tiers.onnx: "onnx", "onnx-int8"): its bits
+    # differ from torch's, so it is a space of its own. Left out when None: torch's space ids did not change.
+    backend: str | None = None
     space_id: str = field(init=False, compare=False)
 
     def __post_init__(self) -> None:

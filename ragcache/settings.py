@@ -41,6 +41,11 @@ class Settings(BaseSettings):
     text_normalization: Literal["NFC", "NFKC"] | None = Field(
         None, description="Unicode normalisation before hashing (part of the key); unset: the exact bytes")
     device: str = Field("auto", description="auto = CUDA when available, else CPU")
+    model_backend: Literal["torch", "onnx", "onnx-int8"] = Field(
+        "torch", description="engine of the local models: torch, or ONNX Runtime on the CPU (exported locally into "
+        "<data_dir>/onnx; onnx-int8: int8 weights); each backend is its own space (part of the key)")
+    model_backends: dict[str, Literal["torch", "onnx", "onnx-int8"]] = Field(
+        default_factory=dict, description='per-model backend (JSON), overriding model_backend, e.g. {"all-MiniLM-L6-v2": "onnx"}')
     models_file: Path | None = Field(
         None, description="JSON or TOML file of remote models (OpenAI-compatible, TEI, Ollama) beside the local ones (docs/providers.md)"
     )

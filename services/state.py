@@ -46,6 +46,9 @@ class ServiceState:
         unknown = sorted(set(settings.model_prompts) - set(served))
         if unknown:
             raise ConfigError(f"model_prompts names models that are not served: {unknown}; served: {served}")
+        unknown = sorted(set(settings.model_backends) - set(settings.models))
+        if unknown:  # a backend is for local models only
+            raise ConfigError(f"model_backends names models that are not served locally: {unknown}; local: {settings.models}")
         stores = Stores.open(settings)
         caches: dict[str, EmbeddingCache] = {}
         rerankers: dict[str, RerankCache] = {}

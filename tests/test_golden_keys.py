@@ -21,6 +21,8 @@ SPACE_IDS = {
     "float16": "4537ed02b6753a79",
     "prompt": "540ed1d59c66bab6",  # prompt="query: "
     "namespace": "ff0e38a22c9faf31",  # a tenant's namespace "acme"
+    "onnx": "6235b720368dd917",  # the ONNX Runtime backend (ragcache.tiers.onnx)
+    "onnx-int8": "1a80441418d96b70",
 }
 
 
@@ -30,6 +32,8 @@ def spaces(packaged):
         "float16": dataclasses.replace(packaged, dtype="float16"),
         "prompt": dataclasses.replace(packaged, prompt="query: "),
         "namespace": dataclasses.replace(packaged, namespace="acme"),
+        "onnx": dataclasses.replace(packaged, backend="onnx"),
+        "onnx-int8": dataclasses.replace(packaged, backend="onnx-int8"),
     }
 
 

@@ -140,15 +140,7 @@ class ModelEncoder:
         unique = list(dict.fromkeys(texts))
         with self._lock:
             started = time.perf_counter()
-            with torch.inference_mode():
-                vectors = self.model.encode(
-                    unique,
-                    batch_size=self.batch_size,
-                    prompt=self.prompt if prompt is None else prompt,
-                    normalize_embeddings=self.normalize,
-                    convert_to_tensor=True,
-                    show_progress_bar=False,
-                )
+            vectors = self._forward(unique, self.prompt if prompt is None else prompt)
             elapsed = time.perf_counter() - started
             self._num_texts += len(unique)
             self._num_batches += 1
@@ -161,6 +153,18 @@ class ModelEncoder:
             return vectors
         row_of = {text: row for row, text in enumerate(unique)}
         return vectors[[row_of[text] for text in texts]]
+
+    def _forward(self, texts: list[str], prompt: str | None) -> torch.Tensor:
+        """The model's vectors for distinct ``texts`` (the one step another backend replaces)."""
+        with torch.inference_mode():
+            return self.model.encode(
+                texts,
+                batch_size=self.batch_size,
+                prompt=prompt,
+                normalize_embeddings=self.normalize,
+                convert_to_tensor=True,
+                show_progress_bar=False,
+            )
 
     def count_tokens(self, texts: Sequence[str]) -> list[int]:
         """Tokens per text as the model sees them before truncation (special tokens included)."""
