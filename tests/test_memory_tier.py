@@ -10,6 +10,10 @@ DIM = 4
 ROW_BYTES = DIM * 4  # float32
 
 
+# Every key these tests use: the tier keeps digests, not key strings, so its LRU order is asked about them.
+ALL = [*"abcdef", "zzz", *(f"k{i}" for i in range(200))]
+
+
 def tier_of(rows: int) -> MemoryTier:
     return MemoryTier(rows * ROW_BYTES, DIM, torch.float32)
 
@@ -34,14 +38,14 @@ def test_half_precision_holds_twice_the_rows():
 def test_exact_lru_eviction_order():
     tier = tier_of(3)
     tier.put_many(["a", "b", "c"], vec(1, 2, 3))
-    assert tier.keys_lru_first() == ["a", "b", "c"]
+    assert tier.resident_lru_first(ALL) == ["a", "b", "c"]
     tier.get_many(["a"])  # a becomes most recent: b is next out
-    assert tier.keys_lru_first() == ["b", "c", "a"]
+    assert tier.resident_lru_first(ALL) == ["b", "c", "a"]
     tier.put_many(["d"], vec(4))
-    assert tier.keys_lru_first() == ["c", "a", "d"] and tier.num_evicted == 1
+    assert tier.resident_lru_first(ALL) == ["c", "a", "d"] and tier.num_evicted == 1
     tier.put_many(["c"], vec(30))  # re-put refreshes and overwrites in place
     tier.put_many(["e", "f"], vec(5, 6))
-    assert tier.keys_lru_first() == ["c", "e", "f"] and tier.num_evicted == 3
+    assert tier.resident_lru_first(ALL) == ["c", "e", "f"] and tier.num_evicted == 3
     hits = tier.get_many(["a", "c", "d", "e", "f"])
     assert hits.index == [1, 3, 4]
     assert torch.equal(hits.vectors, vec(30, 5, 6))
@@ -51,13 +55,13 @@ def test_a_miss_does_not_change_recency():
     tier = tier_of(2)
     tier.put_many(["a", "b"], vec(1, 2))
     tier.get_many(["zzz"])
-    assert tier.keys_lru_first() == ["a", "b"]
+    assert tier.resident_lru_first(ALL) == ["a", "b"]
 
 
 def test_batch_larger_than_capacity_keeps_its_last_keys():
     tier = tier_of(3)
     tier.put_many([f"k{i}" for i in range(7)], vec(*range(7)))
-    assert tier.keys_lru_first() == ["k4", "k5", "k6"]
+    assert tier.resident_lru_first(ALL) == ["k4", "k5", "k6"]
     assert torch.equal(tier.get_many(["k6"]).vectors, vec(6))
 
 

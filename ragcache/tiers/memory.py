@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from ragcache.errors import ConfigError, InvalidInputError
 from ragcache.tiers.base import TierHits
+from ragcache.tiers.lru_index import LruIndex, digests
 
 __all__ = ["MemoryTier", "resolve_device"]
 
@@ -31,9 +32,10 @@ class MemoryTier:
     """A slab ``[num_rows, dim]`` allocated once, a key -> row map, and exact least-recently-used eviction.
 
     The byte budget covers the slab: ``num_rows = capacity_bytes // (dim * itemsize)``, so the device memory
-    used never exceeds ``capacity_bytes``. The key map lives on the host (about 150 bytes an entry).
-    A batch lookup is one ``index_select`` and a batch store one ``index_copy_``. One lock guards the map and
-    the slab together, so a row cannot be reused between looking it up and gathering it.
+    used never exceeds ``capacity_bytes``. The key map and recency live on the host in numpy arrays
+    (``ragcache.tiers.lru_index``: about 90-110 bytes a row, no key strings kept), worked a batch at a time.
+    A batch lookup is one probe of the map and one ``index_select``; a batch store one ``index_copy_``. One
+    lock guards the map and the slab together, so a row cannot be reused between looking it up and gathering it.
     """
 
     name = "L1"
@@ -48,44 +50,42 @@ class MemoryTier:
             raise ConfigError(f"L1 capacity of {capacity_bytes} bytes holds no vector of {row_bytes} bytes")
         self.capacity_bytes = capacity_bytes
         self.slab = torch.empty((self.num_rows, dim), dtype=dtype, device=self.device)
-        # OrderedDict order is recency: first = least recently used. move_to_end and popitem(last=False)
-        # are O(1), which a list or deque (remove from the middle) would not be.
-        self._key_to_row: OrderedDict[str, int] = OrderedDict()
-        self._free_rows = list(range(self.num_rows - 1, -1, -1))
+        self._index = LruIndex(self.num_rows)
         self._lock = threading.Lock()
         self.num_evicted = 0
 
     def __len__(self) -> int:
-        return len(self._key_to_row)
+        return self._index.num_live
 
     @property
     def used_bytes(self) -> int:
-        return len(self._key_to_row) * self.dim * self.slab.element_size()
+        return self._index.num_live * self.dim * self.slab.element_size()
 
     @property
     def slab_bytes(self) -> int:
         return self.slab.numel() * self.slab.element_size()
 
-    def keys_lru_first(self) -> list[str]:
-        """Resident keys from least to most recently used (the order they would be evicted in)."""
+    def resident_lru_first(self, keys: Sequence[str]) -> list[str]:
+        """Those of ``keys`` that are resident, from least to most recently used (the order they would be
+        evicted in). The map keeps digests, not key strings, so the caller names the keys it asks about."""
+        wanted = digests(keys)
         with self._lock:
-            return list(self._key_to_row)
+            rows = self._index.find(wanted)
+            order = {int(row): rank for rank, row in enumerate(self._index.lru_rows())}
+        resident = [(order[int(row)], key) for key, row in zip(keys, rows) if int(row) in order]
+        return [key for _, key in sorted(resident)]
 
     def get_many(self, keys: Sequence[str]) -> TierHits:
-        index: list[int] = []
-        rows: list[int] = []
+        wanted = digests(keys)
         with self._lock:
-            key_to_row = self._key_to_row
-            for position, key in enumerate(keys):
-                row = key_to_row.get(key)
-                if row is not None:
-                    key_to_row.move_to_end(key)
-                    index.append(position)
-                    rows.append(row)
-            if not rows:
+            rows = self._index.find(wanted)
+            hit = np.flatnonzero(rows >= 0)
+            if not len(hit):
                 return TierHits.none(self.dim, self.dtype)
-            vectors = self.slab.index_select(0, torch.tensor(rows, device=self.device))
-        return TierHits(index=index, vectors=vectors)
+            found = rows[hit]
+            self._index.touch(found)
+            vectors = self.slab.index_select(0, torch.from_numpy(found).to(self.device))
+        return TierHits(index=hit.tolist(), vectors=vectors)
 
     def put_many(self, keys: Sequence[str], vectors: torch.Tensor) -> None:
         if vectors.shape != (len(keys), self.dim):
@@ -93,34 +93,28 @@ class MemoryTier:
         # Later duplicates win, and only the last num_rows keys can be resident after the batch anyway.
         last_position = {key: position for position, key in enumerate(keys)}
         batch = list(last_position.items())[-self.num_rows :]
-        rows: list[int] = []
+        if len(batch) == len(keys):
+            source = vectors  # every key once, all kept: the rows are already in order, no gather needed
+        else:
+            positions = torch.tensor([position for _, position in batch], device=vectors.device)
+            source = vectors.index_select(0, positions)
+        source = source.to(device=self.device, dtype=self.dtype)
+        wanted = digests([key for key, _ in batch])
         with self._lock:
-            key_to_row = self._key_to_row
-            for key, _ in batch:
-                row = key_to_row.get(key)
-                if row is not None:
-                    key_to_row.move_to_end(key)
-                else:
-                    row = self._free_rows.pop() if self._free_rows else self._evict_one()
-                    key_to_row[key] = row
-                rows.append(row)
-            if len(batch) == len(keys):
-                source = vectors  # every key once, all kept: the rows are already in order, no gather needed
-            else:
-                positions = torch.tensor([position for _, position in batch], device=vectors.device)
-                source = vectors.index_select(0, positions)
-            source = source.to(device=self.device, dtype=self.dtype)
-            self.slab.index_copy_(0, torch.tensor(rows, device=self.device), source)
-
-    def _evict_one(self) -> int:
-        _, row = self._key_to_row.popitem(last=False)
-        self.num_evicted += 1
-        return row
+            rows = self._index.find(wanted)
+            new = np.flatnonzero(rows < 0)
+            if len(new):
+                # The batch's resident keys become the most recent first, so no eviction it causes takes one.
+                self._index.touch(rows[rows >= 0])
+                evicted_before = self._index.num_live + len(new) - self.num_rows
+                rows[new] = self._index.insert(wanted[new])
+                self.num_evicted += max(0, evicted_before)
+            self._index.touch(rows)
+            self.slab.index_copy_(0, torch.from_numpy(rows).to(self.device), source)
 
     def clear(self) -> None:
         with self._lock:
-            self._key_to_row.clear()
-            self._free_rows = list(range(self.num_rows - 1, -1, -1))
+            self._index.clear()
 
     def close(self) -> None:
         self.clear()
