@@ -699,8 +699,16 @@ def _check_space(meta: _Collection, space: EmbeddingSpace) -> None:
             f"collection {meta.name!r} holds vectors of embedding space {meta.space_id} "
             f"({meta.model}, {meta.dim}-d), but this cache embeds in space {space.space_id} "
             f"({space.model}, {space.dim}-d); vectors of two spaces cannot be compared. Use the model and "
-            "settings the collection was built with, or ingest into another collection"
+            "settings the collection was built with, or ingest into another collection" + _drift_hint(space)
         )
+
+
+def _drift_hint(space: EmbeddingSpace) -> str:
+    """Why a collection of the same model no longer matches: the model changed behind its name (drift)."""
+    if not space.generation:
+        return ""
+    return (f". The model changed behind its name since (its space is at generation {space.generation}, "
+            "docs/drift.md): the collection's vectors came from the old model; re-ingest its documents")
 
 
 def _check_queries(queries: object) -> list[str]:

@@ -233,3 +233,23 @@ def test_an_operator_tolerance_absorbs_a_noisy_upstream(swappable):
     guard.check()
     encoder.version = 1  # unrelated vectors: a relative distance of about 1.4, under this tolerance
     assert guard.check() is False and guard.state().generation == 0 and guard.state().tolerance == 10.0
+
+
+def test_a_collection_of_the_old_model_refuses_new_queries_and_says_why(redis_client, milvus_client, swappable):
+    from ragcache.documents import Document
+    from ragcache.errors import ConflictError
+    from ragcache.knowledge import KnowledgeBase
+
+    encoder = swappable()
+    cache = make_cache(encoder, redis_client, milvus_client)
+    guard = guard_of(cache, redis_client, milvus_client)
+    guard.check()
+    kb = KnowledgeBase(milvus_client)
+    collection = f"drift_{abs(hash(encoder.space.model)) % 10**8}"
+    kb.add_documents(collection, [Document("a", "old model's document")], cache=cache)
+    encoder.version = 1
+    guard.check()
+    # Its vectors came from the old model: comparing them with a new model's query would rank nonsense.
+    with pytest.raises(ConflictError, match="generation 1"):
+        kb.search(collection, "a query", cache=cache)
+    cache.close()
