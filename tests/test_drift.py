@@ -253,3 +253,14 @@ def test_a_collection_of_the_old_model_refuses_new_queries_and_says_why(redis_cl
     with pytest.raises(ConflictError, match="generation 1"):
         kb.search(collection, "a query", cache=cache)
     cache.close()
+
+
+def test_the_compare_and_set_works_on_a_redis_cluster(redis_cluster_client, swappable):
+    encoder = swappable()
+    replicas = [DriftGuard("fake", encoder, Fingerprints.of(redis_cluster_client), Generation()) for _ in range(2)]
+    for guard in replicas:
+        guard.check()
+    encoder.version = 1
+    assert [guard.check() for guard in replicas] == [True, True]
+    assert [guard.state().generation for guard in replicas] == [1, 1]
+    assert RedisFingerprints(redis_cluster_client).load(encoder.space.space_id).generation == 1
