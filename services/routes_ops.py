@@ -57,6 +57,7 @@ async def stats(request: Request) -> JSONResponse:
             "levels": reranker.cache.level_states(),
             "since_start": asdict(reranker.cache.stats()),
             "recent": asdict(reranker.cache.stats(recent=True)),
+            **_remote_reranker_of(reranker.reranker),
         }
         for name, reranker in state.rerankers.items()
     }
@@ -67,6 +68,16 @@ def _upstream_of(cache) -> dict:
     """A remote model's ``upstream`` entry (calls, tokens, retries, errors, latency, savings); none for a local one."""
     figures = upstream_figures(cache.encoder.stats(), cache.stats().hits)
     return {} if figures is None else {"upstream": figures}
+
+
+def _remote_reranker_of(reranker) -> dict:
+    """A remote reranker's breaker (up, or down since when and why); none for a local cross-encoder."""
+    health = getattr(reranker, "health", None)
+    if health is None:
+        return {}
+    down = health.is_down
+    return {"remote": {"up": not down, "last_error": health.last_error if down else None,
+                       "num_outages": health.num_outages, "down_for_s": health.down_for_s()}}
 
 
 @router.get("/metrics", summary="Prometheus exposition", response_class=Response)

@@ -173,9 +173,10 @@ def test_remote_reranker_down_opens_the_breaker_and_fails_fast():
         calls.append(request)
         raise httpx.ConnectError("connection refused", request=request)
 
-    remote = RemoteReranker("http://127.0.0.1:9/rerank", "m", transport=httpx.MockTransport(refuse), retries=1)
-    with pytest.raises(TierUnavailableError):
+    remote = RemoteReranker("http://user:s3cret-pw@127.0.0.1:9/rerank", "m", transport=httpx.MockTransport(refuse), retries=1)
+    with pytest.raises(TierUnavailableError) as raised:
         remote.score([(QUERY, "t")])
+    assert "s3cret-pw" not in str(raised.value) and "127.0.0.1:9" in str(raised.value)
     assert len(calls) == 2  # one retry of a connection that could not be made, no more
     assert remote.health.is_down
     with pytest.raises(TierUnavailableError, match="down"):
@@ -230,6 +231,8 @@ def test_search_falls_back_to_search_order_when_the_reranker_is_down(rerank_serv
     assert [hit["id"] for hit in body["hits"]] == [hit["id"] for hit in plain["hits"][:2]]
     assert response.headers["X-Rerank-Fallback"] == "search-order"
     assert body["reranked_by"] is None and "remote-down" in body["rerank_fallback"]
+    remote = httpx.get(rerank_server.url + "/stats").json()["rerankers"]["remote-down"]["remote"]
+    assert remote["up"] is False and remote["num_outages"] >= 1 and "cannot be reached" in remote["last_error"]
 
 
 @pytest.mark.parametrize(

@@ -21,6 +21,7 @@ import httpx
 import numpy as np
 
 from ragcache.errors import TierUnavailableError
+from ragcache.redact import redact_text, redact_url
 from ragcache.rerank.base import score_space
 from ragcache.tiers.base import TierHealth
 
@@ -53,6 +54,7 @@ class RemoteReranker:
             raise ValueError(f"api must be one of {RERANK_APIS}, got {api!r}")
         self.name = model
         self.url = url
+        self._shown_url = redact_url(url)  # what errors and logs show: never credentials in the URL
         self.api = api
         self.retries = retries
         self.health = health or TierHealth()
@@ -78,7 +80,7 @@ class RemoteReranker:
 
     def _score_one_query(self, query: str, texts: list[str]) -> np.ndarray:
         if not self.health.should_try():
-            raise TierUnavailableError(TIER, f"{self.name} at {self.url} is down ({self.health.last_error}); retrying with back-off")
+            raise TierUnavailableError(TIER, f"{self.name} at {self._shown_url} is down ({self.health.last_error}); retrying with back-off")
         try:
             scores = _parse(self.api, self._post(self._body(query, texts)), len(texts))
         except TierUnavailableError as exc:
@@ -101,16 +103,19 @@ class RemoteReranker:
             except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
                 if attempt < self.retries:
                     continue  # the request never reached the server: safe to send again
-                raise TierUnavailableError(TIER, f"{self.url} cannot be reached: {exc!r}") from exc
+                raise TierUnavailableError(TIER, f"{self._shown_url} cannot be reached: {self._shown(exc)}") from exc
             except httpx.HTTPError as exc:
-                raise TierUnavailableError(TIER, f"{self.url} failed: {exc!r}") from exc
+                raise TierUnavailableError(TIER, f"{self._shown_url} failed: {self._shown(exc)}") from exc
             if not response.is_success:
-                raise TierUnavailableError(TIER, f"{self.url} answered {response.status_code}: {response.text[:300]}")
+                raise TierUnavailableError(TIER, f"{self._shown_url} answered {response.status_code}: {response.text[:300]}")
             try:
                 return response.json()
             except ValueError as exc:
-                raise TierUnavailableError(TIER, f"{self.url} answered something that is not JSON") from exc
+                raise TierUnavailableError(TIER, f"{self._shown_url} answered something that is not JSON") from exc
         raise AssertionError("unreachable: the last attempt returns or raises")
+
+    def _shown(self, exc: Exception) -> str:
+        return f"{type(exc).__name__}: {redact_text(str(exc), self.url)}"
 
     def close(self) -> None:
         self._http.close()
