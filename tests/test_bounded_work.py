@@ -91,8 +91,7 @@ def test_a_full_queue_refuses_new_texts_and_queues_none_of_them(gated):
     until(lambda: batcher.num_pending == 3, "three texts queued")
     with pytest.raises(OverloadedError, match="compute_max_pending"):
         compute_as(batcher, ["c1"])
-    assert batcher.num_pending == 3 and batcher.num_refused == 1
-    assert compute_as.__name__  # the queue is unchanged; texts already queued or computing may join
+    assert batcher.num_pending == 3 and batcher.num_refused == 1  # nothing of the refused call was queued
     encoder.gate.set()
     for thread in (first, second):
         thread.join(WAIT_S)
@@ -163,7 +162,7 @@ def test_the_worker_pool_counts_abandoned_calls_until_they_end():
         return running_after_cancel, await pool.run(block, 99)
 
     running_after_cancel, last = anyio.run(main)
-    assert running_after_cancel == 2 and sorted(started[:2]) == started[:2] and len(started) == 3
+    assert running_after_cancel == 2 and set(started[:2]) == {0, 1} and started[2:] == [99]  # 2-5 never ran
     assert last == 99 and concurrent[1] == 2
 
 
