@@ -178,9 +178,12 @@ class _Operations:
         top_k: int = 10,
         filter: str | None = None,  # noqa: A002 - the API's name
         options: SearchOptions | None = None,
+        rerank: Mapping[str, Any] | None = None,
     ) -> list[SearchResult]:
         """``search`` for several queries in one request (``POST /search/batch``); results in query order."""
         body = {"queries": list(queries), "collection": collection, "top_k": top_k, "filter": filter, **_options_body(options)}
+        if rerank is not None:
+            body["rerank"] = dict(rerank)
         return self._call(_Call("POST", "/search/batch", self._with_model(body), _parse_search_batch))
 
     def add_documents(

@@ -17,6 +17,7 @@ from ragcache.errors import InvalidInputError, TierUnavailableError
 from ragcache.knowledge import KnowledgeBase
 from ragcache.prefixes import Prefix, PrefixRegistry, assemble_prompt, render_text
 from ragcache.prompts import DOCUMENT, QUERY
+from ragcache.rerank.scores import RerankCache
 from ragcache.rerank.stage import rerank_result
 from ragcache.results import SearchResult
 from ragcache.sync import SyncOptions
@@ -132,11 +133,7 @@ async def search(body: SearchRequest, request: Request) -> JSONResponse:
     body's ``rerank_fallback``) says that it failed and the hits are in search order."""
     state = state_of(request)
     check_text_size(body.query, "query", state.settings.max_text_bytes)
-    reranker = None
-    if body.rerank is not None:  # checked before any work: an unknown reranker is the caller's to fix
-        reranker = state.reranker_for(body.rerank.model, field="rerank.model")
-        if body.group_by_source:
-            raise InvalidInputError("rerank reorders hits, group_by_source groups them: ask for one of the two", field="rerank")
+    reranker = reranker_of(state, body)
     stored = stored_collection(principal_of(request).tenant, body.collection)
     cache, knowledge = cache_of(request, body.model, DOCUMENT, optional=True), knowledge_of(state)
     query_cache = cache_of(request, body.model, QUERY, optional=True)
@@ -162,11 +159,12 @@ async def search(body: SearchRequest, request: Request) -> JSONResponse:
     return JSONResponse(await with_prompt(result, body, request), headers=headers)
 
 
-def rerank_headers(result: SearchResult) -> dict[str, str]:
-    if result.rerank_fallback is not None:
+def rerank_headers(*results: SearchResult) -> dict[str, str]:
+    """``X-Rerank-Fallback`` when any answer is in search order because its reranker failed, else ``X-Rerank``."""
+    if any(result.rerank_fallback is not None for result in results):
         return {"X-Rerank-Fallback": "search-order"}
     # A reranker's name may be a path: quoted, so a header never carries a character HTTP cannot.
-    return {"X-Rerank": quote(result.reranked_by or "", safe="/:._-")}
+    return {"X-Rerank": quote(results[0].reranked_by or "", safe="/:._-")}
 
 
 @router.post("/search/batch", summary="Several queries against one collection in one call")
@@ -179,9 +177,26 @@ async def search_batch(body: BatchSearchRequest, request: Request) -> JSONRespon
     cache, knowledge = cache_of(request, body.model, DOCUMENT, optional=True), knowledge_of(state)
     query_cache = cache_of(request, body.model, QUERY, optional=True)
     arguments = dict(cache=cache, query_cache=query_cache, top_k=body.top_k, filter=body.filter, options=body.options())
+    reranker = reranker_of(state, body)
     with public_names(stored, body.collection):
         results = await blocking(knowledge.search_many, stored, body.queries, **arguments)
-    return JSONResponse({"results": results}, headers=search_headers(results))
+    headers = search_headers(results)
+    if reranker is not None and body.rerank is not None:
+        top_n, namespace = body.rerank.top_n or body.top_k, rerank_namespace(request)
+        results = [await blocking(rerank_result, result, query, reranker, top_n=top_n, namespace=namespace)
+                   for result, query in zip(results, body.queries)]
+        headers.update(rerank_headers(*results))
+    return JSONResponse({"results": results}, headers=headers)
+
+
+def reranker_of(state: ServiceState, body: SearchRequest | BatchSearchRequest) -> RerankCache | None:
+    """The reranker a search asked for, checked before any work: an unknown one is the caller's to fix."""
+    if body.rerank is None:
+        return None
+    reranker = state.reranker_for(body.rerank.model, field="rerank.model")
+    if body.group_by_source:
+        raise InvalidInputError("rerank reorders hits, group_by_source groups them: ask for one of the two", field="rerank")
+    return reranker
 
 
 def search_headers(results: list[SearchResult]) -> dict[str, str]:

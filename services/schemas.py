@@ -179,6 +179,7 @@ class SearchRequest(SearchOptionsBody):
 class BatchSearchRequest(SearchOptionsBody):
     queries: list[StrictStr] = Field(min_length=1, max_length=MAX_QUERIES)
     collection: StrictStr = COLLECTION
+    rerank: RerankStage | None = Field(None, description="reorder each query's hits by a reranker's scores")
 
 
 class CohereDocument(Body):

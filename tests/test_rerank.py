@@ -260,6 +260,9 @@ def test_python_clients_search_with_rerank(rerank_server, collection):
             return await client.search(QUERY, "rerank_docs", top_k=5, options=SearchOptions(mode="hybrid"), rerank={"top_n": 2})
 
     assert [hit.id for hit in asyncio.run(search_async()).hits] == [hit.id for hit in result.hits]
+    with Client(rerank_server.url) as client:
+        (batched,) = client.search_many([QUERY], "rerank_docs", top_k=5, options=SearchOptions(mode="hybrid"), rerank={"top_n": 2})
+    assert batched.hits == result.hits and batched.reranked_by == result.reranked_by
 
 
 def test_cli_search_with_rerank(rerank_server, collection, capsys):
@@ -285,3 +288,17 @@ def test_cli_rerank(rerank_server, local, capsys):
     assert main(["rerank", "cli query", *TEXTS[:3], "--url", rerank_server.url]) == 0
     assert "3 of 3 scores from cache" in capsys.readouterr().out
     assert main(["rerank", "q", "t", "--model", "nope", "--url", rerank_server.url]) == 1
+
+
+def test_batch_search_reranks_each_query(rerank_server, collection, local):
+    queries = [QUERY, "bananas"]
+    body = {"queries": queries, "collection": "rerank_docs", "top_k": 5, "mode": "hybrid", "rerank": {"top_n": 2}}
+    response = httpx.post(rerank_server.url + "/search/batch", json=body, timeout=60)
+    assert response.status_code == 200, response.text
+    assert response.headers["X-Rerank"]
+    for query, result in zip(queries, response.json()["results"]):
+        single = search(rerank_server, query=query, mode="hybrid", rerank={"top_n": 2}).json()
+        assert [hit["id"] for hit in result["hits"]] == [hit["id"] for hit in single["hits"]]
+        assert result["reranked_by"] == single["reranked_by"]
+    down = httpx.post(rerank_server.url + "/search/batch", json={**body, "rerank": {"model": "remote-down"}}, timeout=60)
+    assert down.status_code == 200 and down.headers["X-Rerank-Fallback"] == "search-order"
