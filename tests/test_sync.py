@@ -149,3 +149,30 @@ def test_cli_ingest_sync_deletes_files_gone_from_the_folder(live, tmp_path, caps
     assert main(args + ["--sync"]) == 0
     assert "1 unchanged, 1 replaced, 0 added, 1 deleted" in capsys.readouterr().out
     assert main(args[:-1] + ["--scope", "x"]) == 1
+
+
+def test_a_collection_made_before_content_hashes_is_compared_by_its_stored_text(milvus_client, cache):
+    """Collections written before the content_hash field existed: the stored text and metadata are hashed."""
+    import secrets
+
+    from pymilvus import DataType, MilvusClient
+
+    from ragcache.documents import milvus_collection_name
+    from ragcache.knowledge import DESCRIPTION_FORMAT, METRIC
+
+    name = "sync_old"
+    description = {"format": DESCRIPTION_FORMAT, "name": name, "space_id": cache.space.space_id, "model": cache.space.model,
+                   "dim": cache.space.dim, "uid": secrets.token_hex(8)}
+    schema = MilvusClient.create_schema(auto_id=False, enable_dynamic_field=False, description=json.dumps(description))
+    schema.add_field("pk", DataType.VARCHAR, is_primary=True, max_length=32)
+    schema.add_field("id", DataType.VARCHAR, max_length=512)
+    schema.add_field("text", DataType.VARCHAR, max_length=65535)
+    schema.add_field("metadata", DataType.JSON)
+    schema.add_field("vector", DataType.FLOAT_VECTOR, dim=cache.space.dim)
+    index_params = MilvusClient.prepare_index_params()
+    index_params.add_index(field_name="vector", index_type="AUTOINDEX", metric_type=METRIC)
+    milvus_client.create_collection(milvus_collection_name(name), schema=schema, index_params=index_params, consistency_level="Strong")
+    kb = KnowledgeBase(milvus_client)
+    assert kb.add_documents(name, docs("a.md", ["one", "two"]), cache=cache).num_inserted == 2
+    again = kb.add_documents(name, docs("a.md", ["one", "two, edited"]), cache=cache)
+    assert (again.num_unchanged, again.num_replaced, again.num_inserted) == (1, 1, 0)
