@@ -10,7 +10,7 @@ import numpy as np
 from fastapi import APIRouter, Request
 
 from ragcache.cache import EmbeddingCache, EmbedResult
-from ragcache.errors import InvalidInputError
+from ragcache.errors import InvalidInputError, InvalidTextError
 from ragcache.prompts import prompt_name_of
 from ragcache.tokens import Tokenizer
 from services.deps import blocking, cache_of, check_count, check_text_size, served_count_headers, state_of
@@ -60,6 +60,8 @@ async def embed_through_cache(
         if not truncate:
             try:
                 cache.tokenizer.check_lengths(texts, field)
+            except InvalidTextError:
+                raise  # not valid Unicode: a 422 naming the item, not a length
             except InvalidInputError as exc:
                 raise HTTPError(413, str(exc), field=exc.field) from exc
         with scope(texts):  # a remote model's pass-through: the caller's own key for their misses

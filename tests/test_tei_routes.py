@@ -101,8 +101,14 @@ def test_decode_gives_the_text_back(http):
     ("/decode", {"ids": "7592"}, "ids"),
     ("/tokenize", {"inputs": []}, "inputs"),
     ("/tokenize", {"inputs": "x", "prompt_name": "query"}, "prompt_name"),
+    # A lone surrogate: valid JSON (an escape), not valid Unicode; sent as raw bytes, as httpx will not encode it.
+    ("/tokenize", b'{"inputs": ["fine", "a lone surrogate \\ud800"]}', "inputs[1]"),
+    ("/embed", b'{"inputs": ["fine", "a lone surrogate \\ud800"], "truncate": false}', "inputs[1]"),  # counted first
 ])
 def test_bad_input_names_the_field(http, path, body, field):
-    answer = http.post(path, json=body)
+    if isinstance(body, bytes):
+        answer = http.post(path, content=body, headers={"Content-Type": "application/json"})
+    else:
+        answer = http.post(path, json=body)
     assert answer.status_code == 422, answer.text
     assert answer.json()["error"]["field"] == field

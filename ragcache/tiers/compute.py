@@ -17,7 +17,7 @@ import torch
 import xxhash
 
 from ragcache.errors import ConfigError, InvalidInputError
-from ragcache.keys import EmbeddingSpace
+from ragcache.keys import EmbeddingSpace, text_hashes
 from ragcache.tiers.memory import resolve_device
 from ragcache.tokens import Token
 
@@ -168,8 +168,17 @@ class ModelEncoder:
 
     def count_tokens(self, texts: Sequence[str]) -> list[int]:
         """Tokens per text as the model sees them before truncation (special tokens included)."""
-        encoded = self.tokenizer(list(texts), add_special_tokens=True, truncation=False)["input_ids"]
+        encoded = self._tokenized(texts, add_special_tokens=True)["input_ids"]
         return [len(ids) for ids in encoded]
+
+    def _tokenized(self, texts: Sequence[str], **options):
+        try:
+            return self.tokenizer(list(texts), truncation=False, **options)
+        except TypeError:
+            # The tokenizer refuses what is not valid Unicode (a lone surrogate) without saying which text:
+            # text_hashes names it (InvalidTextError, a 422).
+            text_hashes(texts)
+            raise
 
     def check_lengths(self, texts: Sequence[str], field: str = "inputs") -> None:
         """Raise ``InvalidInputError`` naming the first text longer than ``max_seq_length`` tokens."""
@@ -183,8 +192,7 @@ class ModelEncoder:
 
     def tokenize(self, texts: Sequence[str], *, add_special_tokens: bool = True) -> list[list[Token]]:
         """Each text's tokens with their character offsets (text-embeddings-inference's /tokenize)."""
-        encoded = self.tokenizer(list(texts), add_special_tokens=add_special_tokens, truncation=False,
-                                 return_offsets_mapping=True)
+        encoded = self._tokenized(texts, add_special_tokens=add_special_tokens, return_offsets_mapping=True)
         special_ids = set(self.tokenizer.all_special_ids)
         tokenized = []
         for text, ids, offsets in zip(texts, encoded["input_ids"], encoded["offset_mapping"]):
