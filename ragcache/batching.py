@@ -5,13 +5,17 @@ model batch. A worker thread takes whatever is pending the moment the model is f
 ``max_wait_s`` for a batch to fill), so batches grow under load and cost no added latency when idle.
 
 A result is forgotten here as soon as it is handed out: every repeat is answered by a level of the cache,
-counted and inside its budget, never by a memory of this batcher's own. A caller that missed L1 in the
-moment between another caller's computation ending and its write into L1 computes the text again: a rare,
-honest, counted recomputation rather than a hidden level.
+counted and inside its budget, never by a memory of this batcher's own. What closes the hand-off window (a
+caller that missed L1, then spent milliseconds on L2 and L3, while another caller's computation of the same
+key ended): the worker stores a batch's vectors in the first level (``on_computed``) *before* it takes
+their keys out of flight, and a caller asking for a key no longer in flight looks in that level once more
+(``peek``), under the same lock. A key is thus either still in flight, or already in L1 (unless evicted
+since), and a hit found there is reported as an L1 hit, never as a computation.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
@@ -22,8 +26,11 @@ from dataclasses import dataclass, field
 import torch
 
 from ragcache.errors import ComputeError, ModelOutOfMemoryError, OverloadedError, PartialEncodeError, RagCacheError, UpstreamError
+from ragcache.tiers.base import TierHits
 
-__all__ = ["CALLER_GONE", "ComputeBatcher"]
+__all__ = ["CALLER_GONE", "ComputeBatcher", "ComputeOutcome"]
+
+log = logging.getLogger(__name__)
 
 # Set, in the thread that calls ``compute``, by a caller that may stop waiting: the service sets it when a
 # request is answered 504 at its deadline (services/workers.py). The texts of that call which no other
@@ -31,6 +38,14 @@ __all__ = ["CALLER_GONE", "ComputeBatcher"]
 CALLER_GONE: ContextVar[threading.Event | None] = ContextVar("ragcache_caller_gone", default=None)
 # How often a caller that can go away looks whether it has: the cost of noticing, not of computing.
 GONE_POLL_S = 0.05
+
+
+@dataclass(frozen=True)
+class ComputeOutcome:
+    """Vectors in the order asked, and the positions answered by ``peek`` (the first level) instead."""
+
+    vectors: torch.Tensor
+    peeked: list[int]
 
 
 @dataclass(eq=False)
@@ -54,8 +69,12 @@ class ComputeBatcher:
         max_batch: int = 64,
         max_wait_s: float = 0.002,
         max_pending: int = 4096,
+        on_computed: Callable[[list[str], torch.Tensor], None] | None = None,
+        peek: Callable[[list[str]], TierHits] | None = None,
     ):
         self._encode = encode
+        self._on_computed = on_computed
+        self._peek = peek
         self.max_batch = max_batch
         self.max_wait_s = max_wait_s
         self.max_pending = max_pending
@@ -76,6 +95,12 @@ class ComputeBatcher:
     def compute(
         self, keys: Sequence[str], texts: Sequence[str], *, keep: Callable[[list[int], torch.Tensor], None] | None = None
     ) -> torch.Tensor:
+        """Vectors for ``texts`` (one per key, in order); see ``compute_detailed``."""
+        return self.compute_detailed(keys, texts, keep=keep).vectors
+
+    def compute_detailed(
+        self, keys: Sequence[str], texts: Sequence[str], *, keep: Callable[[list[int], torch.Tensor], None] | None = None
+    ) -> ComputeOutcome:
         """Vectors for ``texts`` (one per key, in order); blocks until all are computed. When some fail, the
         first failure is raised, after ``keep(positions, vectors)`` was given those that did not: a remote
         model's vectors are paid for, and are cached even when the request that asked for them fails.
@@ -87,14 +112,18 @@ class ComputeBatcher:
         with self._cond:
             if self._closed:
                 raise RagCacheError("the compute batcher is closed")
-            num_new = len({key for key in keys if key not in self._in_flight})
+            peeked = self._peek_first_level(keys)
+            num_new = len({key for position, key in enumerate(keys) if key not in self._in_flight and position not in peeked})
             if self._pending and len(self._pending) + num_new > self.max_pending:
                 self.num_refused += num_new
                 raise OverloadedError(
                     f"the model is busy: {len(self._pending)} texts are queued and {num_new} more would pass the limit of "
                     f"{self.max_pending} (compute_max_pending); retry shortly",
                 )
-            for key, text in zip(keys, texts):
+            for position, (key, text) in enumerate(zip(keys, texts)):
+                if position in peeked:
+                    items.append(peeked[position])
+                    continue
                 item = self._in_flight.get(key)
                 if item is None:
                     item = self._in_flight[key] = _Item(key, text)
@@ -103,15 +132,33 @@ class ComputeBatcher:
                 items.append(item)
             self._cond.notify()
         if not items:
-            return torch.empty(0)
+            return ComputeOutcome(torch.empty(0), [])
         try:
-            return torch.stack(self._wait(items, CALLER_GONE.get()))
+            return ComputeOutcome(torch.stack(self._wait(items, CALLER_GONE.get())), sorted(peeked))
         except Exception:
             # Only those already done: the error is not held back for batches still being computed.
             done = [i for i, item in enumerate(items) if _succeeded(item.future)]
             if keep is not None and done:
                 keep(done, torch.stack([items[i].future.result() for i in done]))
             raise
+
+    def _peek_first_level(self, keys: Sequence[str]) -> dict[int, _Item]:
+        """Under the lock: keys not in flight that the first level holds now, as already-answered items."""
+        if self._peek is None:
+            return {}
+        asked = [position for position, key in enumerate(keys) if key not in self._in_flight]
+        if not asked:
+            return {}
+        try:
+            hits = self._peek([keys[position] for position in asked])
+        except RagCacheError:
+            return {}  # the first level failing is a miss here as everywhere
+        answered: dict[int, _Item] = {}
+        for offset, vector in zip(hits.index, hits.vectors):
+            item = _Item(keys[asked[offset]], "", taken=True)
+            item.future.set_result(vector)
+            answered[asked[offset]] = item
+        return answered
 
     def _wait(self, items: list[_Item], gone: threading.Event | None) -> list[torch.Tensor]:
         if gone is None:
@@ -164,6 +211,7 @@ class ComputeBatcher:
                 outcome = self._encode_isolating([item.text for item in batch])
             except BaseException as exc:  # noqa: BLE001 - e.g. KeyboardInterrupt: no caller may wait forever
                 outcome = [exc] * len(batch)
+            self._store_first(batch, outcome)
             for item, result in zip(batch, outcome):
                 if isinstance(result, BaseException):
                     item.future.set_exception(result)
@@ -172,6 +220,18 @@ class ComputeBatcher:
             with self._cond:
                 for item in batch:
                     self._in_flight.pop(item.key, None)
+
+    def _store_first(self, batch: list[_Item], outcome: list) -> None:
+        """Hand computed vectors to ``on_computed`` (the first level) while their keys are still in flight."""
+        if self._on_computed is None:
+            return
+        done = [(item.key, result) for item, result in zip(batch, outcome) if not isinstance(result, BaseException)]
+        if not done:
+            return
+        try:
+            self._on_computed([key for key, _ in done], torch.stack([vector for _, vector in done]))
+        except Exception:  # noqa: BLE001 - a level that fails to store is a later miss, never a lost answer
+            log.exception("storing %d computed vectors in the first level failed", len(done))
 
     def _encode_isolating(self, texts: list[str]) -> list:
         """A vector or an exception per text. A failed batch is split in halves and each half encoded again,

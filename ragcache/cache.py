@@ -111,7 +111,8 @@ class EmbeddingCache:
         self._namespace_requests: dict[str, LevelRecorder] = {}
         self._namespaces_lock = threading.Lock()
         self._batcher = ComputeBatcher(
-            encoder.encode, max_batch=compute_max_batch, max_wait_s=compute_max_wait_s, max_pending=compute_max_pending
+            encoder.encode, max_batch=compute_max_batch, max_wait_s=compute_max_wait_s, max_pending=compute_max_pending,
+            on_computed=self._store_first if self.tiers else None, peek=self._peek_first if self.tiers else None,
         )
         self._write_behind = WriteBehind(self._store) if write_behind and len(self.tiers) > 1 else None
         self._on_close = on_close
@@ -247,7 +248,7 @@ class EmbeddingCache:
         num_computed = 0
         if len(missing):
             if self._flight is None:
-                num_computed = self._compute_into(vectors, missing, unique_keys, unique_texts)
+                num_computed = self._compute_into(vectors, levels, missing, unique_keys, unique_texts)
             else:
                 num_computed = self._compute_once_across_processes(vectors, levels, missing, unique_keys, unique_texts)
 
@@ -261,20 +262,39 @@ class EmbeddingCache:
             vectors = torch.nn.functional.normalize(vectors.float(), dim=-1).to(self.dtype)
         return EmbedResult(vectors if as_tensor else _to_numpy(vectors), levels, self.level_names)
 
-    def _compute_into(self, vectors: torch.Tensor, positions: np.ndarray, unique_keys: list[str], unique_texts: list[str],
-                      *, num_sync: int = 1) -> int:
-        """Compute the keys at ``positions`` into ``vectors`` and write them up; returns how many."""
+    def _compute_into(self, vectors: torch.Tensor, levels: np.ndarray, positions: np.ndarray, unique_keys: list[str],
+                      unique_texts: list[str], *, num_sync: int = 1) -> int:
+        """Compute the keys at ``positions`` into ``vectors`` and write them up; returns how many were computed.
+
+        The batcher has already stored computed vectors in L1 (``_store_first``), so the write-up starts at L2.
+        A key another caller's computation put into L1 meanwhile comes back as an L1 hit (``peeked``)."""
         keys = [unique_keys[i] for i in positions]
 
         def keep(done: list[int], done_vectors: torch.Tensor) -> None:
-            self._write_up(len(self.tiers), [keys[i] for i in done], done_vectors, num_sync=num_sync)
+            self._write_up(len(self.tiers), [keys[i] for i in done], done_vectors, num_sync=num_sync, first=1)
 
         # The span covers this caller's wait: the batcher may add other callers' texts to the model call.
         with span(self._tracer, "ragcache.compute", {"ragcache.num_texts": len(keys)}):
-            computed = self._batcher.compute(keys, [unique_texts[i] for i in positions], keep=keep)
-        vectors.index_copy_(0, torch.from_numpy(positions).to(self.device), computed.to(self.device, self.dtype))
-        self._write_up(len(self.tiers), keys, computed, num_sync=num_sync)
+            outcome = self._batcher.compute_detailed(keys, [unique_texts[i] for i in positions], keep=keep)
+        vectors.index_copy_(0, torch.from_numpy(positions).to(self.device), outcome.vectors.to(self.device, self.dtype))
+        if outcome.peeked:
+            levels[positions[outcome.peeked]] = 0
+            computed = np.ones(len(positions), dtype=bool)
+            computed[outcome.peeked] = False
+            keys = [key for key, was_computed in zip(keys, computed) if was_computed]
+            if keys:
+                self._write_up(len(self.tiers), keys, outcome.vectors[torch.from_numpy(computed)], num_sync=num_sync, first=1)
+            return len(keys)
+        self._write_up(len(self.tiers), keys, outcome.vectors, num_sync=num_sync, first=1)
         return len(positions)
+
+    def _store_first(self, keys: list[str], vectors: torch.Tensor) -> None:
+        """The batcher's hand-off: computed vectors into L1 while their keys are still in flight."""
+        self._store(0, keys, vectors.to(self.device, self.dtype))
+
+    def _peek_first(self, keys: list[str]) -> TierHits:
+        """The batcher's second look, for a key no longer in flight: uncounted (the walk counted its miss)."""
+        return self.tiers[0].get_many(keys)
 
     def _compute_once_across_processes(
         self, vectors: torch.Tensor, levels: np.ndarray, missing: np.ndarray, unique_keys: list[str], unique_texts: list[str]
@@ -291,7 +311,7 @@ class EmbeddingCache:
         num_computed = 0
         if len(mine):
             try:
-                num_computed += self._compute_into(vectors, mine, unique_keys, unique_texts, num_sync=SHARED + 1)
+                num_computed += self._compute_into(vectors, levels, mine, unique_keys, unique_texts, num_sync=SHARED + 1)
             finally:
                 self._flight.release([unique_keys[i] for i in mine])
         if len(theirs):
@@ -304,7 +324,7 @@ class EmbeddingCache:
                 self._write_up(SHARED, [unique_keys[i] for i in arrived], arrived_vectors)
             never = np.array([i for o, i in enumerate(theirs) if o not in found], dtype=missing.dtype)
             if len(never):
-                num_computed += self._compute_into(vectors, never, unique_keys, unique_texts, num_sync=SHARED + 1)
+                num_computed += self._compute_into(vectors, levels, never, unique_keys, unique_texts, num_sync=SHARED + 1)
         return num_computed
 
     def _peek_shared(self, keys: Sequence[str]) -> TierHits:
@@ -344,10 +364,10 @@ class EmbeddingCache:
 
     # ---- the write path ------------------------------------------------------------------------------
 
-    def _write_up(self, below: int, keys: list[str], vectors: torch.Tensor, *, num_sync: int = 1) -> None:
-        """Store vectors found at level ``below`` (or computed) in every level above it; the first
-        ``num_sync`` levels before returning, the others behind."""
-        for position in range(below):
+    def _write_up(self, below: int, keys: list[str], vectors: torch.Tensor, *, num_sync: int = 1, first: int = 0) -> None:
+        """Store vectors found at level ``below`` (or computed) in every level above it from ``first``; the
+        first ``num_sync`` levels before returning, the others behind."""
+        for position in range(first, below):
             if position < num_sync or self._write_behind is None:
                 self._store(position, keys, vectors)
             else:

@@ -63,7 +63,9 @@ def test_each_level_is_asked_only_for_what_is_still_missing_and_hits_are_promote
 
     result = cache.embed_detailed(["a", "b", "c"])
     assert result.served == {"L1": 1, "L2": 1, "compute": 1}
-    assert l1.asked == [k] and l2.asked == [[k[1], k[2]]]
+    # L1 is asked once more, for the key about to be computed: the batcher's look for a key another caller's
+    # computation may have stored in L1 since the walk (ragcache.batching, the hand-off window).
+    assert l1.asked == [k, [k[2]]] and l2.asked == [[k[1], k[2]]]
     assert encoder.calls == [["c"]]
     assert l1.stored == [[k[1]], [k[2]]]  # the L2 hit promoted, then the computed one
     assert l2.stored == [[k[2]]]
@@ -204,3 +206,55 @@ def test_a_repeat_is_served_by_a_level_never_by_a_memory_of_the_batcher():
         result = cache.embed_detailed(["first"])
     assert result.served == {"L1": 0, "compute": 1}
     assert encoder.calls == [["first"], ["second"], ["first"]]
+
+
+class SlowFor(Recording):
+    """A real level whose lookups stall for one named thread: a caller held up on L2 (a slow Redis) while
+    another caller's computation of the same key ends."""
+
+    def __init__(self, tier, name, thread_name: str, delay_s: float):
+        super().__init__(tier, name)
+        self.thread_name, self.delay_s = thread_name, delay_s
+
+    def get_many(self, keys):
+        hits = super().get_many(keys)  # the miss is decided now; the answer comes back late
+        if threading.current_thread().name == self.thread_name:
+            threading.Event().wait(self.delay_s)
+        return hits
+
+
+def test_a_caller_that_missed_l1_while_the_key_was_being_computed_gets_it_from_l1_not_the_model():
+    encoder = HashEncoder(DIM, delay_s=0.3)
+    l1 = Recording(MemoryTier(100 * DIM * 4, DIM, torch.float32), "L1")
+    l2 = SlowFor(MemoryTier(100 * DIM * 4, DIM, torch.float32), "L2", thread_name="late", delay_s=0.8)
+    results = {}
+    with EmbeddingCache(encoder, [l1, l2], write_behind=False) as cache:
+        first = threading.Thread(target=lambda: results.__setitem__("first", cache.embed_detailed(["x"])), name="first")
+        late = threading.Thread(target=lambda: results.__setitem__("late", cache.embed_detailed(["x"])), name="late")
+        first.start()
+        threading.Event().wait(0.1)  # "late" misses L1 while "x" is computed, then waits on L2 past its end
+        late.start()
+        first.join(30)
+        late.join(30)
+        stats = cache.stats()
+    assert encoder.calls == [["x"]]
+    assert results["first"].served == {"L1": 0, "L2": 0, "compute": 1}
+    assert results["late"].served == {"L1": 1, "L2": 0, "compute": 0}
+    assert np.array_equal(results["late"].vectors, results["first"].vectors)
+    assert stats.texts_computed == 1 and stats.hits == 1
+
+
+def test_a_request_whose_every_text_arrived_in_l1_meanwhile_writes_nothing_below():
+    # The same window with L2 a real level that refuses empty writes would be a 500; nothing is written.
+    encoder = HashEncoder(DIM, delay_s=0.3)
+    l1 = Recording(MemoryTier(100 * DIM * 4, DIM, torch.float32), "L1")
+    l2 = SlowFor(MemoryTier(100 * DIM * 4, DIM, torch.float32), "L2", thread_name="late", delay_s=0.8)
+    with EmbeddingCache(encoder, [l1, l2], write_behind=False) as cache:
+        first = threading.Thread(target=cache.embed, args=(["x", "y"],), name="first")
+        first.start()
+        threading.Event().wait(0.1)
+        late = threading.Thread(target=cache.embed, args=(["x", "y"],), name="late")
+        late.start()
+        first.join(30)
+        late.join(30)
+    assert l2.stored == [list(cache.space.keys(["x", "y"]))]  # the first caller's write only
