@@ -57,7 +57,7 @@ class LangChainCache:
         try:  # LangChain >= 1.0 moved it to langchain-classic
             from langchain_classic.embeddings import CacheBackedEmbeddings
         except ImportError:
-            from langchain.embeddings import CacheBackedEmbeddings  # type: ignore[no-redef]
+            from langchain.embeddings import CacheBackedEmbeddings  # type: ignore[no-redef,unused-ignore]
 
         self.client = redis.Redis.from_url(redis_url)
         self.store = RedisStore(client=self.client, namespace="lc")
