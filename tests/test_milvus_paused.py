@@ -137,7 +137,10 @@ def test_the_service_answers_while_milvus_is_paused_and_never_shows_its_credenti
     assert all(SECRET not in text for text in seen)
     assert admin_info["settings"]["milvus"] == server.url.replace("http://", "http://***@")
     assert set(tenant_info) == {"default_model", "models"}
-    assert tenant_info["models"] == [{"name": m["name"], "dim": m["dim"], "dtype": m["dtype"]} for m in admin_info["models"]]
+    # Non-admin keys see what a client needs to call a model (name, dimensions, dtype, prompt names), no state.
+    assert tenant_info["models"] == [
+        {"name": m["name"], "dim": m["dim"], "dtype": m["dtype"], "prompts": m["prompts"]} for m in admin_info["models"]
+    ]
     assert "levels" in admin_info["models"][0]
 
 
