@@ -34,14 +34,14 @@ _LAZY = {
     "EmbeddingSpace": "ragcache.keys",
     "text_hash": "ragcache.keys",
     "Settings": "ragcache.settings",
-    "Stores": "ragcache.stores",
+    "Stores": "ragcache.storage.stores",
     "CacheStats": "ragcache.stats",
     "LevelStats": "ragcache.stats",
     "build_cache": "ragcache.build",
     "load_encoder": "ragcache.build",
     "open_cache": "ragcache.build",
-    "KnowledgeBase": "ragcache.knowledge",
-    "SearchOptions": "ragcache.retrieval",
+    "KnowledgeBase": "ragcache.retrieval.knowledge",
+    "SearchOptions": "ragcache.retrieval.ranking",
     "Client": "ragcache.client",
     "AsyncClient": "ragcache.client",
 }
@@ -75,8 +75,8 @@ if TYPE_CHECKING:
     from ragcache.cache import EmbeddingCache, EmbedResult
     from ragcache.client import AsyncClient, Client
     from ragcache.keys import EmbeddingSpace, text_hash
-    from ragcache.knowledge import KnowledgeBase
-    from ragcache.retrieval import SearchOptions
+    from ragcache.retrieval.knowledge import KnowledgeBase
+    from ragcache.retrieval.ranking import SearchOptions
     from ragcache.settings import Settings
     from ragcache.stats import CacheStats, LevelStats
-    from ragcache.stores import Stores
+    from ragcache.storage.stores import Stores

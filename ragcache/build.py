@@ -13,7 +13,7 @@ from ragcache.flight import RedisFlight
 from ragcache.keys import Generation
 from ragcache.providers import RemoteEncoder, load_models, open_remote_encoder
 from ragcache.settings import Settings
-from ragcache.stores import Stores
+from ragcache.storage.stores import Stores
 from ragcache.tiers.compute import TORCH_DTYPES, ModelEncoder
 from ragcache.tiers.memory import MemoryTier
 from ragcache.tiers.milvus import MilvusTier

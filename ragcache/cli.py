@@ -138,7 +138,7 @@ def run_milvus_server(args) -> int:
     """Milvus Lite on 127.0.0.1:PORT until Ctrl-C or SIGTERM; replicas set RAGCACHE_MILVUS_URI to its URL."""
     import signal
 
-    from ragcache.embedded_milvus import MilvusLiteServer
+    from ragcache.storage.embedded_milvus import MilvusLiteServer
 
     if not args.db.endswith(".db"):
         raise ConfigError(f"--db {args.db!r}: a Milvus Lite database is a path ending in .db")
@@ -161,8 +161,8 @@ def _client(args):
 
 
 def run_ingest(args) -> int:
-    from ragcache.ingest import iter_documents
     from ragcache.progress import progress_bar
+    from ragcache.retrieval.ingest import iter_documents
 
     if args.scope is not None and not args.sync:
         raise RagCacheError("--scope limits what --sync deletes: use it with --sync")
@@ -202,7 +202,7 @@ def _add_search_options(sub) -> None:
 
 
 def run_search(args) -> int:
-    from ragcache.retrieval import SearchOptions
+    from ragcache.retrieval.ranking import SearchOptions
 
     options = SearchOptions(
         mode=args.mode, fusion=args.fusion, rrf_k=args.rrf_k, dense_weight=args.dense_weight, offset=args.offset,

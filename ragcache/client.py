@@ -51,7 +51,6 @@ from urllib.parse import quote
 import httpx
 import numpy as np
 
-from ragcache.documents import Document, check_collection_name
 from ragcache.errors import (
     AuthenticationError,
     ConflictError,
@@ -65,8 +64,9 @@ from ragcache.prefixes.model import Prefix, PromptForm, RegisterResult, Target, 
 from ragcache.prefixes.text import Chunk, assemble_prompt, render_messages, render_text
 from ragcache.redact import redact_text, redact_url
 from ragcache.rerank.base import RerankHit, RerankResult
-from ragcache.results import CollectionInfo, IngestResult, SearchGroup, SearchHit, SearchResult, SearchTimings
-from ragcache.retrieval import SearchOptions
+from ragcache.retrieval.documents import Document, check_collection_name
+from ragcache.retrieval.ranking import SearchOptions
+from ragcache.retrieval.results import CollectionInfo, IngestResult, SearchGroup, SearchHit, SearchResult, SearchTimings
 
 __all__ = [
     "Client",
@@ -191,7 +191,7 @@ class _Operations:
     ) -> IngestResult:
         """Embed and upsert documents (``{"id", "text", "metadata"}`` mappings or ``Document``s) by id; a document
         stored with the same text and metadata is skipped. ``sync`` (``{"cleanup": "incremental" | "full",
-        "scope": filter}``, an admin key) also deletes what is gone from the source (``ragcache.sync``)."""
+        "scope": filter}``, an admin key) also deletes what is gone from the source (``ragcache.retrieval.sync``)."""
         rows = [dataclasses.asdict(doc) if dataclasses.is_dataclass(doc) else dict(doc) for doc in documents]  # type: ignore[arg-type]
         body = self._with_model({"collection": collection, "documents": rows})
         if sync is not None:

@@ -20,7 +20,7 @@ import numpy as np
 from pymilvus import DataType
 
 from ragcache.errors import TierUnavailableError
-from ragcache.redis_client import REDIS_ERRORS
+from ragcache.storage.redis_client import REDIS_ERRORS
 from ragcache.tiers.milvus import milvus_failures
 
 __all__ = ["Fingerprint", "FingerprintStore", "MemoryFingerprints", "RedisFingerprints", "MilvusFingerprints", "Fingerprints"]

@@ -27,8 +27,8 @@ from typing import Protocol
 import redis
 import torch
 
-from ragcache import cluster_pipeline
-from ragcache.redis_client import REDIS_ERRORS
+from ragcache.storage import cluster_pipeline
+from ragcache.storage.redis_client import REDIS_ERRORS
 from ragcache.tiers.base import TierHealth, TierHits
 
 __all__ = ["Flight", "RedisFlight", "wait_for_holders"]

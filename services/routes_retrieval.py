@@ -12,15 +12,15 @@ from urllib.parse import quote
 
 from fastapi import APIRouter, Request
 
-from ragcache.documents import check_collection_name
 from ragcache.errors import InvalidInputError, TierUnavailableError
-from ragcache.knowledge import KnowledgeBase
 from ragcache.prefixes import Prefix, PrefixRegistry, assemble_prompt, render_text
 from ragcache.prompts import DOCUMENT, QUERY
 from ragcache.rerank.scores import RerankCache
 from ragcache.rerank.stage import rerank_result
-from ragcache.results import SearchResult
-from ragcache.sync import SyncOptions
+from ragcache.retrieval.documents import check_collection_name
+from ragcache.retrieval.knowledge import KnowledgeBase
+from ragcache.retrieval.results import SearchResult
+from ragcache.retrieval.sync import SyncOptions
 from services.auth import principal_of
 from services.deps import blocking, cache_of, check_count, check_text_size, prefixes_of, rerank_namespace, state_of
 from services.errors import HTTPError

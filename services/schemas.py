@@ -6,11 +6,11 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, field_validator
 
-from ragcache.documents import COLLECTION_NAME_PATTERN, MAX_FILTER_CHARS
 from ragcache.errors import InvalidInputError
-from ragcache.fusion import RRF_K
-from ragcache.knowledge import MAX_QUERIES
-from ragcache.retrieval import MAX_GROUP_SIZE, MAX_OFFSET, SearchOptions
+from ragcache.retrieval.documents import COLLECTION_NAME_PATTERN, MAX_FILTER_CHARS
+from ragcache.retrieval.fusion import RRF_K
+from ragcache.retrieval.knowledge import MAX_QUERIES
+from ragcache.retrieval.ranking import MAX_GROUP_SIZE, MAX_OFFSET, SearchOptions
 from ragcache.settings import MAX_BATCH_CEILING
 
 # Metadata nests at most this deep: Milvus stores it as JSON, and every layer of the checks below and in
@@ -71,7 +71,7 @@ class OpenAIEmbeddingsRequest(BaseModel):
     input_type: StrictStr | None = Field(None, description=INPUT_TYPE_HELP)
 
 
-# The library checks the same rule (ragcache.documents); stating it here puts it in the OpenAPI schema.
+# The library checks the same rule (ragcache.retrieval.documents); stating it here puts it in the OpenAPI schema.
 COLLECTION = Field(
     pattern=f"^{COLLECTION_NAME_PATTERN.pattern}$",
     description="a letter, then up to 62 letters, digits, '_' or '-'",
@@ -105,7 +105,7 @@ def _depth(value: object) -> int:
 
 
 class SyncIn(Body):
-    """Delete what is gone from the source after this ingest (ragcache.sync); needs the ``admin`` scope."""
+    """Delete what is gone from the source after this ingest (ragcache.retrieval.sync); needs the ``admin`` scope."""
 
     cleanup: Literal["incremental", "full"] = Field(
         "incremental",
@@ -138,7 +138,7 @@ class GetDocumentsRequest(Body):
 
 
 class SearchOptionsBody(Body):
-    """How /search ranks (ragcache.retrieval.SearchOptions, which checks the same rules)."""
+    """How /search ranks (ragcache.retrieval.ranking.SearchOptions, which checks the same rules)."""
 
     top_k: StrictInt = Field(10, ge=1, le=1000)
     filter: StrictStr | None = Field(

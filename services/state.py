@@ -10,14 +10,14 @@ from ragcache.build import build_cache, drift_monitor, load_encoder, load_remote
 from ragcache.cache import EmbeddingCache
 from ragcache.drift import DriftMonitor
 from ragcache.errors import ConfigError, InvalidInputError, NotFoundError
-from ragcache.knowledge import KnowledgeBase
 from ragcache.prefixes import PrefixRegistry, PrefixRegistryConfig
 from ragcache.prompts import PromptedEncoder, known_prompts
 from ragcache.providers import load_models
 from ragcache.rerank.build import build_rerankers, score_cache
 from ragcache.rerank.scores import RerankCache
+from ragcache.retrieval.knowledge import KnowledgeBase
 from ragcache.settings import Settings
-from ragcache.stores import Stores
+from ragcache.storage.stores import Stores
 from ragcache.tiers.compute import PACKAGED_MODEL
 
 log = logging.getLogger(__name__)

@@ -23,7 +23,7 @@ from services.state import ServiceState
 __all__ = ["SEPARATOR", "stored_collection", "tenant_prefix", "public_collection", "public_names", "TenantCaches"]
 
 SEPARATOR = "--"
-MAX_COLLECTION_CHARS = 63  # ragcache.documents.COLLECTION_NAME_PATTERN
+MAX_COLLECTION_CHARS = 63  # ragcache.retrieval.documents.COLLECTION_NAME_PATTERN
 
 
 def stored_collection(tenant: str | None, name: str) -> str:

@@ -17,7 +17,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 import pytest
 import redis
 
-from ragcache.embedded_redis import EmbeddedRedis
+from ragcache.storage.embedded_redis import EmbeddedRedis
 
 
 @pytest.fixture(scope="session")
@@ -50,7 +50,7 @@ def redis_client(redis_url):
 @pytest.fixture(scope="session")
 def redis_cluster():
     """A real Redis Cluster for the session: 3 primaries + 3 replicas of the same redis-server, on loopback."""
-    from ragcache.embedded_redis_cluster import EmbeddedRedisCluster
+    from ragcache.storage.embedded_redis_cluster import EmbeddedRedisCluster
 
     cluster = EmbeddedRedisCluster()
     yield cluster
@@ -60,7 +60,7 @@ def redis_cluster():
 @pytest.fixture
 def redis_cluster_client(redis_cluster):
     """A cluster client (``open_redis`` detects the cluster), every primary flushed first."""
-    from ragcache.redis_client import open_redis
+    from ragcache.storage.redis_client import open_redis
 
     client = open_redis(redis_cluster.url, timeout_s=1.0)
     client.flushall()  # a cluster client sends FLUSHALL to every primary
@@ -70,7 +70,7 @@ def redis_cluster_client(redis_cluster):
 
 @pytest.fixture(scope="session")
 def milvus_client(tmp_path_factory):
-    from ragcache.stores import open_milvus
+    from ragcache.storage.stores import open_milvus
 
     client = open_milvus(str(tmp_path_factory.mktemp("milvus") / "l3.db"))
     yield client

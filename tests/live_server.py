@@ -9,8 +9,8 @@ import time
 import httpx
 import uvicorn
 
-from ragcache.embedded_redis import free_port
 from ragcache.settings import Settings
+from ragcache.storage.embedded_redis import free_port
 from services.app import create_app
 
 

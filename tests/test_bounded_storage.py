@@ -9,11 +9,11 @@ import pytest
 import redis
 
 from ragcache.build import build_cache
-from ragcache.embedded_redis import EVICTION_POLICY
-from ragcache.knowledge import KnowledgeBase
-from ragcache.result_cache import DECODE_OFF_LOOP_BYTES, ResultCache
+from ragcache.retrieval.knowledge import KnowledgeBase
+from ragcache.retrieval.result_cache import DECODE_OFF_LOOP_BYTES, ResultCache
 from ragcache.settings import Settings
-from ragcache.stores import Stores
+from ragcache.storage.embedded_redis import EVICTION_POLICY
+from ragcache.storage.stores import Stores
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ import redis
 import torch
 
 from ragcache import Settings, Stores, build_cache, open_cache
-from ragcache.embedded_redis import EmbeddedRedis
+from ragcache.storage.embedded_redis import EmbeddedRedis
 from ragcache.tiers.compute import ModelEncoder
 
 TEXTS = ["What is a KV cache?", "Milvus stores vectors.", "naïve café 🤖", "", "a\x00b", "x " * 600]

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from ragcache.cli import main
-from ragcache.ingest import chunk_text, iter_documents
+from ragcache.retrieval.ingest import chunk_text, iter_documents
 from ragcache.settings import Settings
 from tests.live_server import LiveServer
 

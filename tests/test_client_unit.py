@@ -22,9 +22,9 @@ from ragcache.client import (
     ServiceError,
     ServiceUnavailableError,
 )
-from ragcache.documents import Document
 from ragcache.errors import ConflictError, InvalidInputError, NotFoundError, RagCacheError
-from ragcache.results import CollectionInfo, IngestResult, SearchHit, SearchResult, SearchTimings
+from ragcache.retrieval.documents import Document
+from ragcache.retrieval.results import CollectionInfo, IngestResult, SearchHit, SearchResult, SearchTimings
 
 VECTORS = np.array([[0.5, -1.25, 3.0e-7, 1e30], [1.0, 2.0, -0.0, np.pi]], dtype=np.float32)
 
@@ -318,7 +318,7 @@ async def test_async_client_embeds_retries_and_maps_errors():
 
 def test_langchain_embeddings_sync_and_async():
     # langchain-core comes with `make test` (the langchain extra): a missing one must fail, not skip.
-    from ragcache.langchain import RagCacheEmbeddings
+    from ragcache.integrations.langchain import RagCacheEmbeddings
 
     def answer(request: httpx.Request) -> httpx.Response:
         texts = json.loads(request.content)["input"]

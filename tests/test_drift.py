@@ -14,7 +14,7 @@ from ragcache.drift import CANARY_TEXTS, TOLERANCES, DriftGuard, fingerprint_dis
 from ragcache.fingerprints import Fingerprint, Fingerprints, MemoryFingerprints, MilvusFingerprints, RedisFingerprints
 from ragcache.keys import EmbeddingSpace, Generation
 from ragcache.settings import Settings
-from ragcache.stores import Stores
+from ragcache.storage.stores import Stores
 from tests.fakes import SwappableEncoder
 
 TEXTS = [f"passage {i} about drift" for i in range(12)]
@@ -236,9 +236,9 @@ def test_an_operator_tolerance_absorbs_a_noisy_upstream(swappable):
 
 
 def test_a_collection_of_the_old_model_refuses_new_queries_and_says_why(redis_client, milvus_client, swappable):
-    from ragcache.documents import Document
     from ragcache.errors import ConflictError
-    from ragcache.knowledge import KnowledgeBase
+    from ragcache.retrieval.documents import Document
+    from ragcache.retrieval.knowledge import KnowledgeBase
 
     encoder = swappable()
     cache = make_cache(encoder, redis_client, milvus_client)

@@ -12,7 +12,7 @@ from safetensors.numpy import load_file, save_file
 
 from ragcache.build import build_cache, drift_monitor, load_encoder
 from ragcache.settings import Settings
-from ragcache.stores import Stores
+from ragcache.storage.stores import Stores
 from ragcache.tiers.compute import resolve_model_path
 
 TEXTS = ["how do I reset my password?", "shipping times to Norway", "refund policy for damaged goods"]

@@ -17,10 +17,10 @@ import torch
 from pymilvus import MilvusClient
 
 from ragcache.bench.load import LoadRunner, Workload, summarize
-from ragcache.documents import milvus_collection_name
-from ragcache.embedded_milvus import MilvusLiteServer
 from ragcache.keys import EmbeddingSpace
+from ragcache.retrieval.documents import milvus_collection_name
 from ragcache.settings import Settings
+from ragcache.storage.embedded_milvus import MilvusLiteServer
 from ragcache.tiers.milvus import MilvusTier
 from tests.live_server import LiveServer
 
@@ -163,7 +163,7 @@ def test_l3_rows_that_are_not_finite_are_dropped(milvus_client):
 
 def test_a_service_started_while_milvus_is_down_serves_embed_and_uses_milvus_once_it_is_up(tmp_path):
     """pymilvus connects when its client is made; a server down at start-up must not stop the service."""
-    from ragcache.embedded_redis import free_port
+    from ragcache.storage.embedded_redis import free_port
 
     port = free_port()
     settings = Settings(redis_url="off", milvus_uri=f"http://127.0.0.1:{port}", data_dir=tmp_path / "data")

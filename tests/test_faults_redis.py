@@ -18,8 +18,8 @@ import redis
 import torch
 
 from ragcache.bench.load import LoadRunner, Workload, summarize
-from ragcache.embedded_redis import EmbeddedRedis, free_port
 from ragcache.settings import Settings
+from ragcache.storage.embedded_redis import EmbeddedRedis, free_port
 from ragcache.tiers.redis import decode_values, encode_value
 from tests.live_server import LiveServer
 

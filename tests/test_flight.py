@@ -12,9 +12,9 @@ import redis
 import torch
 
 from ragcache.cache import EmbeddingCache
-from ragcache.embedded_redis import free_port
 from ragcache.errors import ConfigError
 from ragcache.flight import RedisFlight, wait_for_holders
+from ragcache.storage.embedded_redis import free_port
 from ragcache.tiers import MemoryTier, RedisTier
 from ragcache.tiers.base import TierHits
 from tests.fakes import HashEncoder

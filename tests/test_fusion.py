@@ -1,4 +1,4 @@
-"""Fusion and MMR (ragcache.fusion) and the ranking steps (ragcache.retrieval): pure logic, pinned exactly."""
+"""Fusion and MMR (ragcache.retrieval.fusion) and the ranking steps (ragcache.retrieval.ranking): pure logic, pinned exactly."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from ragcache.errors import InvalidInputError
-from ragcache.fusion import mmr, reciprocal_rank, weighted
-from ragcache.results import SearchHit
-from ragcache.retrieval import SearchOptions, finish, fuse, group_hits
+from ragcache.retrieval.fusion import mmr, reciprocal_rank, weighted
+from ragcache.retrieval.ranking import SearchOptions, finish, fuse, group_hits
+from ragcache.retrieval.results import SearchHit
 
 
 def test_reciprocal_rank_sums_one_over_k_plus_rank():

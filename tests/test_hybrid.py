@@ -11,13 +11,13 @@ from pymilvus import DataType
 from pymilvus.exceptions import MilvusException
 
 from ragcache.build import build_cache
-from ragcache.documents import milvus_collection_name
 from ragcache.errors import InvalidInputError
-from ragcache.keyword import SPARSE_FIELD
-from ragcache.knowledge import DESCRIPTION_FORMAT, KnowledgeBase
-from ragcache.retrieval import SearchOptions
+from ragcache.retrieval.documents import milvus_collection_name
+from ragcache.retrieval.keyword import SPARSE_FIELD
+from ragcache.retrieval.knowledge import DESCRIPTION_FORMAT, KnowledgeBase
+from ragcache.retrieval.ranking import SearchOptions
 from ragcache.settings import Settings
-from ragcache.stores import Stores
+from ragcache.storage.stores import Stores
 
 DOCS = [
     {"id": "manual.md#0", "text": "Error E4711 means the pump stalled: clear the intake and restart it.",

@@ -15,11 +15,11 @@ from llama_index.core import VectorStoreIndex
 
 from ragcache.client import AsyncClient, Client
 from ragcache.errors import AuthenticationError, ConfigError, ServiceUnavailableError
-from ragcache.langchain import RagCacheRetriever, RagCacheVectorStore
-from ragcache.llamaindex import RagCacheEmbedding
-from ragcache.llamaindex import RagCacheRetriever as LlamaRetriever
+from ragcache.integrations.langchain import RagCacheRetriever, RagCacheVectorStore
+from ragcache.integrations.llamaindex import RagCacheEmbedding
+from ragcache.integrations.llamaindex import RagCacheRetriever as LlamaRetriever
 from ragcache.processes import free_port
-from ragcache.retrieval import SearchOptions
+from ragcache.retrieval.ranking import SearchOptions
 from ragcache.settings import Settings
 from tests.live_server import LiveServer
 

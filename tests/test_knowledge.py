@@ -15,11 +15,11 @@ from pymilvus import MilvusException
 from pymilvus.client.types import LoadState
 
 from ragcache.build import build_cache
-from ragcache.documents import Document, milvus_collection_name
 from ragcache.errors import ConflictError, InvalidInputError, NotFoundError, TierUnavailableError
-from ragcache.knowledge import KnowledgeBase
+from ragcache.retrieval.documents import Document, milvus_collection_name
+from ragcache.retrieval.knowledge import KnowledgeBase
 from ragcache.settings import Settings
-from ragcache.stores import Stores, open_milvus
+from ragcache.storage.stores import Stores, open_milvus
 
 DOCS = [
     {"id": "kv", "text": "vLLM keeps the attention keys and values of a prompt prefix in its KV cache.",
@@ -288,7 +288,7 @@ def test_listing_leaves_out_a_collection_that_fails_and_logs_it(milvus_client, c
     for name in ("listed--fine", "listed--unreadable"):
         kb.add_documents(name, DOCS[:1], cache=cache)
     broken = BrokenCollections(milvus_client, unreadable={milvus_collection_name("listed--unreadable")})
-    with caplog.at_level(logging.WARNING, logger="ragcache.knowledge"):
+    with caplog.at_level(logging.WARNING, logger="ragcache.retrieval.knowledge"):
         assert [info.name for info in KnowledgeBase(broken).list_collections(prefix="listed--")] == ["listed--fine"]
     assert "'listed--unreadable' left out of the listing" in caplog.text
     with pytest.raises(TierUnavailableError, match="listed--unreadable"):

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from ragcache.errors import TierUnavailableError
-from ragcache.knowledge import DESCRIPTION_FORMAT, KnowledgeBase
-from ragcache.stores import MilvusConnection
+from ragcache.retrieval.knowledge import DESCRIPTION_FORMAT, KnowledgeBase
+from ragcache.storage.stores import MilvusConnection
 from ragcache.tiers.milvus import MilvusTier
 
 WAIT_S = 30  # how long a test waits on a thread that should finish at once: a hang detector, not a timing

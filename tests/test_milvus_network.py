@@ -19,11 +19,11 @@ from pymilvus import MilvusClient
 from ragcache.bench.replicas import start_replicas, stop_replicas
 from ragcache.bench.service import served
 from ragcache.build import build_cache
-from ragcache.embedded_milvus import MilvusLiteServer
-from ragcache.embedded_redis import free_port
-from ragcache.knowledge import KnowledgeBase
+from ragcache.retrieval.knowledge import KnowledgeBase
 from ragcache.settings import Settings
-from ragcache.stores import Stores, open_milvus
+from ragcache.storage.embedded_milvus import MilvusLiteServer
+from ragcache.storage.embedded_redis import free_port
+from ragcache.storage.stores import Stores, open_milvus
 from ragcache.tiers import MilvusTier
 
 # The tier contract every level passes, run here against L3 over the network (``make_tier`` below).

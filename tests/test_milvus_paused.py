@@ -20,11 +20,11 @@ import httpx
 import pytest
 
 from ragcache.build import build_cache
-from ragcache.embedded_milvus import MilvusLiteServer
 from ragcache.errors import TierUnavailableError
-from ragcache.knowledge import KnowledgeBase
+from ragcache.retrieval.knowledge import KnowledgeBase
 from ragcache.settings import Settings
-from ragcache.stores import Stores, open_milvus
+from ragcache.storage.embedded_milvus import MilvusLiteServer
+from ragcache.storage.stores import Stores, open_milvus
 from tests.live_server import LiveServer
 
 TIMEOUT_S = 1.0  # milvus_timeout_s in these tests: short, so a paused server costs each call one second

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from ragcache.errors import TierUnavailableError
-from ragcache.stores import open_milvus
+from ragcache.storage.stores import open_milvus
 from ragcache.tiers import MilvusTier
 
 DIM = 8

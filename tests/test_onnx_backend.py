@@ -14,7 +14,7 @@ import torch
 from ragcache.build import build_cache
 from ragcache.errors import ConfigError
 from ragcache.settings import Settings
-from ragcache.stores import Stores
+from ragcache.storage.stores import Stores
 from ragcache.tiers.compute import PACKAGED_MODEL
 from ragcache.tiers.onnx import OnnxEncoder
 from tests.live_server import LiveServer

@@ -36,7 +36,7 @@ from ragcache.prefixes import (
     template_head,
 )
 from ragcache.prefixes.policy import Schedule, WarmBudget, judge_residency, next_schedule
-from ragcache.results import SearchHit
+from ragcache.retrieval.results import SearchHit
 from ragcache.tiers.base import TierHealth
 from services.prefixes_api import router
 from tests.live_server import transport_to

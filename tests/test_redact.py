@@ -8,7 +8,7 @@ from ragcache.config_docs import effective_env_lines
 from ragcache.errors import ConfigError
 from ragcache.redact import redact_text, redact_url
 from ragcache.settings import Settings
-from ragcache.stores import open_milvus
+from ragcache.storage.stores import open_milvus
 
 
 @pytest.mark.parametrize(

@@ -24,16 +24,16 @@ from redis.crc import key_slot
 
 from ragcache.build import build_cache
 from ragcache.cache import EmbeddingCache
-from ragcache.embedded_redis import free_port
-from ragcache.embedded_redis_cluster import EmbeddedRedisCluster
 from ragcache.errors import ConfigError, TierUnavailableError
 from ragcache.flight import RedisFlight
 from ragcache.prefixes.model import Prefix, PromptForm, Target
 from ragcache.prefixes.store import RedisPrefixStore
-from ragcache.redis_client import open_redis
-from ragcache.result_cache import ResultCache
+from ragcache.retrieval.result_cache import ResultCache
 from ragcache.settings import Settings
-from ragcache.stores import Stores
+from ragcache.storage.embedded_redis import free_port
+from ragcache.storage.embedded_redis_cluster import EmbeddedRedisCluster
+from ragcache.storage.redis_client import open_redis
+from ragcache.storage.stores import Stores
 from ragcache.tiers.redis import RedisTier
 from tests.live_server import LiveServer
 

@@ -4,8 +4,8 @@ import pytest
 import redis
 import torch
 
-from ragcache.embedded_redis import EmbeddedRedis
 from ragcache.errors import TierUnavailableError
+from ragcache.storage.embedded_redis import EmbeddedRedis
 from ragcache.tiers import RedisTier
 from ragcache.tiers.redis import HEADER, encode_value
 

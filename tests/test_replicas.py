@@ -17,9 +17,9 @@ import torch
 from ragcache.bench.replicas import stop_replicas
 from ragcache.bench.service import ServiceProcess, served
 from ragcache.cache import EmbeddingCache
-from ragcache.embedded_milvus import MilvusLiteServer
-from ragcache.embedded_redis import EmbeddedRedis
 from ragcache.flight import RedisFlight
+from ragcache.storage.embedded_milvus import MilvusLiteServer
+from ragcache.storage.embedded_redis import EmbeddedRedis
 from ragcache.tiers import MemoryTier, RedisTier
 from tests.tcp_proxy import TcpProxy
 

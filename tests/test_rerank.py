@@ -17,7 +17,7 @@ from ragcache.processes import free_port
 from ragcache.rerank.local import CrossEncoderReranker
 from ragcache.rerank.remote import RemoteReranker
 from ragcache.rerank.scores import PairEncoder, RerankCache
-from ragcache.retrieval import SearchOptions
+from ragcache.retrieval.ranking import SearchOptions
 from ragcache.settings import Settings
 from ragcache.tiers.memory import MemoryTier
 from ragcache.tiers.redis import RedisTier

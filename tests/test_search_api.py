@@ -10,7 +10,7 @@ import pytest
 
 from ragcache.cli import main
 from ragcache.client import AsyncClient, Client, SearchOptions
-from ragcache.knowledge import KnowledgeBase
+from ragcache.retrieval.knowledge import KnowledgeBase
 from ragcache.settings import Settings
 from tests.live_server import LiveServer
 from tests.test_hybrid import DOCS, FailingKeywordMilvus

@@ -11,8 +11,8 @@ import pytest
 import redis
 
 from ragcache.cache import EmbeddingCache
-from ragcache.embedded_redis import EmbeddedRedis
 from ragcache.settings import Settings
+from ragcache.storage.embedded_redis import EmbeddedRedis
 from ragcache.tiers import MemoryTier
 from tests.fakes import HashEncoder
 from tests.live_server import LiveServer
@@ -272,7 +272,7 @@ def test_python_client_against_the_server(server, encoder):
 
 def test_langchain_adapter_against_the_server(server, encoder):
     from ragcache.client import Client
-    from ragcache.langchain import RagCacheEmbeddings
+    from ragcache.integrations.langchain import RagCacheEmbeddings
 
     embeddings = RagCacheEmbeddings(Client(server.url))
     vectors = embeddings.embed_documents(["alpha", "beta"])

@@ -10,12 +10,12 @@ import pytest
 
 from ragcache.build import build_cache
 from ragcache.cli import main
-from ragcache.documents import Document, content_hash
 from ragcache.errors import InvalidInputError
-from ragcache.knowledge import KnowledgeBase
+from ragcache.retrieval.documents import Document, content_hash
+from ragcache.retrieval.knowledge import KnowledgeBase
+from ragcache.retrieval.sync import SyncOptions
 from ragcache.settings import Settings
-from ragcache.stores import Stores
-from ragcache.sync import SyncOptions
+from ragcache.storage.stores import Stores
 from tests.live_server import LiveServer
 
 
@@ -157,8 +157,8 @@ def test_a_collection_made_before_content_hashes_is_compared_by_its_stored_text(
 
     from pymilvus import DataType, MilvusClient
 
-    from ragcache.documents import milvus_collection_name
-    from ragcache.knowledge import DESCRIPTION_FORMAT, METRIC
+    from ragcache.retrieval.documents import milvus_collection_name
+    from ragcache.retrieval.knowledge import DESCRIPTION_FORMAT, METRIC
 
     name = "sync_old"
     description = {"format": DESCRIPTION_FORMAT, "name": name, "space_id": cache.space.space_id, "model": cache.space.model,

@@ -19,9 +19,9 @@ import xxhash
 
 from ragcache.bench.context import BenchContext
 from ragcache.bench.report import BenchResult
-from ragcache.embedded_redis import EmbeddedRedis
-from ragcache.embedded_redis_cluster import EmbeddedRedisCluster
-from ragcache.redis_client import open_redis
+from ragcache.storage.embedded_redis import EmbeddedRedis
+from ragcache.storage.embedded_redis_cluster import EmbeddedRedisCluster
+from ragcache.storage.redis_client import open_redis
 from ragcache.tiers.redis import RedisTier
 
 __all__ = ["bench_cluster"]

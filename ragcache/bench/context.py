@@ -61,7 +61,7 @@ class BenchContext:
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="ragcache-bench-"))
         self._vectors: dict[str, np.ndarray] = {}
         self._redis: Any = None  # an EmbeddedRedis, started on first use
-        self._milvus: Any = None  # a ragcache.stores.MilvusConnection, opened on first use
+        self._milvus: Any = None  # a ragcache.storage.stores.MilvusConnection, opened on first use
         self.service: Any = None  # a running ragcache service shared by the HTTP benchmarks (bench.service)
 
     # ---- workload ----------------------------------------------------------------------------------------
@@ -130,7 +130,7 @@ class BenchContext:
     @property
     def redis_url(self) -> str:
         if self._redis is None:
-            from ragcache.embedded_redis import EmbeddedRedis
+            from ragcache.storage.embedded_redis import EmbeddedRedis
 
             self._redis = EmbeddedRedis()
         return self._redis.url
@@ -144,7 +144,7 @@ class BenchContext:
     @property
     def milvus(self):
         if self._milvus is None:
-            from ragcache.stores import open_milvus
+            from ragcache.storage.stores import open_milvus
 
             self._milvus = open_milvus(str(self.workdir / "l3.db"))
         return self._milvus

@@ -217,7 +217,7 @@ def run_load(*, duration_s: float, clients: int, l1_bytes: int, num_documents: i
     import psutil
 
     from ragcache.bench.service import ServiceProcess
-    from ragcache.embedded_redis import EmbeddedRedis
+    from ragcache.storage.embedded_redis import EmbeddedRedis
 
     redis_server = EmbeddedRedis()
     try:

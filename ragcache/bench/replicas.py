@@ -17,7 +17,7 @@ from pathlib import Path
 from ragcache.bench.context import BATCH_SIZE, BenchContext
 from ragcache.bench.report import BenchResult, Target, median
 from ragcache.bench.service import LEVELS, ServiceProcess, served
-from ragcache.embedded_milvus import MilvusLiteServer
+from ragcache.storage.embedded_milvus import MilvusLiteServer
 
 __all__ = ["bench_replicas", "start_replicas", "stop_replicas"]
 

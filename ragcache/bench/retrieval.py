@@ -56,7 +56,7 @@ def _reranker(ctx: BenchContext):
     from ragcache.rerank.local import CrossEncoderReranker
     from ragcache.rerank.tiny import build_tiny_cross_encoder
     from ragcache.settings import Settings
-    from ragcache.stores import Stores
+    from ragcache.storage.stores import Stores
 
     configured = Settings.load().rerank_models
     path = configured[0] if configured else str(build_tiny_cross_encoder(ctx.workdir / "tiny-cross-encoder"))
@@ -65,9 +65,9 @@ def _reranker(ctx: BenchContext):
 
 
 def bench_retrieval(ctx: BenchContext) -> BenchResult:
-    from ragcache.knowledge import KnowledgeBase
     from ragcache.rerank.stage import rerank_result
-    from ragcache.retrieval import SearchOptions
+    from ragcache.retrieval.knowledge import KnowledgeBase
+    from ragcache.retrieval.ranking import SearchOptions
 
     num_documents, num_queries = (2_000, 200) if ctx.quick else (10_000, 1_000)
     labelled = build_retrieval_set(num_documents, num_queries, seed=ctx.seed)

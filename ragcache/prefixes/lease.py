@@ -21,7 +21,7 @@ from typing import Protocol
 
 import redis
 
-from ragcache.redis_client import REDIS_ERRORS
+from ragcache.storage.redis_client import REDIS_ERRORS
 
 from .policy import WarmBudget
 

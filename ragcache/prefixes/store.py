@@ -15,7 +15,7 @@ from typing import Protocol
 import redis
 
 from ragcache.errors import TierUnavailableError
-from ragcache.redis_client import REDIS_ERRORS
+from ragcache.storage.redis_client import REDIS_ERRORS
 
 from .model import Prefix
 

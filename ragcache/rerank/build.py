@@ -11,7 +11,7 @@ from ragcache.rerank.local import CrossEncoderReranker
 from ragcache.rerank.remote import RemoteReranker
 from ragcache.rerank.scores import PairEncoder, RerankCache
 from ragcache.settings import Settings
-from ragcache.stores import Stores
+from ragcache.storage.stores import Stores
 from ragcache.tiers.memory import MemoryTier
 from ragcache.tiers.redis import RedisTier
 

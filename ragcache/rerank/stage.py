@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from ragcache.errors import ComputeError, TierUnavailableError
 from ragcache.rerank.scores import RerankCache
-from ragcache.results import SearchResult
+from ragcache.retrieval.results import SearchResult
 
 __all__ = ["rerank_result"]
 

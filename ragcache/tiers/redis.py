@@ -20,9 +20,9 @@ import torch
 import xxhash
 from redis.cluster import RedisCluster
 
-from ragcache import cluster_pipeline
 from ragcache.errors import TierUnavailableError
-from ragcache.redis_client import REDIS_ERRORS, is_cluster
+from ragcache.storage import cluster_pipeline
+from ragcache.storage.redis_client import REDIS_ERRORS, is_cluster
 from ragcache.tiers.base import TierHits
 
 __all__ = ["RedisTier", "encode_value", "decode_values"]
@@ -102,7 +102,7 @@ class RedisTier:
     TTL is refreshed on hit); ``put_many`` is one pipeline of SET ... EX per chunk. With a Redis Cluster
     client it is one round trip per node per chunk: keys hash to slots all over the cluster, so one MGET
     would fail with CROSSSLOT; one MGET (and one SET) per key go in one pipeline per node, every
-    node's written before any is read (``ragcache.cluster_pipeline``: a failing node costs one timeout).
+    node's written before any is read (``ragcache.storage.cluster_pipeline``: a failing node costs one timeout).
     """
 
     name = "L2"

@@ -1,6 +1,6 @@
 """Incremental ingest: which documents a sync leaves alone, replaces, adds and deletes.
 
-Every stored document carries a content hash (``ragcache.documents.content_hash``: its text and metadata).
+Every stored document carries a content hash (``ragcache.retrieval.documents.content_hash``: its text and metadata).
 An ingest compares the hashes of the documents it receives with the stored ones: an equal hash is skipped
 (nothing embedded, nothing written), another hash replaces the document, an unknown id adds one. A sync's
 cleanup then deletes what is gone from the source, as LangChain's indexing API does:
@@ -19,8 +19,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from ragcache.documents import Document, check_filter
 from ragcache.errors import InvalidInputError
+from ragcache.retrieval.documents import Document, check_filter
 
 __all__ = ["SyncOptions", "CLEANUPS", "source_expression", "sources_of", "MAX_LISTED_IDS"]
 

@@ -24,7 +24,7 @@ from redis.exceptions import AskError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from ragcache.redis_client import is_cluster
+from ragcache.storage.redis_client import is_cluster
 
 __all__ = ["execute", "execute_any"]
 

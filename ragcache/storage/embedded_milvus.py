@@ -14,9 +14,9 @@ import socket
 import subprocess
 from pathlib import Path
 
-from ragcache.embedded_redis import free_port
 from ragcache.errors import TierUnavailableError
 from ragcache.processes import ProcessExited, poll_until, stop_process
+from ragcache.storage.embedded_redis import free_port
 
 __all__ = ["MilvusLiteServer"]
 

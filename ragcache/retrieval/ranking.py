@@ -15,8 +15,8 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from ragcache.errors import InvalidInputError
-from ragcache.fusion import RRF_K, mmr, reciprocal_rank, weighted
-from ragcache.results import SearchGroup, SearchHit
+from ragcache.retrieval.fusion import RRF_K, mmr, reciprocal_rank, weighted
+from ragcache.retrieval.results import SearchGroup, SearchHit
 
 __all__ = ["FUSIONS", "MODES", "SearchOptions", "finish", "fuse", "group_hits", "source_of"]
 

@@ -38,7 +38,7 @@ import xxhash
 from redis.cluster import RedisCluster
 
 from ragcache.errors import TierUnavailableError
-from ragcache.redis_client import REDIS_ERRORS, asyncio_twin
+from ragcache.storage.redis_client import REDIS_ERRORS, asyncio_twin
 from ragcache.tiers.base import TierHealth
 
 __all__ = ["ResultCache"]

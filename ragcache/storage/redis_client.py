@@ -4,7 +4,7 @@
 the result is a ``redis.cluster.RedisCluster`` when the server says ``cluster_enabled:1`` (INFO cluster), else
 a plain ``redis.Redis``. Both answer the same single-key commands and pipelines, so the code that uses
 Redis (L2, the search result cache, the prefix registry, the single-flight locks) takes either. L2 sends
-its batches on a cluster through ``ragcache.cluster_pipeline``: one round trip per node, not one per key.
+its batches on a cluster through ``ragcache.storage.cluster_pipeline``: one round trip per node, not one per key.
 
 A cluster client raises ``RedisClusterException`` (not a ``RedisError``) when no node covers a slot or
 none can be reached; ``REDIS_ERRORS`` names both so that callers turn either into a miss.

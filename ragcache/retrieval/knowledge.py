@@ -32,7 +32,9 @@ import xxhash
 from pymilvus import DataType, MilvusClient
 
 from ragcache.cache import EmbeddingCache
-from ragcache.documents import (
+from ragcache.errors import ConflictError, InvalidInputError, NotFoundError, RagCacheError, TierUnavailableError
+from ragcache.keys import EmbeddingSpace
+from ragcache.retrieval.documents import (
     CONTENT_HASH_LENGTH,
     MAX_ID_BYTES,
     MAX_TEXT_BYTES,
@@ -47,13 +49,11 @@ from ragcache.documents import (
     content_hash,
     milvus_collection_name,
 )
-from ragcache.errors import ConflictError, InvalidInputError, NotFoundError, RagCacheError, TierUnavailableError
-from ragcache.keys import EmbeddingSpace
-from ragcache.keyword import SPARSE_FIELD, add_keyword_index, has_keyword_index, keyword_search_params
-from ragcache.result_cache import DEFAULT_MAX_VALUE_BYTES, ResultCache
-from ragcache.results import CollectionInfo, IngestResult, SearchHit, SearchResult, SearchTimings
-from ragcache.retrieval import SearchOptions, finish, fuse, group_hits
-from ragcache.sync import MAX_LISTED_IDS, SyncOptions, source_expression, sources_of
+from ragcache.retrieval.keyword import SPARSE_FIELD, add_keyword_index, has_keyword_index, keyword_search_params
+from ragcache.retrieval.ranking import SearchOptions, finish, fuse, group_hits
+from ragcache.retrieval.result_cache import DEFAULT_MAX_VALUE_BYTES, ResultCache
+from ragcache.retrieval.results import CollectionInfo, IngestResult, SearchHit, SearchResult, SearchTimings
+from ragcache.retrieval.sync import MAX_LISTED_IDS, SyncOptions, source_expression, sources_of
 from ragcache.tiers.base import TierHealth
 from ragcache.tiers.milvus import is_milvus_outage, milvus_error_message, milvus_failures
 
@@ -92,7 +92,7 @@ class _Collection:
     dim: int
     uid: str
     hashed: bool = False  # has the content_hash field; collections made before it are compared by their text
-    keyword: bool = False  # has the BM25 field (ragcache.keyword); collections made before it do not
+    keyword: bool = False  # has the BM25 field (ragcache.retrieval.keyword); collections made before it do not
     read_at: float = field(default=0.0, compare=False)  # when this process read the record (the KB's clock)
 
 
@@ -137,7 +137,7 @@ class KnowledgeBase:
         keyword_index: bool = True,
         clock: Callable[[], float] = time.perf_counter,
     ):
-        """``keyword_index``: collections created from now on get the BM25 field (``ragcache.keyword``), which
+        """``keyword_index``: collections created from now on get the BM25 field (``ragcache.retrieval.keyword``), which
         keyword and hybrid search need; it slows Milvus' writes (Milvus Lite: 3,177 -> 846 rows/s)."""
         self.milvus = milvus
         self.keyword_index = keyword_index
@@ -216,7 +216,7 @@ class KnowledgeBase:
         """Embed the documents through ``cache`` and upsert them by id, creating the collection if needed.
 
         A document stored with the same content hash is left alone (nothing embedded or written); ``sync``
-        then deletes what is gone from the source (``ragcache.sync``)."""
+        then deletes what is gone from the source (``ragcache.retrieval.sync``)."""
         checked = check_documents(documents)
         meta = self._ensure(check_collection_name(collection), cache.space)
         hashes = [content_hash(document) for document in checked]

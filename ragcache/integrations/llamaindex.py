@@ -2,7 +2,7 @@
 over ``/search``, so a LlamaIndex RAG pipeline embeds and retrieves through it.
 
     >>> from ragcache.client import Client
-    >>> from ragcache.llamaindex import RagCacheEmbedding, RagCacheRetriever
+    >>> from ragcache.integrations.llamaindex import RagCacheEmbedding, RagCacheRetriever
     >>> client = Client("http://127.0.0.1:8000", api_key="...")
     >>> embed_model = RagCacheEmbedding(client=client)          # e.g. VectorStoreIndex(nodes, embed_model=...)
     >>> nodes = RagCacheRetriever(client, "notes", top_k=3).retrieve("What is a KV cache?")
@@ -19,8 +19,8 @@ import asyncio
 from typing import TYPE_CHECKING, Any
 
 from ragcache.errors import ConfigError
-from ragcache.results import SearchResult
-from ragcache.retrieval import SearchOptions
+from ragcache.retrieval.ranking import SearchOptions
+from ragcache.retrieval.results import SearchResult
 
 try:
     from llama_index.core.base.embeddings.base import BaseEmbedding
@@ -29,7 +29,7 @@ try:
     from pydantic import PrivateAttr
 except ImportError as exc:  # pragma: no cover - exercised only where llama-index-core is absent
     raise ImportError(
-        "ragcache.llamaindex needs llama-index-core: pip install 'ragcache[llamaindex]' (or llama-index-core)"
+        "ragcache.integrations.llamaindex needs llama-index-core: pip install 'ragcache[llamaindex]' (or llama-index-core)"
     ) from exc
 
 if TYPE_CHECKING:

@@ -14,11 +14,11 @@ import redis
 from pymilvus import MilvusClient
 from redis.cluster import RedisCluster
 
-from ragcache.embedded_redis import EmbeddedRedis
 from ragcache.errors import ConfigError, TierUnavailableError
 from ragcache.redact import redact_text, redact_url
-from ragcache.redis_client import open_redis
 from ragcache.settings import Settings
+from ragcache.storage.embedded_redis import EmbeddedRedis
+from ragcache.storage.redis_client import open_redis
 from ragcache.tiers.milvus import milvus_failures
 from ragcache.tracing import Tracing
 
@@ -128,7 +128,7 @@ def connect_milvus(settings: Settings) -> MilvusConnection | None:
 
 class Stores:
     """Shared clients. ``redis`` is None when L2 is off, a ``RedisCluster`` when the URL names a cluster
-    (see ``ragcache.redis_client``); ``milvus`` is None when L3 is off."""
+    (see ``ragcache.storage.redis_client``); ``milvus`` is None when L3 is off."""
 
     def __init__(
         self,

@@ -16,9 +16,9 @@ from collections.abc import Callable
 
 import redis
 
-from ragcache.embedded_redis import EmbeddedRedis, free_port
 from ragcache.errors import ConfigError, TierUnavailableError
 from ragcache.processes import poll_until
+from ragcache.storage.embedded_redis import EmbeddedRedis, free_port
 
 __all__ = ["EmbeddedRedisCluster", "NUM_SLOTS"]
 

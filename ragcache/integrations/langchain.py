@@ -2,7 +2,7 @@
 ``VectorStore`` over ``/search`` and ``/documents``, so a LangChain RAG pipeline embeds and retrieves through it.
 
     >>> from ragcache.client import Client
-    >>> from ragcache.langchain import RagCacheEmbeddings, RagCacheRetriever, RagCacheVectorStore
+    >>> from ragcache.integrations.langchain import RagCacheEmbeddings, RagCacheRetriever, RagCacheVectorStore
     >>> client = Client("http://127.0.0.1:8000", api_key="...")
     >>> vector = RagCacheEmbeddings(client).embed_query("What is a KV cache?")
     >>> documents = RagCacheRetriever(client=client, collection="notes", top_k=3).invoke("What is a KV cache?")
@@ -25,7 +25,7 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ragcache.errors import ConfigError
-from ragcache.results import SearchResult
+from ragcache.retrieval.results import SearchResult
 
 try:
     from langchain_core.callbacks import AsyncCallbackManagerForRetrieverRun, CallbackManagerForRetrieverRun
@@ -36,7 +36,7 @@ try:
     from pydantic import ConfigDict
 except ImportError as exc:  # pragma: no cover - exercised only where langchain-core is absent
     raise ImportError(
-        "ragcache.langchain needs langchain-core: pip install 'ragcache[langchain]' (or langchain-core)"
+        "ragcache.integrations.langchain needs langchain-core: pip install 'ragcache[langchain]' (or langchain-core)"
     ) from exc
 
 if TYPE_CHECKING:
@@ -105,7 +105,7 @@ class RagCacheRetriever(BaseRetriever):
     collection: str
     top_k: int = 4
     filter: str | None = None
-    options: Any = None  # ragcache.retrieval.SearchOptions
+    options: Any = None  # ragcache.retrieval.ranking.SearchOptions
 
     def model_post_init(self, context: Any) -> None:
         if self.client is None and self.async_client is None:

@@ -1,0 +1,1 @@
+"""Adapters for the frameworks RAG apps use (LangChain, LlamaIndex), over ragcache.client."""

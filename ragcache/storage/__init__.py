@@ -1,0 +1,1 @@
+"""Redis and Milvus plumbing: clients, cluster pipelines, and the embedded servers."""
