@@ -41,4 +41,6 @@ clean:
 
 include mk/system.mk
 include mk/infinity.mk
+include mk/fastembed.mk
+include mk/infinity_onnx.mk
 -include mk/vllm.mk

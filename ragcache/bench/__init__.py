@@ -56,10 +56,13 @@ BENCHMARKS: dict[str, Benchmark] = {
                   "two replicas on one Redis + Milvus server: shared hits, single flight"),
         Benchmark("providers", "ragcache.bench.providers", "bench_providers",
                   "in front of a real upstream (Infinity) vs the upstream alone: hot, all-miss, tokens saved"),
+        Benchmark("compute", "ragcache.bench.compute", "bench_compute",
+                  "computed texts/s: torch, ONNX, ONNX-int8 vs fastembed and Infinity, side by side (14.2, 14.3)"),
     )
 }
-# Left out of `bench all`: they need an extra environment (the Infinity venv, `make infinity-env`).
-NOT_IN_ALL = ("providers",)
+# Left out of `bench all`: they need an extra environment (the Infinity venv, `make infinity-env`; compute also
+# `make fastembed-env`).
+NOT_IN_ALL = ("providers", "compute")
 
 
 def add_bench_commands(subparsers) -> argparse.ArgumentParser:

@@ -34,6 +34,11 @@ class InfinityServerConfig:
     batch_size: int = 32
     startup_timeout_s: float = 180.0
     log_path: Path | None = None
+    engine: str = "torch"  # or "optimum" (ONNX Runtime; needs infinity-emb[optimum], mk/infinity_onnx.mk)
+    # Infinity 0.0.78's optimum engine finds a local folder's model.onnx only as a path relative to the folder
+    # (it hands optimum the glob's path as the file name): then the model is "." and the process runs in it.
+    cwd: Path | None = None
+    served_model_name: str | None = None
 
 
 class InfinityServer:
@@ -52,15 +57,15 @@ class InfinityServer:
     @property
     def model_id(self) -> str:
         """The id Infinity serves the model under (``/models``): the folder's last two path parts."""
-        return "/".join(Path(self.config.model).parts[-2:])
+        return self.config.served_model_name or "/".join(Path(self.config.model).parts[-2:])
 
     def command(self) -> list[str]:
         c = self.config
         return [
             str(Path(c.python).parent / "infinity_emb"), "v2",
-            "--model-id", str(c.model), "--engine", "torch", "--device", "cpu",
+            "--model-id", str(c.model), "--engine", c.engine, "--device", "cpu",
             "--host", "127.0.0.1", "--port", str(self.port), "--batch-size", str(c.batch_size),
-        ]
+        ] + (["--served-model-name", c.served_model_name] if c.served_model_name else [])
 
     def start(self) -> None:
         """Launch the server and wait until it is healthy; raises RuntimeError (with the log tail) if not."""
@@ -69,7 +74,7 @@ class InfinityServer:
         log_path = self.config.log_path or Path(os.devnull)
         started = time.monotonic()
         with open(log_path, "ab") as log:
-            self._proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, env=env)
+            self._proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.config.cwd)
         try:
             wait_healthy(self._proc, f"{self.base_url}/health", name="Infinity", timeout_s=self.config.startup_timeout_s,
                          interval_s=0.25, log_tail=self._log_tail)

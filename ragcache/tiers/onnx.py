@@ -57,13 +57,14 @@ def export_transformer(st_model, folder: Path, *, quantize: bool) -> Path:
         module = st_model[0]
         if getattr(module, "module_output_name", "token_embeddings") != "token_embeddings":
             raise ConfigError("the ONNX backend takes models whose first module returns token embeddings")
-        # Two texts of different lengths: the traced graph sees padding and a batch above one.
+        # Two texts of different lengths: the traced graph sees padding and a batch above one. Inputs and the
+        # output are named as optimum names them, so other ONNX runners (fastembed, Infinity's optimum) load it.
         sample = st_model.preprocess(["an example text to trace the model with", "short"])
         names = tuple(name for name in _INPUT_NAMES if name in sample)
-        axes = {name: {0: "batch", 1: "sequence"} for name in (*names, "token_embeddings")}
+        axes = {name: {0: "batch", 1: "sequence"} for name in (*names, "last_hidden_state")}
         _atomic(fp32, lambda tmp: torch.onnx.export(
             _Transformer(module.model, names).eval(), tuple(sample[name] for name in names), str(tmp),
-            dynamo=False, input_names=list(names), output_names=["token_embeddings"], dynamic_axes=axes,
+            dynamo=False, input_names=list(names), output_names=["last_hidden_state"], dynamic_axes=axes,
             opset_version=OPSET,
         ))
     if not quantize:
