@@ -240,7 +240,9 @@ def _start_infinity_onnx(stack: ExitStack, ctx: BenchContext, onnx_path: Path, n
                     ignore=shutil.ignore_patterns("*.safetensors", "*.bin"))  # no torch weights: it must load the ONNX
     shutil.copyfile(onnx_path, folder / "model.onnx")
     config = InfinityServerConfig(python=python, model=Path("."), cwd=folder, served_model_name="minilm-onnx",
-                                  engine="optimum", batch_size=BATCH_SIZE, log_path=ctx.workdir / "infinity-onnx.log")
+                                  engine="optimum", batch_size=BATCH_SIZE,
+                                  # its optimum engine pools the CLS token unless told (the model pools the mean)
+                                  extra_args=("--pooling-method", "mean"), log_path=ctx.workdir / "infinity-onnx.log")
     server = stack.enter_context(InfinityServer(config))
     client = _Embeddings(f"{server.base_url}/embeddings", server.model_id)
     stack.callback(client.close)

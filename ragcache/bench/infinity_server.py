@@ -39,6 +39,7 @@ class InfinityServerConfig:
     # (it hands optimum the glob's path as the file name): then the model is "." and the process runs in it.
     cwd: Path | None = None
     served_model_name: str | None = None
+    extra_args: tuple[str, ...] = ()  # more `infinity_emb v2` options, e.g. ("--pooling-method", "mean")
 
 
 class InfinityServer:
@@ -65,7 +66,7 @@ class InfinityServer:
             str(Path(c.python).parent / "infinity_emb"), "v2",
             "--model-id", str(c.model), "--engine", c.engine, "--device", "cpu",
             "--host", "127.0.0.1", "--port", str(self.port), "--batch-size", str(c.batch_size),
-        ] + (["--served-model-name", c.served_model_name] if c.served_model_name else [])
+        ] + (["--served-model-name", c.served_model_name] if c.served_model_name else []) + list(c.extra_args)
 
     def start(self) -> None:
         """Launch the server and wait until it is healthy; raises RuntimeError (with the log tail) if not."""
