@@ -41,6 +41,6 @@ clean:
 
 include mk/system.mk
 include mk/infinity.mk
-include mk/fastembed.mk
 include mk/infinity_onnx.mk
+include mk/fastembed.mk  # after infinity_onnx.mk: bench-compute's prerequisites name its stamp
 -include mk/vllm.mk
