@@ -34,7 +34,9 @@ class MemoryTier:
     The byte budget covers the slab: ``num_rows = capacity_bytes // (dim * itemsize)``, so the device memory
     used never exceeds ``capacity_bytes``. The key map and recency live on the host in numpy arrays
     (``ragcache.tiers.lru_index``: about 90-110 bytes a row, no key strings kept), worked a batch at a time.
-    A batch lookup is one probe of the map and one ``index_select``; a batch store one ``index_copy_``. One
+    A batch lookup is one probe of the map and one gather of rows; a batch store one scatter. On the CPU the
+    gather and scatter are numpy's, on a view of the same memory: torch's would fork and join its intra-op
+    threads for a few rows, which costs more than the copy, and far more when the cores are busy. One
     lock guards the map and the slab together, so a row cannot be reused between looking it up and gathering it.
     """
 
@@ -50,6 +52,9 @@ class MemoryTier:
             raise ConfigError(f"L1 capacity of {capacity_bytes} bytes holds no vector of {row_bytes} bytes")
         self.capacity_bytes = capacity_bytes
         self.slab = torch.empty((self.num_rows, dim), dtype=dtype, device=self.device)
+        # numpy has no bfloat16: its rows travel as int16, the same bytes.
+        self._storage_dtype = torch.int16 if dtype == torch.bfloat16 else dtype
+        self._host_rows = self.slab.view(self._storage_dtype).numpy() if self.device.type == "cpu" else None
         self._index = LruIndex(self.num_rows)
         self._lock = threading.Lock()
         self.num_evicted = 0
@@ -84,7 +89,10 @@ class MemoryTier:
                 return TierHits.none(self.dim, self.dtype)
             found = rows[hit]
             self._index.touch(found)
-            vectors = self.slab.index_select(0, torch.from_numpy(found).to(self.device))
+            if self._host_rows is not None:
+                vectors = torch.from_numpy(self._host_rows[found]).view(self.dtype)
+            else:
+                vectors = self.slab.index_select(0, torch.from_numpy(found).to(self.device))
         return TierHits(index=hit.tolist(), vectors=vectors)
 
     def put_many(self, keys: Sequence[str], vectors: torch.Tensor) -> None:
@@ -110,7 +118,10 @@ class MemoryTier:
                 rows[new] = self._index.insert(wanted[new])
                 self.num_evicted += max(0, evicted_before)
             self._index.touch(rows)
-            self.slab.index_copy_(0, torch.from_numpy(rows).to(self.device), source)
+            if self._host_rows is not None:
+                self._host_rows[rows] = source.contiguous().view(self._storage_dtype).numpy()
+            else:
+                self.slab.index_copy_(0, torch.from_numpy(rows).to(self.device), source)
 
     def clear(self) -> None:
         with self._lock:
