@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from ragcache.build import build_cache
-from ragcache.errors import TierUnavailableError
+from ragcache.errors import NotFoundError, TierUnavailableError
 from ragcache.retrieval.knowledge import KnowledgeBase
 from ragcache.settings import Settings
 from ragcache.storage.embedded_milvus import MilvusLiteServer
@@ -155,7 +155,9 @@ def test_waiting_for_a_paused_milvus_does_not_hold_other_collections(server, enc
         try:
             kb.collection_info(name)
             outcomes.append("answered")
-        except TierUnavailableError as exc:
+        except (TierUnavailableError, NotFoundError) as exc:
+            # NotFoundError: a call that Milvus answered in the instant before the pause took hold (seen on a
+            # loaded machine); the point here is that no thread waits behind another, not which answered.
             outcomes.append(str(exc))
 
     try:
@@ -168,4 +170,5 @@ def test_waiting_for_a_paused_milvus_does_not_hold_other_collections(server, enc
             assert not any(thread.is_alive() for thread in threads)
     finally:
         client.close()
-    assert len(outcomes) == 4 and all("Milvus" in outcome for outcome in outcomes)
+    assert len(outcomes) == 4 and all("Milvus" in outcome or "does not exist" in outcome for outcome in outcomes)
+    assert any("deadline" in outcome for outcome in outcomes)
