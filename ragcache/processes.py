@@ -4,14 +4,17 @@ an HTTP health route), and stopping them politely."""
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
 import subprocess
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import httpx
 
-__all__ = ["ProcessExited", "free_port", "poll_until", "stop_process", "wait_healthy"]
+__all__ = ["HttpServerProcess", "ProcessExited", "free_port", "poll_until", "stop_process", "wait_healthy"]
 
 
 class ProcessExited(RuntimeError):
@@ -79,3 +82,72 @@ def stop_process(process: subprocess.Popen, timeout_s: float = 10.0) -> None:
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()
+
+
+class HttpServerProcess:
+    """An HTTP server run as a child process on loopback (Infinity, vLLM): started, waited on until its
+    ``/health`` answers, and stopped. A subclass gives ``command()``, and may add environment variables, a
+    working folder, or a process group of its own (a server with children of its own, stopped together)."""
+
+    name = "the server"
+    extra_env: dict[str, str] = {}
+    own_process_group = False
+    health_interval_s = 0.25
+    stop_timeout_s = 15.0
+
+    def __init__(self, *, port: int = 0, startup_timeout_s: float, log_path: Path | None = None, cwd: Path | None = None):
+        self.port = port or free_port()
+        self.startup_timeout_s = startup_timeout_s
+        self.log_path = log_path
+        self.cwd = cwd
+        self._proc: subprocess.Popen[bytes] | None = None
+        self.startup_s: float | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def command(self) -> list[str]:
+        raise NotImplementedError
+
+    def start(self) -> None:
+        """Launch the server and wait until it is healthy; raises RuntimeError (with the log tail) if not."""
+        env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", **self.extra_env)
+        started = time.monotonic()
+        with open(self.log_path or os.devnull, "ab") as log:
+            self._proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.cwd,
+                                          start_new_session=self.own_process_group)
+        try:
+            wait_healthy(self._proc, f"{self.base_url}/health", name=self.name, timeout_s=self.startup_timeout_s,
+                         interval_s=self.health_interval_s, log_tail=self._log_tail)
+        except RuntimeError:
+            self.stop()
+            raise
+        self.startup_s = time.monotonic() - started
+
+    def stop(self) -> None:
+        """SIGTERM (to the whole process group when it has one), SIGKILL after ``stop_timeout_s``."""
+        proc, self._proc = self._proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        if not self.own_process_group:
+            stop_process(proc, timeout_s=self.stop_timeout_s)
+            return
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=self.stop_timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+
+    def _log_tail(self, num_chars: int = 4000) -> str:
+        if self.log_path is None or not self.log_path.exists():
+            return "(no log)"
+        return self.log_path.read_text(errors="replace")[-num_chars:]
+
+    def __enter__(self):
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

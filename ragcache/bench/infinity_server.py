@@ -8,13 +8,10 @@ local folder (by default the packaged all-MiniLM-L6-v2) offline on CPU, and answ
 
 from __future__ import annotations
 
-import os
-import subprocess
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ragcache.processes import free_port, stop_process, wait_healthy
+from ragcache.processes import HttpServerProcess
 
 __all__ = ["InfinityServerConfig", "InfinityServer", "packaged_model_folder"]
 
@@ -42,18 +39,16 @@ class InfinityServerConfig:
     extra_args: tuple[str, ...] = ()  # more `infinity_emb v2` options, e.g. ("--pooling-method", "mean")
 
 
-class InfinityServer:
+class InfinityServer(HttpServerProcess):
     """One Infinity process on loopback; :meth:`start` blocks until ``/health`` answers."""
 
-    def __init__(self, config: InfinityServerConfig) -> None:
-        self.config = config
-        self.port = config.port or free_port()
-        self._proc: subprocess.Popen[bytes] | None = None
-        self.startup_s: float | None = None
+    name = "Infinity"
+    extra_env = {"INFINITY_ANONYMOUS_USAGE_STATS": "0", "DO_NOT_TRACK": "1"}
 
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+    def __init__(self, config: InfinityServerConfig) -> None:
+        super().__init__(port=config.port, startup_timeout_s=config.startup_timeout_s, log_path=config.log_path,
+                         cwd=config.cwd)
+        self.config = config
 
     @property
     def model_id(self) -> str:
@@ -67,37 +62,3 @@ class InfinityServer:
             "--model-id", str(c.model), "--engine", c.engine, "--device", "cpu",
             "--host", "127.0.0.1", "--port", str(self.port), "--batch-size", str(c.batch_size),
         ] + (["--served-model-name", c.served_model_name] if c.served_model_name else []) + list(c.extra_args)
-
-    def start(self) -> None:
-        """Launch the server and wait until it is healthy; raises RuntimeError (with the log tail) if not."""
-        env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", INFINITY_ANONYMOUS_USAGE_STATS="0",
-                   DO_NOT_TRACK="1")
-        log_path = self.config.log_path or Path(os.devnull)
-        started = time.monotonic()
-        with open(log_path, "ab") as log:
-            self._proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.config.cwd)
-        try:
-            wait_healthy(self._proc, f"{self.base_url}/health", name="Infinity", timeout_s=self.config.startup_timeout_s,
-                         interval_s=0.25, log_tail=self._log_tail)
-        except RuntimeError:
-            self.stop()
-            raise
-        self.startup_s = time.monotonic() - started
-
-    def stop(self) -> None:
-        proc, self._proc = self._proc, None
-        if proc is not None:
-            stop_process(proc, timeout_s=15)
-
-    def _log_tail(self, num_chars: int = 4000) -> str:
-        path = self.config.log_path
-        if path is None or not path.exists():
-            return "(no log)"
-        return path.read_text(errors="replace")[-num_chars:]
-
-    def __enter__(self) -> InfinityServer:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()

@@ -8,14 +8,10 @@ be caused on demand.
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ragcache.processes import free_port, wait_healthy
+from ragcache.processes import HttpServerProcess
 
 __all__ = ["VLLMServerConfig", "VLLMServer"]
 
@@ -39,18 +35,18 @@ class VLLMServerConfig:
     enable_prefix_caching: bool = True
 
 
-class VLLMServer:
+class VLLMServer(HttpServerProcess):
     """One vLLM server process; :meth:`start` blocks until ``/health`` answers."""
 
-    def __init__(self, config: VLLMServerConfig) -> None:
-        self.config = config
-        self.port = config.port or free_port()
-        self._proc: subprocess.Popen[bytes] | None = None
-        self.startup_s: float | None = None
+    name = "vLLM"
+    extra_env = {"VLLM_NO_USAGE_STATS": "1", "VLLM_DO_NOT_TRACK": "1"}
+    own_process_group = True  # the API server and its engine-core children are stopped together
+    health_interval_s = 0.5
+    stop_timeout_s = 20.0
 
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+    def __init__(self, config: VLLMServerConfig) -> None:
+        super().__init__(port=config.port, startup_timeout_s=config.startup_timeout_s, log_path=config.log_path)
+        self.config = config
 
     def command(self) -> list[str]:
         c = self.config
@@ -65,46 +61,3 @@ class VLLMServer:
             "--gpu-memory-utilization", str(c.memory_utilization),
             "--disable-uvicorn-access-log",
         ]
-
-    def start(self) -> None:
-        """Launch the server and wait until it is healthy; raises RuntimeError (with the log tail) if not."""
-        env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", VLLM_NO_USAGE_STATS="1",
-                   VLLM_DO_NOT_TRACK="1")
-        log_path = self.config.log_path or Path(os.devnull)
-        started = time.monotonic()
-        with open(log_path, "ab") as log:
-            # A new session so stop() can signal the API server and its engine-core children together.
-            self._proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, env=env,
-                                          start_new_session=True)
-        try:
-            wait_healthy(self._proc, f"{self.base_url}/health", name="vLLM", timeout_s=self.config.startup_timeout_s,
-                         interval_s=0.5, log_tail=self._log_tail)
-        except RuntimeError:
-            self.stop()
-            raise
-        self.startup_s = time.monotonic() - started
-
-    def stop(self) -> None:
-        """Stop the server (SIGTERM to its process group, SIGKILL after 20 s)."""
-        proc, self._proc = self._proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
-
-    def _log_tail(self, num_chars: int = 4000) -> str:
-        path = self.config.log_path
-        if path is None or not path.exists():
-            return "(no log)"
-        return path.read_text(errors="replace")[-num_chars:]
-
-    def __enter__(self) -> VLLMServer:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
