@@ -80,7 +80,8 @@ def bench_l2(ctx: BenchContext) -> BenchResult:
     result.add("plain dict + np.stack", rate["dict"], "keys/s", note="in-process, no Redis")
     result.add("LangChain CacheBackedEmbeddings", rate["langchain"], "keys/s")
     result.add("RedisVL EmbeddingsCache", rate["redisvl"], "keys/s")
-    result.add("ragcache / floor", rate["ragcache"] / rate["floor"], "x", target=Target(">=", 0.6), goal="3")
+    result.add("ragcache / floor", rate["ragcache"] / rate["floor"], "x", target=Target(">=", 0.8), goal="3",
+               note="target raised from 0.6x to 0.8x by issue 14 (target 6)")
     result.add("ragcache / LangChain", rate["ragcache"] / rate["langchain"], "x", target=Target(">=", 5), goal="3")
     result.add("ragcache / RedisVL", rate["ragcache"] / rate["redisvl"], "x", target=Target(">=", 5), goal="3")
     result.details = {
