@@ -111,7 +111,10 @@ async def openai_embeddings(body: OpenAIEmbeddingsRequest, request: Request) -> 
         )
     result = await embed_through_cache(cache, texts, normalize=False, truncate=state.settings.truncate, field="input",
                                        scope=caller_scope(request, cache))
-    num_tokens = await blocking(token_counts_of(request, cache).total, texts)
+    token_counts = token_counts_of(request, cache)
+    num_tokens = token_counts.known_total(texts)
+    if num_tokens is None:
+        num_tokens = await blocking(token_counts.total, texts)
     vectors = np.asarray(result.vectors, dtype="<f4")
     if body.encoding_format == "base64":
         embeddings = base64_rows(vectors)

@@ -22,6 +22,14 @@ class TokenCounts:
         self._max_entries = max_entries
         self._lock = threading.Lock()
 
+    def known_total(self, texts: list[str]) -> int | None:
+        """The total when every text has been counted before, else None; never tokenizes, so the event loop may
+        call it (a repeated request then needs no worker thread at all)."""
+        hashes = text_hashes(texts)
+        with self._lock:
+            counts = [self._counts.get(h) for h in hashes]
+        return None if None in counts else sum(counts)  # type: ignore[arg-type]
+
     def total(self, texts: list[str]) -> int:
         hashes = text_hashes(texts)
         with self._lock:
