@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from typing import Any
 
 from ragcache.cache import EmbeddingCache
 from ragcache.drift import DriftGuard, DriftMonitor
@@ -29,25 +30,9 @@ def load_encoder(settings: Settings, model: str | None = None) -> ModelEncoder:
     name = model or settings.model
     revision = settings.model_revision if model in (None, settings.model) else None
     backend = settings.model_backends.get(name, settings.model_backend)
-    if backend != "torch":
-        from ragcache.tiers.onnx import OnnxEncoder  # onnxruntime is imported only when asked for
-
-        return OnnxEncoder(
-            name,
-            backend=backend,
-            cache_dir=settings.data_dir / "onnx",
-            revision=revision,
-            dtype=settings.dtype,
-            normalize=settings.normalize,
-            max_seq_length=settings.max_seq_length,
-            prompt=settings.prompt,
-            text_normalization=settings.text_normalization,
-            batch_size=settings.compute_batch_size,
-        )
-    return ModelEncoder(
-        name,
+    # What every local backend takes alike; the backend adds only what is its own.
+    shared: dict[str, Any] = dict(
         revision=revision,
-        device=settings.device,
         dtype=settings.dtype,
         normalize=settings.normalize,
         max_seq_length=settings.max_seq_length,
@@ -55,6 +40,11 @@ def load_encoder(settings: Settings, model: str | None = None) -> ModelEncoder:
         text_normalization=settings.text_normalization,
         batch_size=settings.compute_batch_size,
     )
+    if backend != "torch":
+        from ragcache.tiers.onnx import OnnxEncoder  # onnxruntime is imported only when asked for
+
+        return OnnxEncoder(name, backend=backend, cache_dir=settings.data_dir / "onnx", **shared)
+    return ModelEncoder(name, device=settings.device, **shared)
 
 
 def load_remote_encoders(settings: Settings, environ: Mapping[str, str] | None = None) -> list[RemoteEncoder]:

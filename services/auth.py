@@ -11,18 +11,16 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import json
 import math
 import re
-import tomllib
 from dataclasses import dataclass
-from pathlib import Path
 
 from starlette._utils import get_route_path
 from starlette.responses import Response
 from starlette.routing import compile_path
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from ragcache.config_files import load_file, load_json
 from ragcache.errors import ConfigError
 from ragcache.settings import Settings
 from services.errors import error_response
@@ -122,9 +120,9 @@ class KeyRing:
                                   f"(got {len(settings.api_key)}): make one with 'openssl rand -hex 24'")
             keys.append(ApiKey("api_key", digest(settings.api_key), frozenset(SCOPES)))
         if settings.api_keys:
-            keys += parse_keys(_load_json(settings.api_keys, "RAGCACHE_API_KEYS"), "RAGCACHE_API_KEYS")
+            keys += parse_keys(load_json(settings.api_keys, "RAGCACHE_API_KEYS"), "RAGCACHE_API_KEYS")
         if settings.api_keys_file:
-            keys += parse_keys(_load_file(settings.api_keys_file), str(settings.api_keys_file))
+            keys += parse_keys(load_file(settings.api_keys_file, "the API key file"), str(settings.api_keys_file))
         names = [key.name for key in keys]
         if len(set(names)) != len(names):
             raise ConfigError(f"API key names must be unique, got {names}")
@@ -140,26 +138,6 @@ class KeyRing:
             if hmac.compare_digest(wanted, key.sha256):
                 found = key
         return found
-
-
-def _load_json(text: str, source: str) -> object:
-    try:
-        return json.loads(text)
-    except ValueError as exc:
-        raise ConfigError(f"{source} is not valid JSON: {exc}") from exc
-
-
-def _load_file(path: Path) -> object:
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"cannot read the API key file {path}: {exc}") from exc
-    if Path(path).suffix.lower() == ".toml":
-        try:
-            return tomllib.loads(text)
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"{path} is not valid TOML: {exc}") from exc
-    return _load_json(text, str(path))
 
 
 def parse_keys(document: object, source: str) -> list[ApiKey]:

@@ -18,13 +18,12 @@ and held outside this dataclass: a ``RemoteModel`` can be logged, shown and comp
 
 from __future__ import annotations
 
-import json
 import re
-import tomllib
 from dataclasses import dataclass, fields
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from ragcache.config_files import load_file, load_json
 from ragcache.errors import ConfigError
 from ragcache.keys import DTYPES, EmbeddingSpace
 
@@ -135,9 +134,9 @@ def load_models(models_json: str | None, models_file: Path | None) -> list[Remot
     """The configured remote models: those of ``models_json`` (JSON text), then of ``models_file``."""
     models: list[RemoteModel] = []
     if models_json:
-        models += parse_models(_load_json(models_json, "RAGCACHE_MODELS"), "RAGCACHE_MODELS")
+        models += parse_models(load_json(models_json, "RAGCACHE_MODELS"), "RAGCACHE_MODELS")
     if models_file:
-        models += parse_models(_load_file(Path(models_file)), str(models_file))
+        models += parse_models(load_file(Path(models_file), "the models file"), str(models_file))
     names = [model.name for model in models]
     duplicates = sorted({name for name in names if names.count(name) > 1})
     if duplicates:
@@ -172,21 +171,3 @@ def _parse_model(entry: object, where: str) -> RemoteModel:
         raise ConfigError(f"{where}: {exc}") from exc
 
 
-def _load_json(text: str, source: str) -> object:
-    try:
-        return json.loads(text)
-    except ValueError as exc:
-        raise ConfigError(f"{source} is not valid JSON: {exc}") from exc
-
-
-def _load_file(path: Path) -> object:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"cannot read the models file {path}: {exc}") from exc
-    if path.suffix.lower() == ".toml":
-        try:
-            return tomllib.loads(text)
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"{path} is not valid TOML: {exc}") from exc
-    return _load_json(text, str(path))
