@@ -213,19 +213,24 @@ class EmbeddingCache:
         prepared = space.prepare(texts)
         keys = space.keys(prepared)
         started = self._clock()
-        # Each distinct key is looked up and computed once, however often it repeats in the request.
-        key_to_unique: dict[str, int] = {}
-        inverse = [key_to_unique.setdefault(key, len(key_to_unique)) for key in keys]
-        unique_keys = list(key_to_unique)
-        unique_texts = prepared if len(unique_keys) == len(keys) else _first_texts(keys, prepared, key_to_unique)
+        # Each distinct key is looked up and computed once, however often it repeats in the request. Most
+        # requests repeat nothing: one dict.fromkeys tells, and the per-key bookkeeping is skipped.
+        inverse: list[int] | None = None
+        unique_keys, unique_texts = keys, prepared
+        if len(dict.fromkeys(keys)) != len(keys):
+            key_to_unique: dict[str, int] = {}
+            inverse = [key_to_unique.setdefault(key, len(key_to_unique)) for key in keys]
+            unique_keys = list(key_to_unique)
+            unique_texts = _first_texts(keys, prepared, key_to_unique)
 
         vectors = None
         levels = np.full(len(unique_keys), len(self.tiers), dtype=np.int8)
         missing = np.arange(len(unique_keys))
+        asked = unique_keys  # the keys at ``missing``, in order: what the next level is asked for
         for position in range(len(self.tiers)):
             if not len(missing):
                 break
-            hits = self._lookup(position, unique_keys if position == 0 else [unique_keys[i] for i in missing])
+            hits = self._lookup(position, asked)
             if not hits.index:
                 continue
             found = missing[hits.index]
@@ -238,11 +243,12 @@ class EmbeddingCache:
                     vectors = torch.empty((len(unique_keys), self.space.dim), dtype=self.dtype, device=self.device)
                 vectors.index_copy_(0, torch.from_numpy(found).to(self.device), hits.vectors.to(self.device, self.dtype))
             if position:
-                self._write_up(position, [unique_keys[i] for i in found], hits.vectors)
+                self._write_up(position, asked if len(found) == len(asked) else [asked[i] for i in hits.index], hits.vectors)
             # A boolean mask, not np.setdiff1d: that sorts, and costs ~50 us on 32 keys.
             still = np.ones(len(missing), dtype=bool)
             still[hits.index] = False
             missing = missing[still]
+            asked = [asked[i] for i in np.flatnonzero(still).tolist()]
         if vectors is None:
             vectors = torch.empty((len(unique_keys), self.space.dim), dtype=self.dtype, device=self.device)
         num_computed = 0
@@ -255,7 +261,7 @@ class EmbeddingCache:
         # A vector another replica computed while this one waited counts as a hit: nothing was computed here.
         num_served = len(keys) - num_computed
         self._record_request(namespace, hits=num_served, misses=num_computed, latency_s=self._clock() - started)
-        if len(unique_keys) != len(keys):
+        if inverse is not None:
             index = torch.tensor(inverse, device=self.device)
             vectors, levels = vectors.index_select(0, index), levels[inverse]
         if normalize:

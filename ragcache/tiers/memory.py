@@ -98,16 +98,16 @@ class MemoryTier:
     def put_many(self, keys: Sequence[str], vectors: torch.Tensor) -> None:
         if vectors.shape != (len(keys), self.dim):
             raise InvalidInputError(f"expected vectors of shape ({len(keys)}, {self.dim}), got {tuple(vectors.shape)}")
-        # Later duplicates win, and only the last num_rows keys can be resident after the batch anyway.
-        last_position = {key: position for position, key in enumerate(keys)}
-        batch = list(last_position.items())[-self.num_rows :]
-        if len(batch) == len(keys):
-            source = vectors  # every key once, all kept: the rows are already in order, no gather needed
+        if len(keys) <= self.num_rows and len(set(keys)) == len(keys):
+            batch_keys, source = keys, vectors  # every key once, all kept: the rows are already in order
         else:
-            positions = torch.tensor([position for _, position in batch], device=vectors.device)
-            source = vectors.index_select(0, positions)
+            # Later duplicates win, and only the last num_rows keys can be resident after the batch anyway.
+            last_position = {key: position for position, key in enumerate(keys)}
+            batch = list(last_position.items())[-self.num_rows :]
+            batch_keys = [key for key, _ in batch]
+            source = vectors.index_select(0, torch.tensor([position for _, position in batch], device=vectors.device))
         source = source.to(device=self.device, dtype=self.dtype)
-        wanted = digests([key for key, _ in batch])
+        wanted = digests(batch_keys)
         with self._lock:
             rows = self._index.find(wanted)
             new = np.flatnonzero(rows < 0)
