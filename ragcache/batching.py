@@ -1,8 +1,10 @@
 """Single-flight, cross-request batching in front of the model.
 
 Concurrent misses for one key share one computation; misses from concurrent callers are gathered into one
-model batch. A worker thread takes whatever is pending the moment the model is free (waiting at most
-``max_wait_s`` for a batch to fill), so batches grow under load and cost no added latency when idle.
+model batch. A worker thread takes whatever is pending the moment the model is free, so batches grow under
+load. It waits at most ``max_wait_s`` for a batch to fill, and only while another caller may still join:
+given ``calls_in_progress`` (the owner's calls that may reach the model), not when every one of them is
+already waiting here, so a lone request (a sequential client, a cold stream) never waits for company.
 
 A result is forgotten here as soon as it is handed out: every repeat is answered by a level of the cache,
 counted and inside its budget, never by a memory of this batcher's own. What closes the hand-off window (a
@@ -71,8 +73,11 @@ class ComputeBatcher:
         max_pending: int = 4096,
         on_computed: Callable[[list[str], torch.Tensor], None] | None = None,
         peek: Callable[[list[str]], TierHits] | None = None,
+        calls_in_progress: Callable[[], int] | None = None,
     ):
         self._encode = encode
+        self._calls_in_progress = calls_in_progress
+        self._num_callers = 0  # callers inside compute_detailed: queued, or waiting for their vectors
         self._on_computed = on_computed
         self._peek = peek
         self.max_batch = max_batch
@@ -130,9 +135,10 @@ class ComputeBatcher:
                     self._pending.append(item)
                 item.num_waiters += 1
                 items.append(item)
+            if not items:
+                return ComputeOutcome(torch.empty(0), [])
+            self._num_callers += 1
             self._cond.notify()
-        if not items:
-            return ComputeOutcome(torch.empty(0), [])
         try:
             return ComputeOutcome(torch.stack(self._wait(items, CALLER_GONE.get())), sorted(peeked))
         except Exception:
@@ -141,6 +147,9 @@ class ComputeBatcher:
             if keep is not None and done:
                 keep(done, torch.stack([items[i].future.result() for i in done]))
             raise
+        finally:
+            with self._cond:
+                self._num_callers -= 1
 
     def _peek_first_level(self, keys: Sequence[str]) -> dict[int, _Item]:
         """Under the lock: keys not in flight that the first level holds now, as already-answered items."""
@@ -196,12 +205,17 @@ class ComputeBatcher:
                 self._cond.wait()
             if not self._pending:
                 return None
-            if len(self._pending) < self.max_batch and self.max_wait_s > 0:
-                self._cond.wait_for(lambda: len(self._pending) >= self.max_batch, timeout=self.max_wait_s)
+            if len(self._pending) < self.max_batch and self.max_wait_s > 0 and self._others_may_come():
+                self._cond.wait_for(lambda: len(self._pending) >= self.max_batch or not self._others_may_come(),
+                                    timeout=self.max_wait_s)
             batch, self._pending = self._pending[: self.max_batch], self._pending[self.max_batch :]
             for item in batch:
                 item.taken = True
             return batch
+
+    def _others_may_come(self) -> bool:
+        """Under the lock: whether a call in progress has not reached the queue yet (unknown: assume one has)."""
+        return self._calls_in_progress is None or self._calls_in_progress() > self._num_callers
 
     def _run(self) -> None:
         while (batch := self._take_batch()) is not None:

@@ -110,9 +110,13 @@ class EmbeddingCache:
         self._namespace_spaces: dict[tuple[str, int], EmbeddingSpace] = {}
         self._namespace_requests: dict[str, LevelRecorder] = {}
         self._namespaces_lock = threading.Lock()
+        # Calls inside embed_detailed: the batcher waits for company only while one has not reached it yet.
+        self._num_calls_in_progress = 0
+        self._calls_lock = threading.Lock()
         self._batcher = ComputeBatcher(
             encoder.encode, max_batch=compute_max_batch, max_wait_s=compute_max_wait_s, max_pending=compute_max_pending,
             on_computed=self._store_first if self.tiers else None, peek=self._peek_first if self.tiers else None,
+            calls_in_progress=lambda: self._num_calls_in_progress,
         )
         self._write_behind = WriteBehind(self._store) if write_behind and len(self.tiers) > 1 else None
         self._on_close = on_close
@@ -196,13 +200,19 @@ class EmbeddingCache:
     def embed_detailed(self, texts: Sequence[str], *, normalize: bool = False, as_tensor: bool = False,
                        namespace: str | None = None) -> EmbedResult:
         """Like ``embed``, plus the level that served each input."""
-        if self._tracer is None:
-            return self._embed_detailed(texts, normalize=normalize, as_tensor=as_tensor, namespace=namespace)
-        attributes: dict[str, str | int] = {"ragcache.num_texts": len(texts), "ragcache.model": self.space.model}
-        with self._tracer.start_as_current_span("ragcache.embed", attributes=attributes) as current:
-            result = self._embed_detailed(texts, normalize=normalize, as_tensor=as_tensor, namespace=namespace)
-            current.set_attributes(_served_attributes(result))
-            return result
+        with self._calls_lock:
+            self._num_calls_in_progress += 1
+        try:
+            if self._tracer is None:
+                return self._embed_detailed(texts, normalize=normalize, as_tensor=as_tensor, namespace=namespace)
+            attributes: dict[str, str | int] = {"ragcache.num_texts": len(texts), "ragcache.model": self.space.model}
+            with self._tracer.start_as_current_span("ragcache.embed", attributes=attributes) as current:
+                result = self._embed_detailed(texts, normalize=normalize, as_tensor=as_tensor, namespace=namespace)
+                current.set_attributes(_served_attributes(result))
+                return result
+        finally:
+            with self._calls_lock:
+                self._num_calls_in_progress -= 1
 
     def _embed_detailed(self, texts: Sequence[str], *, normalize: bool, as_tensor: bool, namespace: str | None) -> EmbedResult:
         if isinstance(texts, str) or not isinstance(texts, Sequence):

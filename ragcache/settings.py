@@ -84,7 +84,7 @@ class Settings(BaseSettings):
 
     # -- compute -----------------------------------------------------------------------------------------
     compute_batch_size: int = Field(32, gt=0, description="most texts in one model call")
-    compute_max_wait_ms: float = Field(2.0, ge=0, description="how long a model batch waits to fill")
+    compute_max_wait_ms: float = Field(2.0, ge=0, description="how long a model batch waits to fill while another request may join")
     compute_max_pending: int = Field(
         4096, gt=0, description="most texts queued for the model; more: 503 with Retry-After (one request alone always fits)"
     )
@@ -146,6 +146,10 @@ class Settings(BaseSettings):
     body_timeout_s: float = Field(30.0, gt=0, description="a request body still not in after this gets 408")
     max_worker_threads: int = Field(
         32, gt=0, description="most threads running blocking work (the model, Redis, Milvus), abandoned ones included"
+    )
+    malloc_retain_bytes: int = Field(
+        128 * 1024 * 1024, ge=0,
+        description="freed memory glibc keeps for reuse, not faulted in again per request (ragcache.allocator); 0: glibc's defaults",
     )
 
     def __repr_args__(self):

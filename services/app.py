@@ -12,6 +12,7 @@ from anyio import to_thread
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 
+from ragcache.allocator import retain_freed_memory
 from ragcache.metrics import CacheCollector, DriftCollector
 from ragcache.prefixes.metrics import register_prefix_metrics
 from ragcache.providers.metrics import UpstreamCollector
@@ -32,6 +33,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
+        retain_freed_memory(settings.malloc_retain_bytes)  # before the model loads: its allocations too
         state = await to_thread.run_sync(ServiceState.open, settings)
         app.state.ragcache = state
         app.state.prefixes = state.prefixes

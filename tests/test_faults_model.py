@@ -16,12 +16,14 @@ from fastapi.testclient import TestClient
 
 from ragcache.cache import EmbeddingCache
 from ragcache.errors import ComputeError, ModelOutOfMemoryError
+from ragcache.processes import poll_until
 from ragcache.tiers.compute import ModelEncoder
 from ragcache.tiers.memory import MemoryTier
 from services.errors import install_error_handlers
 
 OOM_TEXT = "this text makes the device run out of memory"
 BROKEN_TEXT = "this text breaks the tokenizer"
+GATE_TEXT = "this text holds the model until the gate opens"
 
 
 class FailingEncoder:
@@ -33,10 +35,13 @@ class FailingEncoder:
         self.space = encoder.space
         self.batches: list[list[str]] = []
         self._lock = threading.Lock()
+        self.gate = threading.Event()  # a batch holding GATE_TEXT waits for it: the model is busy meanwhile
 
     def encode(self, texts: Sequence[str]) -> torch.Tensor:
         with self._lock:
             self.batches.append(list(texts))
+        if GATE_TEXT in texts:
+            self.gate.wait(timeout=60)
         if OOM_TEXT in texts:
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
         if BROKEN_TEXT in texts:
@@ -67,6 +72,23 @@ def concurrent_requests(cache: EmbeddingCache, requests: list[list[str]]) -> lis
     return results
 
 
+def requests_in_one_batch(cache: EmbeddingCache, failing: FailingEncoder, requests: list[list[str]]) -> list[object]:
+    """Send the requests while the model is busy on a held batch, so that all their texts are queued when it is
+    free again and go to the model in one batch (no timing window to rely on)."""
+    holder = threading.Thread(target=cache.embed, args=([GATE_TEXT],))
+    holder.start()
+    assert poll_until(lambda: [GATE_TEXT] in failing.batches, timeout_s=30, interval_s=0.005)
+    num_texts = len({text for texts in requests for text in texts})
+    results: list[object] = []
+    sender = threading.Thread(target=lambda: results.extend(concurrent_requests(cache, requests)))
+    sender.start()
+    assert poll_until(lambda: cache._batcher.num_pending == num_texts, timeout_s=30, interval_s=0.005)
+    failing.gate.set()
+    sender.join(timeout=120)
+    holder.join(timeout=120)
+    return results
+
+
 def cache_over(encoder) -> EmbeddingCache:
     # A long batching window, so the concurrent requests land in one model batch together.
     l1 = MemoryTier(1 << 20, encoder.space.dim, torch.float32)
@@ -79,7 +101,7 @@ def test_a_failing_text_fails_only_its_own_request(encoder, poison, error_type, 
     failing = FailingEncoder(encoder)
     requests = [[f"request {i}, an ordinary text", "shared by all"] for i in range(6)] + [["an ordinary text too", poison]]
     with cache_over(failing) as cache:
-        results = concurrent_requests(cache, requests)
+        results = requests_in_one_batch(cache, failing, requests)
         assert any(poison in batch and len(batch) > 2 for batch in failing.batches)  # it shared a batch with others
         *fine, failed = results
         assert isinstance(failed, error_type) and words in str(failed)

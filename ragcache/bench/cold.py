@@ -43,6 +43,12 @@ def bench_cold(ctx: BenchContext) -> BenchResult:
                note=f"{num_batches} requests of {BATCH_SIZE}, {distinct} distinct")
     result.add("ragcache service, L1+L2+L3", cache_rate, "texts/s",
                note=f"L3 writes still pending at the last response: {[r['pending_writes'] for r in rounds['ragcache']]}")
+    # Where the time goes: the model's own seconds (the floor's encode calls; the service's compute_s from
+    # /stats) and what is left per request outside the model (lookups, writes, HTTP for the service).
+    for system, label in (("floor", "floor"), ("ragcache", "ragcache")):
+        model_s = median([r["model_s"] for r in rounds[system]])
+        outside_ms = median([(r["seconds"] - r["model_s"]) / num_batches * 1000 for r in rounds[system]])
+        result.add(f"{label}: model time", model_s, "s", note=f"outside the model: {outside_ms:.2f} ms a request")
     result.add("ragcache / floor", cache_rate / floor_rate, "x", target=Target(">=", 0.95), goal="1",
                note=f"rounds in order {' '.join(order)}; {texts} texts each",
                requires={
@@ -60,6 +66,7 @@ def _floor_round(ctx: BenchContext, batches: list[list[str]], *, round_index: in
     prefix = f"floor{round_index}:"
     space = ctx.encoder.space
     computed = 0
+    model_s = 0.0
     started = time.perf_counter()
     for batch in batches:
         keys = [prefix + key for key in space.keys(batch)]
@@ -68,7 +75,9 @@ def _floor_round(ctx: BenchContext, batches: list[list[str]], *, round_index: in
         if missing:
             # Duplicates inside a request are computed once, as any cache would.
             new_texts = list(dict.fromkeys(batch[i] for i in missing))
+            model_started = time.perf_counter()
             vectors = model.embed(new_texts)
+            model_s += time.perf_counter() - model_started
             computed += len(new_texts)
             row_of = {text: row for row, text in enumerate(new_texts)}
             pipe = client.pipeline(transaction=False)
@@ -79,7 +88,7 @@ def _floor_round(ctx: BenchContext, batches: list[list[str]], *, round_index: in
         del found
     seconds = time.perf_counter() - started
     texts = sum(len(batch) for batch in batches)
-    return {"texts_per_s": texts / seconds, "seconds": seconds, "computed": computed}
+    return {"texts_per_s": texts / seconds, "seconds": seconds, "computed": computed, "model_s": model_s}
 
 
 def _service_round(ctx: BenchContext, batches: list[list[str]], *, round_index: int) -> dict:
@@ -89,7 +98,8 @@ def _service_round(ctx: BenchContext, batches: list[list[str]], *, round_index: 
         service.post("/embed", {"inputs": ["warm-up: the first request loads what the first request loads"]})
         headers = {"content-type": "application/json"}
         bodies = [orjson.dumps({"inputs": batch, "normalize": False}) for batch in batches]
-        computed_before = _texts_computed(service.client.get("/stats").json())
+        before = service.client.get("/stats").json()
+        computed_before, model_s_before = _texts_computed(before), _compute_s(before)
         inputs_computed = 0
         started = time.perf_counter()
         for body in bodies:
@@ -103,12 +113,18 @@ def _service_round(ctx: BenchContext, batches: list[list[str]], *, round_index: 
         service.stop()
     texts = sum(len(batch) for batch in batches)
     return {"texts_per_s": texts / seconds, "seconds": seconds, "computed": _texts_computed(stats) - computed_before,
-            "inputs_served_by_compute": inputs_computed, "pending_writes": _pending_writes(stats)}
+            "inputs_served_by_compute": inputs_computed, "pending_writes": _pending_writes(stats),
+            "model_s": _compute_s(stats) - model_s_before}
 
 
 def _texts_computed(stats: dict) -> int:
     """Distinct texts the service's caches computed since start (each counted once per computation)."""
     return sum(model["since_start"]["texts_computed"] for model in stats["models"].values())
+
+
+def _compute_s(stats: dict) -> float:
+    """Seconds the service's models spent computing since start (inside the model call)."""
+    return sum(model["since_start"]["compute_s"] for model in stats["models"].values())
 
 
 def _pending_writes(stats: dict) -> int:
