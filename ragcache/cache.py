@@ -68,7 +68,7 @@ class EmbeddingCache:
     """One embedding space, its levels (ordered, fastest first) and its model.
 
     The first level is written synchronously (a caller sees its own writes at once); the others are written
-    behind, by a worker thread, unless ``write_behind=False``. A level that raises ``TierUnavailableError``
+    behind, by a worker thread per level, unless ``write_behind=False``. A level that raises ``TierUnavailableError``
     is a miss for that call, counted and logged once per outage, and skipped until its back-off passes.
 
     ``generation``: the model's current generation (``ragcache.drift``), shared by every cache of the model;
@@ -91,6 +91,7 @@ class EmbeddingCache:
         flight: Flight | None = None,
         generation: Generation | None = None,
         tracer: Tracer | None = None,
+        write_linger_s: Sequence[float] = (),
     ):
         if flight is not None and len(tiers) < 2:
             raise ConfigError("single flight across processes needs a shared level (L2) after L1 to publish vectors in")
@@ -118,7 +119,12 @@ class EmbeddingCache:
             on_computed=self._store_first if self.tiers else None, peek=self._peek_first if self.tiers else None,
             calls_in_progress=lambda: self._num_calls_in_progress,
         )
-        self._write_behind = WriteBehind(self._store) if write_behind and len(self.tiers) > 1 else None
+        # One writer per level below L1, so that a slow level never holds back another's writes; each gathers
+        # writes for its ``write_linger_s`` (by position; none given: 0) into one call.
+        self._write_behind = {
+            position: WriteBehind(self._store, linger_s=write_linger_s[position] if position < len(write_linger_s) else 0.0)
+            for position in range(1, len(self.tiers))
+        } if write_behind else {}
         self._on_close = on_close
         self._flight = flight
         self._closed = False
@@ -384,10 +390,10 @@ class EmbeddingCache:
         """Store vectors found at level ``below`` (or computed) in every level above it from ``first``; the
         first ``num_sync`` levels before returning, the others behind."""
         for position in range(first, below):
-            if position < num_sync or self._write_behind is None:
+            if position < num_sync or position not in self._write_behind:
                 self._store(position, keys, vectors)
             else:
-                self._write_behind.submit(position, keys, vectors)
+                self._write_behind[position].submit(position, keys, vectors)
 
     def _store(self, position: int, keys: Sequence[str], vectors: torch.Tensor) -> None:
         health = self._health[position]
@@ -428,7 +434,7 @@ class EmbeddingCache:
     @property
     def pending_writes(self) -> int:
         """Writes accepted for the lower levels (L2/L3) and not yet stored: the write-behind's backlog."""
-        return self._write_behind.num_pending if self._write_behind is not None else 0
+        return sum(writer.num_pending for writer in self._write_behind.values())
 
     def stats(self, *, recent: bool = False) -> CacheStats:
         """Hit rates and latencies since start, or over the recent window (``window_s``)."""
@@ -476,8 +482,8 @@ class EmbeddingCache:
 
     def flush(self) -> None:
         """Wait until every write queued for the lower levels has been stored."""
-        if self._write_behind is not None:
-            self._write_behind.flush()
+        for writer in self._write_behind.values():
+            writer.flush()
 
     def close(self) -> None:
         """Compute what is pending, flush queued writes, and release what this cache started."""
@@ -485,8 +491,8 @@ class EmbeddingCache:
             return
         self._closed = True
         self._batcher.close()
-        if self._write_behind is not None:
-            self._write_behind.close()
+        for writer in self._write_behind.values():
+            writer.close()
         for tier in self.tiers:
             tier.close()
         if self._on_close is not None:

@@ -81,6 +81,9 @@ class Settings(BaseSettings):
         1024 * 1024, gt=0, description="largest search result list (JSON bytes) cached in Redis; larger ones are not cached"
     )
     write_behind: bool = Field(True, description="store in L2/L3 from a worker thread")
+    l3_write_linger_ms: float = Field(
+        500.0, ge=0, description="L3's write-behind gathers writes this long into one Milvus call (fewer calls, less CPU)"
+    )
 
     # -- compute -----------------------------------------------------------------------------------------
     compute_batch_size: int = Field(32, gt=0, description="most texts in one model call")

@@ -1,9 +1,13 @@
-"""Write-behind for the remote levels: callers return as soon as L1 holds a vector, while one worker thread
-stores it in Redis and Milvus. ``flush`` waits until everything accepted has been written; ``close``
-flushes, then stops. The queue is bounded: when it is full, ``submit`` blocks (back-pressure), so no write
-is ever dropped for lack of room. A write submitted while ``close`` runs is either queued ahead of the stop
-or written through by the caller: the check for "closed" and the put are one step under a lock (apart, a
-write could land behind the stop, never be stored, and leave ``flush`` waiting for it forever).
+"""Write-behind for a remote level: callers return as soon as L1 holds a vector, while a worker thread stores
+it in the level (the cache runs one per level: a slow Milvus never holds back Redis' writes). ``linger_s``
+lets the worker gather writes for that long after the first before storing them in one call: a level that
+costs far more per call than per row (Milvus) then takes one call, and its client's CPU, where it took
+several, each of which competed with requests for the cores and the GIL. ``flush`` waits until everything
+accepted has been written (ending a linger at once); ``close`` flushes, then stops. The queue is bounded:
+when it is full, ``submit`` blocks (back-pressure), so no write is ever dropped for lack of room. A write
+submitted while ``close`` runs is either queued ahead of the stop or written through by the caller: the
+check for "closed" and the put are one step under a lock (apart, a write could land behind the stop, never
+be stored, and leave ``flush`` waiting for it forever).
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable, Sequence
 
 import torch
@@ -20,6 +25,8 @@ __all__ = ["WriteBehind"]
 log = logging.getLogger(__name__)
 
 Write = tuple[int, Sequence[str], torch.Tensor]
+# Put by ``flush``: the worker stores what it has gathered without lingering further.
+_FLUSH = object()
 
 
 class WriteBehind:
@@ -29,11 +36,13 @@ class WriteBehind:
         *,
         max_pending: int = 1024,
         max_coalesced: int = 64,
+        linger_s: float = 0.0,
         pending: queue.Queue | None = None,  # the queue of accepted writes (tests pass one that interleaves)
     ):
         self._store = store
-        self._queue: queue.Queue[Write | None] = pending if pending is not None else queue.Queue(maxsize=max_pending)
+        self._queue: queue.Queue = pending if pending is not None else queue.Queue(maxsize=max_pending)
         self._max_coalesced = max_coalesced
+        self._linger_s = linger_s
         self._closed = False
         self._lock = threading.Lock()  # "closed" and the put into the queue change together
         self._worker = threading.Thread(target=self._run, name="ragcache-write-behind", daemon=True)
@@ -56,15 +65,15 @@ class WriteBehind:
         closing = False
         while not closing:
             batch = [self._queue.get()]
-            # Coalesce what else is already waiting into one write per level: a remote level (Milvus above
-            # all) costs far more per call than per row, and its calls take CPU from the model.
-            while batch[-1] is not None and len(batch) < self._max_coalesced:
+            # Coalesce what else is waiting, or arrives within the linger, into one write per level.
+            deadline = time.monotonic() + self._linger_s
+            while batch[-1] is not None and batch[-1] is not _FLUSH and len(batch) < self._max_coalesced:
                 try:
-                    batch.append(self._queue.get_nowait())
+                    batch.append(self._queue.get(timeout=max(0.0, deadline - time.monotonic())))
                 except queue.Empty:
                     break
             closing = batch[-1] is None
-            writes = [item for item in batch if item is not None]
+            writes = [item for item in batch if item is not None and item is not _FLUSH]
             for level, keys, vectors in _per_level(writes):
                 try:
                     self._store(level, keys, vectors)
@@ -75,6 +84,11 @@ class WriteBehind:
 
     def flush(self) -> None:
         """Block until every write accepted so far has been stored (or has failed and been counted)."""
+        with self._lock:
+            if self._closed:
+                return  # close stored everything, and no worker is left to answer a marker
+            if self._linger_s:
+                self._queue.put(_FLUSH)
         self._queue.join()
 
     def close(self) -> None:

@@ -77,3 +77,19 @@ def test_writes_waiting_together_are_stored_as_one_write_per_level_latest_row_wi
         (2, ["a"], [3.0]),
     ]
     assert writer.num_pending == 0
+
+
+def test_a_lingering_writer_gathers_writes_into_one_call_and_flush_ends_the_linger():
+    stored = []
+    # An hour's linger: without flush ending it, the test would hang (and fail at its join timeout).
+    writer = WriteBehind(lambda level, keys, vectors: stored.append(list(keys)), linger_s=3600)
+    for key in ("a", "b", "c"):
+        writer.submit(2, [key], torch.zeros(1, 4))
+    assert stored == [] and writer.num_pending == 3  # gathered, not yet stored
+    flushed = threading.Thread(target=writer.flush, daemon=True)
+    flushed.start()
+    flushed.join(timeout=30)
+    assert not flushed.is_alive() and stored == [["a", "b", "c"]]
+    writer.submit(2, ["d"], torch.zeros(1, 4))
+    writer.close()  # close ends a linger too, storing what was gathered
+    assert stored == [["a", "b", "c"], ["d"]] and writer.num_pending == 0
