@@ -80,7 +80,7 @@ class Settings(BaseSettings):
     result_cache_max_bytes: int = Field(
         1024 * 1024, gt=0, description="largest search result list (JSON bytes) cached in Redis; larger ones are not cached"
     )
-    write_behind: bool = Field(True, description="store in L2/L3 from a worker thread")
+    write_behind: bool = Field(True, description="store in L2/L3 from a worker thread per level")
     l3_write_linger_ms: float = Field(
         500.0, ge=0, description="L3's write-behind gathers writes this long into one Milvus call (fewer calls, less CPU)"
     )
