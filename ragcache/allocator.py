@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import platform
+import os
 
 __all__ = ["retain_freed_memory"]
 
@@ -31,7 +31,7 @@ MAX_MMAP_THRESHOLD = 32 * 1024 * 1024
 def retain_freed_memory(retain_bytes: int) -> bool:
     """Keep up to ``retain_bytes`` of freed memory for reuse, and serve blocks up to ``min(retain_bytes, 32 MiB)``
     from the heap. False, changing nothing, for 0 or where the C library is not glibc."""
-    if retain_bytes <= 0 or platform.libc_ver()[0] != "glibc":
+    if retain_bytes <= 0 or not _is_glibc():
         return False
     libc = ctypes.CDLL(None)
     # mallopt answers 1 when it took the value (it also stops adjusting both thresholds on its own).
@@ -40,3 +40,11 @@ def retain_freed_memory(retain_bytes: int) -> bool:
     if not taken:
         log.warning("glibc refused the malloc thresholds for malloc_retain_bytes=%d; its defaults stay", retain_bytes)
     return taken
+
+
+def _is_glibc() -> bool:
+    # confstr answers at once ("glibc 2.36"); platform.libc_ver() would read the Python binary to find out.
+    try:
+        return (os.confstr("CS_GNU_LIBC_VERSION") or "").startswith("glibc")
+    except (ValueError, OSError):  # a C library that does not know the name
+        return False

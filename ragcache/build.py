@@ -103,8 +103,8 @@ def build_cache(
         encoder,
         tiers,
         write_behind=settings.write_behind,
-        # By position: L1 is written in the call; L2 at once; L3 gathered (settings.l3_write_linger_ms).
-        write_linger_s=[0.0] * (len(tiers) - 1) + [settings.l3_write_linger_ms / 1000] if stores.milvus is not None else (),
+        # L3, the last level when there is one, gathers its writes (settings.l3_write_linger_ms); L2 writes at once.
+        write_linger_s={len(tiers) - 1: settings.l3_write_linger_ms / 1000} if stores.milvus is not None else None,
         # A remote model takes as many texts as fill its upstream requests in parallel (max_inputs x concurrency).
         compute_max_batch=getattr(encoder, "max_batch", settings.compute_batch_size),
         compute_max_wait_s=settings.compute_max_wait_ms / 1000,

@@ -8,7 +8,7 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -91,7 +91,7 @@ class EmbeddingCache:
         flight: Flight | None = None,
         generation: Generation | None = None,
         tracer: Tracer | None = None,
-        write_linger_s: Sequence[float] = (),
+        write_linger_s: Mapping[int, float] | None = None,
     ):
         if flight is not None and len(tiers) < 2:
             raise ConfigError("single flight across processes needs a shared level (L2) after L1 to publish vectors in")
@@ -120,10 +120,10 @@ class EmbeddingCache:
             calls_in_progress=lambda: self._num_calls_in_progress,
         )
         # One writer per level below L1, so that a slow level never holds back another's writes; each gathers
-        # writes for its ``write_linger_s`` (by position; none given: 0) into one call.
+        # writes for its ``write_linger_s`` (level position -> seconds; absent: 0) into one call.
+        lingers = write_linger_s or {}
         self._write_behind = {
-            position: WriteBehind(self._store, linger_s=write_linger_s[position] if position < len(write_linger_s) else 0.0)
-            for position in range(1, len(self.tiers))
+            position: WriteBehind(self._store, linger_s=lingers.get(position, 0.0)) for position in range(1, len(self.tiers))
         } if write_behind else {}
         self._on_close = on_close
         self._flight = flight
