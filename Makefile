@@ -11,11 +11,14 @@ export TRANSFORMERS_OFFLINE := 1
 install: $(STAMP)
 
 # torch first (the CPU wheel on local disk), then everything else constrained to it.
-$(STAMP): pyproject.toml constraints.txt
+# benchmarks/ is a distribution of its own (ragcache-bench: the benchmarks and the process launchers the
+# tests share), installed editable beside the library so the ragcache wheel carries no benchmark code.
+$(STAMP): pyproject.toml benchmarks/pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -c constraints.txt -e '.[test,langchain,llamaindex,tracing,onnx]'
+	$(PY) -m pip install -q --no-deps -e benchmarks
 	touch $(STAMP)
 
 serve: $(STAMP)

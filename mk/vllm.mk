@@ -33,7 +33,7 @@ test-vllm: $(STAMP) $(VLLM_STAMP) $(TINY_LLAMA_STAMP)
 	$(VLLM_ENV) $(PY) -m pytest -m vllm tests/vllm $(PYTEST_ARGS)
 
 bench-prefixes: $(STAMP) $(VLLM_STAMP) $(TINY_LLAMA_STAMP)
-	$(PY) -m ragcache.bench.prefixes --vllm-python $(VLLM_PY) --model-path $(TINY_LLAMA)
+	$(PY) -m ragcache_bench.prefixes --vllm-python $(VLLM_PY) --model-path $(TINY_LLAMA)
 
 bench-kv: $(STAMP) $(VLLM_STAMP) $(TINY_LLAMA_STAMP)
-	$(PY) -m ragcache.bench.kv --vllm-python $(VLLM_PY) --model-path $(TINY_LLAMA)
+	$(PY) -m ragcache_bench.kv --vllm-python $(VLLM_PY) --model-path $(TINY_LLAMA)

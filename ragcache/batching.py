@@ -35,7 +35,7 @@ __all__ = ["CALLER_GONE", "ComputeBatcher", "ComputeOutcome"]
 log = logging.getLogger(__name__)
 
 # Set, in the thread that calls ``compute``, by a caller that may stop waiting: the service sets it when a
-# request is answered 504 at its deadline (services/workers.py). The texts of that call which no other
+# request is answered 504 at its deadline (ragcache_server/workers.py). The texts of that call which no other
 # caller waits for are then taken out of the queue instead of computed for nobody.
 CALLER_GONE: ContextVar[threading.Event | None] = ContextVar("ragcache_caller_gone", default=None)
 # How often a caller that can go away looks whether it has: the cost of noticing, not of computing.

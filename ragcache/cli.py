@@ -87,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     milvus.set_defaults(run=run_milvus_server)
 
     try:
-        from ragcache.bench import add_bench_commands
+        from ragcache_bench import add_bench_commands
     except ImportError:
         pass
     else:
@@ -123,7 +123,7 @@ def run_serve(args) -> int:
             "to a Milvus server (an embedded Redis and Milvus Lite belong to one process)"
         )
     uvicorn.run(
-        "services.app:app_from_environment",
+        "ragcache_server.app:app_from_environment",
         factory=True,
         host=host,
         port=args.port or settings.port,

@@ -11,7 +11,7 @@ import uvicorn
 
 from ragcache.settings import Settings
 from ragcache.storage.embedded_redis import free_port
-from services.app import create_app
+from ragcache_server.app import create_app
 
 
 def transport_to(test_client) -> httpx.MockTransport:

@@ -11,9 +11,9 @@ import pytest
 from ragcache.cli import main
 from ragcache.errors import ConfigError
 from ragcache.settings import Settings
-from services.app import create_app
-from services.auth import OPEN_PATHS, ROUTE_SCOPES, SCOPES, AccessMiddleware, ApiKey, KeyRing, required_scope, route_table
-from services.limits import RateLimiter
+from ragcache_server.app import create_app
+from ragcache_server.auth import OPEN_PATHS, ROUTE_SCOPES, SCOPES, AccessMiddleware, ApiKey, KeyRing, required_scope, route_table
+from ragcache_server.limits import RateLimiter
 from tests.live_server import LiveServer
 from tests.test_limits import Clock, asgi_messages
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ragcache.bench.compute import FASTEMBED, INFINITY_ONNX, INFINITY_TORCH, _largest_cosine_distance, _verdict
-from ragcache.bench.report import BenchResult
+from ragcache_bench.compute import FASTEMBED, INFINITY_ONNX, INFINITY_TORCH, _largest_cosine_distance, _verdict
+from ragcache_bench.report import BenchResult
 
 OURS = {"ragcache torch": 100.0, "ragcache onnx": 150.0, "ragcache onnx-int8": 240.0}
 CLOSE = {"ragcache torch": 0.0, "ragcache onnx": 1e-7, "ragcache onnx-int8": 0.02}

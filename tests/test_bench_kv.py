@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import collections
 
-from ragcache.bench.kv import KVConfig, format_report, naive_prompt, questions, rag_requests
 from ragcache.prefixes import assemble_prompt
+from ragcache_bench.kv import KVConfig, format_report, naive_prompt, questions, rag_requests
 
 
 def test_rag_requests_are_deterministic_zipf_draws_of_distinct_chunks():

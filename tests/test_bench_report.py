@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from ragcache.bench import BENCHMARKS, NOT_IN_ALL, add_bench_commands
-from ragcache.bench.report import BenchResult, Figure, Target, format_table, interleaved, summary_line, write_json
+from ragcache_bench import BENCHMARKS, NOT_IN_ALL, add_bench_commands
+from ragcache_bench.report import BenchResult, Figure, Target, format_table, interleaved, summary_line, write_json
 
 
 @pytest.mark.parametrize(
@@ -82,7 +82,7 @@ def test_bench_commands_register_all_and_each_benchmark():
 
 
 def test_markdown_table_from_json():
-    from ragcache.bench.report import markdown_from_json
+    from ragcache_bench.report import markdown_from_json
 
     result = BenchResult("http", "service")
     result.add("/embed computed / L1", 765.5, "x", target=Target(">=", 100), goal="1", note="a|b")
@@ -102,7 +102,7 @@ def test_a_failed_precondition_makes_a_figure_miss_even_when_its_number_passes()
 
 
 def test_a_crashed_benchmark_is_a_miss_and_makes_the_command_fail():
-    from ragcache.bench import exit_status
+    from ragcache_bench import exit_status
 
     crashed = BenchResult("zipf", "stream")
     crashed.crashed(RuntimeError("boom"))
@@ -116,7 +116,7 @@ def test_a_crashed_benchmark_is_a_miss_and_makes_the_command_fail():
 
 
 def test_exact_lru_simulation_counts_hits_to_the_item():
-    from ragcache.bench.library import simulate_exact_lru
+    from ragcache_bench.library import simulate_exact_lru
 
     # Capacity 2. Request 1 computes a, b. Request 2: a hits; c computed, evicting b (a was just used).
     # Request 3: b was evicted (found in L2, written back: evicts a... no: a and c are resident, b evicts

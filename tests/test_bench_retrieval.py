@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from ragcache.bench.retrieval import Scores
-from ragcache.bench.wordnet import WORDNET_DIR, build_retrieval_set
+from ragcache_bench.retrieval import Scores
+from ragcache_bench.wordnet import WORDNET_DIR, build_retrieval_set
 
 needs_wordnet = pytest.mark.skipif(not (WORDNET_DIR / "data.noun").is_file(), reason="wordnet-base is installed by make test")
 

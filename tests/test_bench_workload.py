@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ragcache.bench.corpus import build_corpus, corpus_chunks, zipf_stream
+from ragcache_bench.corpus import build_corpus, corpus_chunks, zipf_stream
 
 
 @pytest.fixture(scope="module")

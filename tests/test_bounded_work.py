@@ -22,7 +22,7 @@ import torch
 from ragcache.batching import CALLER_GONE, ComputeBatcher
 from ragcache.errors import OverloadedError, RagCacheError
 from ragcache.settings import MAX_BATCH_CEILING, Settings
-from services.workers import WorkerPool
+from ragcache_server.workers import WorkerPool
 from tests.live_server import LiveServer
 
 WAIT_S = 30.0

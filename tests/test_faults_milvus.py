@@ -16,12 +16,12 @@ import pytest
 import torch
 from pymilvus import MilvusClient
 
-from ragcache.bench.load import LoadRunner, Workload, summarize
 from ragcache.keys import EmbeddingSpace
 from ragcache.retrieval.documents import milvus_collection_name
 from ragcache.settings import Settings
 from ragcache.storage.embedded_milvus import MilvusLiteServer
 from ragcache.tiers.milvus import MilvusTier
+from ragcache_bench.load import LoadRunner, Workload, summarize
 from tests.live_server import LiveServer
 
 COLLECTION = "faults"

@@ -19,7 +19,7 @@ from ragcache.errors import ComputeError, ModelOutOfMemoryError
 from ragcache.processes import poll_until
 from ragcache.tiers.compute import ModelEncoder
 from ragcache.tiers.memory import MemoryTier
-from services.errors import install_error_handlers
+from ragcache_server.errors import install_error_handlers
 
 OOM_TEXT = "this text makes the device run out of memory"
 BROKEN_TEXT = "this text breaks the tokenizer"

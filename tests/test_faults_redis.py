@@ -1,7 +1,7 @@
 """Redis (L2) failing under load: stopped and started again, paused, or holding corrupt values.
 
 The real service runs (uvicorn, in a thread) over a real redis-server on a fixed port; a bounded background
-load (``ragcache.bench.load.LoadRunner``, 4 clients) sends /embed and /v1/embeddings throughout. L1 is kept
+load (``ragcache_bench.load.LoadRunner``, 4 clients) sends /embed and /v1/embeddings throughout. L1 is kept
 tiny so that most texts are looked up in L2. Measured times are printed (``pytest -s``) for RELIABILITY.md;
 they are never asserted (the machine is shared), only what must hold: no request fails, the level is skipped
 while down and used again once back.
@@ -17,10 +17,10 @@ import pytest
 import redis
 import torch
 
-from ragcache.bench.load import LoadRunner, Workload, summarize
 from ragcache.settings import Settings
 from ragcache.storage.embedded_redis import EmbeddedRedis, free_port
 from ragcache.tiers.redis import decode_values, encode_value
+from ragcache_bench.load import LoadRunner, Workload, summarize
 from tests.live_server import LiveServer
 
 MODEL = "sentence-transformers/all-MiniLM-L6-v2"

@@ -17,11 +17,11 @@ import httpx
 import redis
 from pymilvus import MilvusClient
 
-from ragcache.bench.service import ServiceProcess
 from ragcache.keys import text_hashes
 from ragcache.retrieval.documents import milvus_collection_name
 from ragcache.storage.embedded_milvus import MilvusLiteServer
 from ragcache.storage.embedded_redis import EmbeddedRedis
+from ragcache_testing.service import ServiceProcess
 
 COLLECTION = "sigterm"
 MODEL = "sentence-transformers/all-MiniLM-L6-v2"

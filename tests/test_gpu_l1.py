@@ -1,6 +1,6 @@
-"""The GPU-path check of L1 (ragcache.bench.gpu_l1), run here on the CPU: the same code a GPU run executes.
+"""The GPU-path check of L1 (ragcache_bench.gpu_l1), run here on the CPU: the same code a GPU run executes.
 
-On a machine with CUDA, ``python -m ragcache.bench.gpu_l1`` runs it against the device; CI has none.
+On a machine with CUDA, ``python -m ragcache_bench.gpu_l1`` runs it against the device; CI has none.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import json
 import pytest
 import torch
 
-from ragcache.bench import gpu_l1
+from ragcache_bench import gpu_l1
 
 
 def test_checks_pass_and_every_size_is_timed_on_cpu():

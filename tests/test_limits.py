@@ -9,8 +9,8 @@ import httpx
 import pytest
 
 from ragcache.settings import Settings
-from services.auth import AccessMiddleware, KeyRing
-from services.limits import LimitsMiddleware, RateLimiter
+from ragcache_server.auth import AccessMiddleware, KeyRing
+from ragcache_server.limits import LimitsMiddleware, RateLimiter
 from tests.live_server import LiveServer
 
 MAX_BODY = 256 * 1024

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from ragcache.bench.load import run_load
+from ragcache_bench.load import run_load
 
 pytestmark = pytest.mark.slow
 

@@ -16,8 +16,6 @@ import pytest
 import torch
 from pymilvus import MilvusClient
 
-from ragcache.bench.replicas import start_replicas, stop_replicas
-from ragcache.bench.service import served
 from ragcache.build import build_cache
 from ragcache.retrieval.knowledge import KnowledgeBase
 from ragcache.settings import Settings
@@ -25,6 +23,8 @@ from ragcache.storage.embedded_milvus import MilvusLiteServer
 from ragcache.storage.embedded_redis import free_port
 from ragcache.storage.stores import Stores, open_milvus
 from ragcache.tiers import MilvusTier
+from ragcache_testing.replicas import start_replicas, stop_replicas
+from ragcache_testing.service import served
 
 # The tier contract every level passes, run here against L3 over the network (``make_tier`` below).
 from tests.test_tier_contract import (  # noqa: F401 - collected as tests of this module

@@ -144,7 +144,7 @@ def test_served_by_the_service_per_model(redis_url, onnx_data_dir, encoder, onnx
 
 def test_a_backend_for_a_model_not_served_is_refused(tmp_path):
     settings = Settings(redis_url="off", milvus_uri="off", data_dir=tmp_path, model_backends={"nope": "onnx"})
-    from services.state import ServiceState
+    from ragcache_server.state import ServiceState
 
     with pytest.raises(ConfigError, match="model_backends"):
         ServiceState.open(settings)

@@ -148,7 +148,7 @@ def test_the_stats_route_shows_each_endpoint_and_the_client_warms_one(fleet, clo
     from fastapi.testclient import TestClient
 
     from ragcache.client import Client
-    from services.prefixes_api import router
+    from ragcache_server.prefixes_api import router
     from tests.live_server import transport_to
 
     app = FastAPI()

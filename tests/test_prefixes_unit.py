@@ -38,7 +38,7 @@ from ragcache.prefixes import (
 from ragcache.prefixes.policy import Schedule, WarmBudget, judge_residency, next_schedule
 from ragcache.retrieval.results import SearchHit
 from ragcache.tiers.base import TierHealth
-from services.prefixes_api import router
+from ragcache_server.prefixes_api import router
 from tests.live_server import transport_to
 
 BLOCK = 4

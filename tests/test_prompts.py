@@ -13,7 +13,7 @@ from ragcache.errors import ConfigError, InvalidInputError
 from ragcache.prompts import PromptedEncoder, known_prompts, prompt_name_of
 from ragcache.settings import Settings
 from ragcache.tiers.compute import PACKAGED_MODEL
-from services.state import ServiceState
+from ragcache_server.state import ServiceState
 from tests.live_server import LiveServer
 
 PROMPTS = {"query": "query: ", "document": "passage: "}

@@ -14,13 +14,13 @@ import pytest
 import redis
 import torch
 
-from ragcache.bench.replicas import stop_replicas
-from ragcache.bench.service import ServiceProcess, served
 from ragcache.cache import EmbeddingCache
 from ragcache.flight import RedisFlight
 from ragcache.storage.embedded_milvus import MilvusLiteServer
 from ragcache.storage.embedded_redis import EmbeddedRedis
 from ragcache.tiers import MemoryTier, RedisTier
+from ragcache_bench.replicas import stop_replicas
+from ragcache_testing.service import ServiceProcess, served
 from tests.tcp_proxy import TcpProxy
 
 # Generous: a loaded test machine must not turn a slow holder into a second computation.

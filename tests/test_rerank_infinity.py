@@ -13,10 +13,10 @@ import httpx
 import numpy as np
 import pytest
 
-from ragcache.bench.infinity_server import InfinityServer, InfinityServerConfig
 from ragcache.rerank.local import CrossEncoderReranker
 from ragcache.rerank.remote import RemoteReranker
 from ragcache.settings import Settings
+from ragcache_testing.infinity import InfinityServer, InfinityServerConfig
 from tests.live_server import LiveServer
 
 QUERY = "which sense of the word is meant?"

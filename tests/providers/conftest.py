@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ragcache.bench.infinity_server import InfinityServer, InfinityServerConfig, packaged_model_folder
+from ragcache_testing.infinity import InfinityServer, InfinityServerConfig, packaged_model_folder
 
 
 def _in_ci() -> bool:

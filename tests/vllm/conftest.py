@@ -13,8 +13,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from ragcache.bench.vllm_server import VLLMServer, VLLMServerConfig
 from ragcache.prefixes import Target
+from ragcache_testing.vllm import VLLMServer, VLLMServerConfig
 
 # 128 blocks of 32 tokens = a 4096-token KV cache: a few 1k-token prompts evict everything.
 # The tests assume this block size (BLOCK_SIZE in test_prefix_registry_vllm.py).

@@ -9,11 +9,11 @@ import time
 import httpx
 import pytest
 
-from ragcache.bench.prefixes import build_prefix_text, count_tokens
-from ragcache.bench.service import ServiceProcess
 from ragcache.prefixes import FilePrefixStore, PrefixRegistry, PrefixRegistryConfig, PrefixSpec, Target, VLLMClient
 from ragcache.prefixes.model import WarmOutcome
 from ragcache.prefixes.policy import judge_residency
+from ragcache_bench.prefixes import build_prefix_text, count_tokens
+from ragcache_testing.service import ServiceProcess
 
 BLOCK_SIZE = 32  # tests/vllm/conftest.py
 pytestmark = pytest.mark.vllm

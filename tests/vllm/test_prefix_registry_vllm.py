@@ -7,7 +7,6 @@ import time
 
 import pytest
 
-from ragcache.bench.prefixes import ChurnConfig, build_prefix_text, count_tokens, run_scenario
 from ragcache.prefixes import (
     PrefixRegistry,
     PrefixRegistryConfig,
@@ -16,6 +15,7 @@ from ragcache.prefixes import (
 )
 from ragcache.prefixes.policy import judge_residency
 from ragcache.prefixes.tokens import LocalTokenCounter
+from ragcache_bench.prefixes import ChurnConfig, build_prefix_text, count_tokens, run_scenario
 
 BLOCK_SIZE = 32  # the server fixture's block size (tests/vllm/conftest.py)
 

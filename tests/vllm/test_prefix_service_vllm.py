@@ -6,11 +6,11 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from ragcache.bench.prefixes import build_prefix_text
 from ragcache.client import Client
 from ragcache.errors import NotFoundError
 from ragcache.prefixes import PrefixRegistry, PrefixRegistryConfig, PromptForm, WarmOutcome
-from services.prefixes_api import router
+from ragcache_bench.prefixes import build_prefix_text
+from ragcache_server.prefixes_api import router
 from tests.live_server import transport_to
 
 pytestmark = pytest.mark.vllm

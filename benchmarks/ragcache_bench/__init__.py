@@ -1,0 +1,195 @@
+"""``ragcache bench``: rerunnable benchmarks that print a table (target, PASS/MISS) and write JSON.
+
+    ragcache bench all --quick            # every benchmark, under ten minutes on two cores
+    ragcache bench l2 --out bench-results # one benchmark
+
+Timings are medians of repeated runs, and every ratio is measured side by side in one process, against
+the same model object, the same Redis and the same seeded Zipf stream over standard-library prose.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["BENCHMARKS", "add_bench_commands", "main", "run_benchmarks"]
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    name: str
+    module: str  # imported only when run: keeps `ragcache --help` fast
+    function: str
+    help: str
+
+    def load(self) -> Callable:
+        return getattr(importlib.import_module(self.module), self.function)
+
+
+# The order `bench all` runs them in: library benchmarks first (they fill the shared vector memo, so the
+# later ones seed instead of computing), the HTTP service last (one service process shared by both).
+BENCHMARKS: dict[str, Benchmark] = {
+    b.name: b
+    for b in (
+        Benchmark("zipf", "ragcache_bench.library", "bench_zipf", "Zipf stream: all systems side by side; hit rates vs ideal (5)"),
+        Benchmark("l2", "ragcache_bench.library", "bench_l2", "1,000 keys from L2 vs MGET floor, LangChain, RedisVL (3)"),
+        Benchmark("misses", "ragcache_bench.library", "bench_misses", "all misses: cache layer vs bare model (4)"),
+        Benchmark("concurrency", "ragcache_bench.library", "bench_concurrency", "single flight and batching of concurrent misses (6)"),
+        Benchmark("scale", "ragcache_bench.library", "bench_scale", "lookup cost at 10k..1M entries per level, L1 memory (7)"),
+        Benchmark("levels", "ragcache_bench.levels", "bench_levels", "one embed call served entirely by L1, L2, L3 or computed"),
+        Benchmark("cluster", "ragcache_bench.cluster", "bench_cluster",
+                  "L2 get/put_many: 3-primary Redis Cluster vs one Redis, side by side"),
+        Benchmark("http", "ragcache_bench.http", "bench_http", "the service: /embed L1 vs computed (1), texts/s under load (2)"),
+        Benchmark("cold", "ragcache_bench.cold", "bench_cold", "cold Zipf stream through the service vs MGET + encode misses + SET (14.1)"),
+        Benchmark("search", "ragcache_bench.http", "bench_search", "/search on 100k documents: repeated vs first query (8)"),
+        Benchmark("retrieval", "ragcache_bench.retrieval", "bench_retrieval",
+                  "recall/nDCG/MRR@10 of dense, keyword, hybrid, hybrid+rerank on labelled WordNet data"),
+        Benchmark("sync", "ragcache_bench.sync", "bench_sync", "ragcache ingest --sync of a 10k-document folder, nothing changed (13)"),
+        Benchmark("replicas", "ragcache_bench.replicas", "bench_replicas",
+                  "two replicas on one Redis + Milvus server: shared hits, single flight"),
+        Benchmark("providers", "ragcache_bench.providers", "bench_providers",
+                  "in front of a real upstream (Infinity) vs the upstream alone: hot, all-miss, tokens saved"),
+        Benchmark("compute", "ragcache_bench.compute", "bench_compute",
+                  "computed texts/s: torch, ONNX, ONNX-int8 vs fastembed and Infinity, side by side (14.2, 14.3)"),
+    )
+}
+# Left out of `bench all`: they need an extra environment (the Infinity venv, `make infinity-env`; compute also
+# `make fastembed-env`).
+NOT_IN_ALL = ("providers", "compute")
+
+
+def add_bench_commands(subparsers) -> argparse.ArgumentParser:
+    """Register ``bench`` with its subcommands on an argparse subparsers object (the ``ragcache`` CLI's)."""
+    bench = subparsers.add_parser("bench", help="run benchmarks (table + JSON)", description=__doc__,
+                                  formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = bench.add_subparsers(dest="bench_command", metavar="BENCHMARK", required=True)
+    every = commands.add_parser("all", help="every benchmark below (prefixes, kv and providers excluded: they need vLLM or Infinity)")
+    _add_common(every)
+    every.set_defaults(run=_run_command, benchmarks=[name for name in BENCHMARKS if name not in NOT_IN_ALL])
+    for benchmark in BENCHMARKS.values():
+        parser = commands.add_parser(benchmark.name, help=benchmark.help)
+        _add_common(parser)
+        parser.set_defaults(run=_run_command, benchmarks=[benchmark.name])
+    _add_vllm(commands, "prefixes", "KV-prefix registry against a vLLM server (needs vLLM)")
+    _add_vllm(commands, "kv", "TTFT and tokens/s at concurrency 1-16, prefix caching off/on/kept warm (needs vLLM)")
+    _add_load(commands)
+    _add_gpu_l1(commands)
+    return bench
+
+
+def _add_common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--quick", action="store_true", help="smaller workloads (bench all --quick: < 10 min on 2 cores)")
+    parser.add_argument("--out", type=Path, default=Path("bench-results"), help="folder for the JSON results")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the Zipf stream")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def _add_vllm(commands, name: str, help: str) -> None:  # noqa: A002 - argparse's name
+    """``bench prefixes`` / ``bench kv`` (against vLLM) when the module is present; never part of ``all``."""
+    if importlib.util.find_spec(f"ragcache_bench.{name}") is None:
+        return
+    module = importlib.import_module(f"ragcache_bench.{name}")
+    parser = commands.add_parser(name, help=help)
+    module.add_arguments(parser)
+    # run() prints its own table and writes the JSON; the report it returns is not printed again.
+    parser.set_defaults(run=lambda args: module.run(args) and 0)
+
+
+def _add_gpu_l1(commands) -> None:
+    """``bench gpu-l1``: the device L1 checked against the CPU one and timed (its own flags: ``--device``)."""
+    parser = commands.add_parser("gpu-l1", help="L1 on a CUDA device: bit-exact vs CPU, no host round trip, lookup cost")
+    add_gpu_l1_arguments(parser)
+    parser.set_defaults(run=lambda args: importlib.import_module("ragcache_bench.gpu_l1").run(args))
+
+
+def add_gpu_l1_arguments(parser: argparse.ArgumentParser) -> None:
+    # Here, not in gpu_l1: building the CLI must not import torch.
+    parser.add_argument("--device", default="cuda", help="cuda, cuda:N, or cpu (default: cuda)")
+    parser.add_argument("--entries", type=int, default=100_000, help="vectors resident in each slab")
+    parser.add_argument("--repeats", type=int, default=50, help="timed repeats per size (median reported)")
+    parser.add_argument("--out", type=Path, default=Path("bench-results/gpu_l1.json"))
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def _add_load(commands) -> None:
+    """``bench load``: a bounded mixed load on the service (``--duration``, ``--clients``); never part of ``all``."""
+    from ragcache_bench import load
+
+    parser = commands.add_parser("load", help="mixed /embed, /v1/embeddings, /search load: zero errors, stable memory")
+    load.add_arguments(parser)
+    parser.set_defaults(run=load.run)
+
+
+def _run_command(args: argparse.Namespace) -> int:
+    command = f"ragcache bench {args.bench_command}" + (" --quick" if args.quick else "") + f" --out {args.out}"
+    if args.seed:
+        command += f" --seed {args.seed}"
+    results = run_benchmarks(args.benchmarks, quick=args.quick, out=args.out, seed=args.seed, command=command, quiet=args.quiet)
+    return exit_status(results)
+
+
+def exit_status(results: list) -> int:
+    """0 when every target passed; 1 when any missed (a crashed benchmark is a MISS), so a script or CI
+    that runs ``ragcache bench`` sees a regression without reading the table."""
+    return 1 if not results or any(result.num_missed for result in results) else 0
+
+
+def run_benchmarks(names: list[str], *, quick: bool, out: Path, seed: int = 0, command: str = "", quiet: bool = False) -> list:
+    """Run benchmarks in one process (one model, one Redis), print each table as it finishes, the whole
+    table at the end, and write ``<out>/<name>.json`` per benchmark plus ``<out>/all.json`` for several.
+    A progress bar over the benchmarks goes to stderr (``quiet`` turns it off)."""
+    from ragcache.progress import progress_bar
+    from ragcache_bench.context import BenchContext
+    from ragcache_bench.report import BenchResult, format_table, machine_info, summary_line, write_json
+
+    started = time.perf_counter()
+    results: list[BenchResult] = []
+    machine = machine_info()
+    mode = "quick" if quick else "full"
+    command = command or "ragcache bench " + " ".join(names)
+    with BenchContext(quick=quick, seed=seed) as ctx, progress_bar(desc="bench", unit="benchmark", total=len(names), quiet=quiet) as bar:
+        for name in names:
+            benchmark = BENCHMARKS[name]
+            bar.set_postfix_str(name)
+            _say(f"\n== {name}: {benchmark.help}")
+            t0 = time.perf_counter()
+            try:
+                result = benchmark.load()(ctx)
+            except Exception as exc:  # noqa: BLE001 - one failed benchmark must not lose the others' figures
+                traceback.print_exc()
+                result = BenchResult(name, benchmark.help)
+                result.crashed(exc)
+            result.seconds = time.perf_counter() - t0
+            results.append(result)
+            _say(format_table([result]) + f"\n({result.seconds:.1f} s)")
+            bar.update(1)
+            write_json(out / f"{name}.json", {"mode": mode, "command": command, "machine": machine, "result": result.to_dict()})
+    elapsed = time.perf_counter() - started
+    if len(results) > 1:
+        print("\n== all results\n" + format_table(results))
+        write_json(out / "all.json", {"mode": mode, "command": command, "seconds": round(elapsed, 1), "machine": machine,
+                                      "summary": summary_line(results), "results": [r.to_dict() for r in results]})
+    print(f"\n{summary_line(results)}; {elapsed:.0f} s; JSON in {out}/")
+    return results
+
+
+def _say(text: str) -> None:
+    """Print above the progress bar (tqdm.write clears and redraws it), at once even into a pipe."""
+    from tqdm import tqdm
+
+    tqdm.write(text, file=sys.stdout)
+    sys.stdout.flush()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="ragcache")
+    add_bench_commands(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["bench", *(sys.argv[1:] if argv is None else argv)])
+    return args.run(args)

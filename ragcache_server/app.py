@@ -1,0 +1,83 @@
+"""The FastAPI application: routes, error mapping, auth, and the lifespan that opens and flushes the cache.
+
+    uvicorn ragcache_server.app:create_app --factory        (or: ragcache serve)
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import asynccontextmanager
+
+from anyio import to_thread
+from fastapi import FastAPI
+from prometheus_client import CollectorRegistry
+
+from ragcache.allocator import retain_freed_memory
+from ragcache.metrics import CacheCollector, DriftCollector
+from ragcache.prefixes.metrics import register_prefix_metrics
+from ragcache.providers.metrics import UpstreamCollector
+from ragcache.settings import Settings
+from ragcache_server import prefixes_api, routes_embed, routes_ops, routes_rerank, routes_retrieval, routes_ui
+from ragcache_server.auth import OPEN_PATHS, AccessMiddleware, KeyRing
+from ragcache_server.errors import install_error_handlers
+from ragcache_server.limits import LimitsMiddleware, RateLimiter
+from ragcache_server.schemas import ERROR_RESPONSES
+from ragcache_server.state import ServiceState
+from ragcache_server.tenants import TenantCaches
+from ragcache_server.tracing import TracingMiddleware
+from ragcache_server.workers import WorkerPool
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or Settings.load()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        retain_freed_memory(settings.malloc_retain_bytes)  # before the model loads: its allocations too
+        state = await to_thread.run_sync(ServiceState.open, settings)
+        app.state.ragcache = state
+        app.state.prefixes = state.prefixes
+        app.state.tenant_caches = TenantCaches(state, enabled=settings.tenant_cache_namespaces)
+        # Rerank score caches count like the models' (their model label names the reranker; a "text" is a pair).
+        rerank_caches = [reranker.cache for reranker in state.rerankers.values()]
+        app.state.metrics_registry.register(
+            CacheCollector(lambda: [*state.caches.values(), *state.prompted.values(), *rerank_caches])
+        )
+        register_prefix_metrics(state.prefixes, app.state.metrics_registry)
+        app.state.metrics_registry.register(DriftCollector(lambda: state.drift.states() if state.drift else []))
+        app.state.metrics_registry.register(UpstreamCollector(lambda: state.caches.items()))
+        try:
+            yield
+        finally:
+            # Graceful shutdown: writes still queued for L2/L3 are flushed before the stores close.
+            await to_thread.run_sync(state.close)
+
+    app = FastAPI(
+        title="ragcache",
+        version="0.1.0",
+        summary="A multi-level embedding cache and RAG retrieval service",
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.metrics_registry = CollectorRegistry()
+    install_error_handlers(app)
+    routers = [module.router for module in (routes_embed, routes_retrieval, routes_rerank, prefixes_api, routes_ops, routes_ui)]
+    for router in routers:
+        app.include_router(router, responses=ERROR_RESPONSES)  # type: ignore[arg-type]
+    # The last added runs first: keys and rate limits are checked before a body is read (docs/SECURITY.md).
+    app.state.workers = WorkerPool(settings.max_worker_threads)
+    app.add_middleware(LimitsMiddleware, max_body_bytes=settings.max_body_bytes, timeout_s=settings.request_timeout_s,
+                       body_timeout_s=settings.body_timeout_s, untimed_paths=OPEN_PATHS, workers=app.state.workers)
+    limiter = RateLimiter(settings.rate_limit_per_s, settings.rate_limit_burst)
+    # From the routers, not the OpenAPI schema: a route left out of the docs (include_in_schema=False) still
+    # gets its scope, or admin when unlisted, instead of being open to any key.
+    routes = [(method, route.path) for router in routers for route in router.routes for method in route.methods]
+    app.add_middleware(AccessMiddleware, keys=KeyRing.from_settings(settings), limiter=limiter, routes=routes)
+    # Outermost: a request's span (RAGCACHE_TRACING) covers the refusals above as well.
+    app.add_middleware(TracingMiddleware)
+    return app
+
+
+def app_from_environment() -> FastAPI:
+    """The factory ``ragcache serve`` gives uvicorn: settings from RAGCACHE_* and the optional settings file."""
+    return create_app(Settings.load(os.environ.get("RAGCACHE_SETTINGS_FILE")))

@@ -1,0 +1,129 @@
+"""The one place that maps errors to HTTP: library errors by type, validation errors by field.
+
+Every error answers JSON ``{"error": {"type", "message", "field"}}`` whose message says what to fix.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from ragcache.errors import (
+    ComputeError,
+    ConfigError,
+    ConflictError,
+    InvalidInputError,
+    ModelOutOfMemoryError,
+    NotFoundError,
+    OverloadedError,
+    RagCacheError,
+    TierUnavailableError,
+    UpstreamBadResponseError,
+    UpstreamTimeoutError,
+    UpstreamUnavailableError,
+)
+from ragcache_server.responses import JSONResponse
+
+log = logging.getLogger(__name__)
+
+STATUS_BY_ERROR: list[tuple[type[Exception], int, str]] = [
+    (InvalidInputError, 422, "invalid_request"),
+    (NotFoundError, 404, "not_found"),
+    (ConflictError, 409, "conflict"),
+    (TierUnavailableError, 503, "unavailable"),
+    (ModelOutOfMemoryError, 503, "model_out_of_memory"),
+    # A remote model (ragcache.providers): the gateway statuses, the message naming the model.
+    (UpstreamUnavailableError, 503, "upstream_unavailable"),
+    (UpstreamTimeoutError, 504, "upstream_timeout"),
+    (UpstreamBadResponseError, 502, "upstream_bad_response"),
+    # 503, not 429: the whole server is busy, whoever asks; 429 is one key over its own rate.
+    (OverloadedError, 503, "overloaded"),
+    (ComputeError, 500, "model_failed"),
+    (ConfigError, 500, "server_config"),
+    (RagCacheError, 500, "internal"),
+]
+# pydantic puts the union member it tried into the location ("inputs", "list[str]", 1): not a field name.
+_UNION_TAGS = {"str", "int", "bool", "float", "list", "dict", "none"}
+
+
+def _is_union_tag(part: object) -> bool:
+    return isinstance(part, str) and ("[" in part or part in _UNION_TAGS or part.startswith(("constrained-", "function-")))
+
+
+class HTTPError(Exception):
+    """A service-level refusal with its own status (e.g. 413 for a batch over the limit)."""
+
+    def __init__(self, status: int, message: str, *, field: str | None = None, type: str = "invalid_request"):  # noqa: A002 - the JSON field's name
+        super().__init__(message)
+        self.status, self.message, self.field, self.type = status, message, field, type
+
+
+def error_response(status: int, type_: str, message: str, field: str | None = None, headers=None) -> JSONResponse:
+    return JSONResponse({"error": {"type": type_, "message": message, "field": field}}, status_code=status, headers=headers)
+
+
+def field_path(loc: tuple) -> str:
+    parts = [part for part in loc if part != "body" and not _is_union_tag(part)]
+    path = ""
+    for part in parts:
+        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
+    return path or "body"
+
+
+def _validation_response(exc: RequestValidationError) -> JSONResponse:
+    errors = exc.errors()
+    if any(error.get("type") == "json_invalid" for error in errors):
+        return error_response(400, "invalid_json", "the request body is not valid JSON: " + errors[0].get("msg", ""), "body")
+    # For a union (str | list[str]) pydantic reports one error per member: keep the deepest per field.
+    best: dict[str, dict] = {}
+    for error in errors:
+        path = field_path(tuple(error["loc"]))
+        top = path.split("[")[0].split(".")[0]
+        deeper = top not in best or len(error["loc"]) > len(best[top]["loc"])
+        # A list over its max_length says more than "not a string" from the union's other member.
+        if deeper or (len(error["loc"]) == len(best[top]["loc"]) and error.get("type") == "too_long"):
+            best[top] = {**error, "path": path}
+    messages = [f"{error['path']}: {error['msg']}" for error in best.values()]
+    first = next(iter(best.values()))
+    return error_response(422, "invalid_request", "; ".join(messages), first["path"])
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(RequestValidationError)
+    async def on_validation(request: Request, exc: RequestValidationError):
+        return _validation_response(exc)
+
+    @app.exception_handler(HTTPError)
+    async def on_http_error(request: Request, exc: HTTPError):
+        return error_response(exc.status, exc.type, exc.message, exc.field)
+
+    @app.exception_handler(RagCacheError)
+    async def on_library_error(request: Request, exc: RagCacheError):
+        for error_type, status, type_ in STATUS_BY_ERROR:
+            if isinstance(exc, error_type):
+                if isinstance(exc, OverloadedError):  # expected under load: no traceback, a hint when to retry
+                    log.warning("%s %s refused: %s", request.method, request.url.path, exc)
+                    headers = {"Retry-After": str(max(1, math.ceil(exc.retry_after_s)))}
+                    return error_response(status, type_, str(exc), None, headers)
+                if status >= 500:
+                    log.error("%s %s failed: %s", request.method, request.url.path, exc, exc_info=exc)
+                return error_response(status, type_, str(exc), getattr(exc, "field", None))
+        raise exc  # unreachable: RagCacheError is the last row
+
+    @app.exception_handler(StarletteHTTPException)
+    async def on_starlette_error(request: Request, exc: StarletteHTTPException):
+        message = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
+        if exc.status_code == 404:
+            message = f"no route {request.method} {request.url.path}; see /docs for the API"
+        elif exc.status_code == 405:
+            message = f"method {request.method} is not allowed on {request.url.path}; see /docs"
+        return error_response(exc.status_code, "http", message, headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def on_unexpected(request: Request, exc: Exception):
+        log.exception("%s %s failed unexpectedly", request.method, request.url.path)
+        return error_response(500, "internal", f"internal error ({type(exc).__name__}); the server log has details")

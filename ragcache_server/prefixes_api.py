@@ -1,0 +1,84 @@
+"""HTTP routes of the KV-prefix registry; they only adapt :class:`ragcache.prefixes.PrefixRegistry`.
+
+The app puts the registry at ``app.state.prefixes``. Requests and answers are the library's own frozen
+dataclasses (FastAPI validates and serialises them), so the HTTP shape cannot drift from the library's.
+Library errors propagate to the app's error handlers (InvalidInputError -> 422, NotFoundError -> 404,
+TierUnavailableError -> 503). The routes are plain ``def``: registering and warming wait on vLLM,
+so they run in the thread pool, not the loop.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request, Response
+from pydantic import BaseModel, Field
+
+from ragcache.prefixes import (
+    Prefix,
+    PrefixRegistry,
+    PrefixSpec,
+    PrefixStats,
+    RegisterResult,
+    WarmResult,
+)
+from ragcache_server.deps import prefixes_of
+
+__all__ = ["router"]
+
+router = APIRouter(prefix="/prefixes", tags=["prefixes"])
+
+
+class UsesIn(BaseModel):
+    count: int = Field(1, ge=0, le=1_000_000_000, description="requests that used the prefix since the last report")
+
+
+def _registry(request: Request) -> PrefixRegistry:
+    return prefixes_of(request)
+
+
+@router.post("", response_model=RegisterResult)
+def register_prefix(spec: PrefixSpec, request: Request, response: Response) -> RegisterResult:
+    """Register a prefix (a new version when its text changed) and warm it once when pinned.
+
+    ``text`` is a system prompt, or (``is_template``) a template whose ``{slots}`` follow its constant head.
+    """
+    result = _registry(request).register(spec)
+    response.status_code = 201 if result.created else 200
+    return result
+
+
+@router.get("", response_model=list[Prefix])
+def list_prefixes(request: Request) -> list[Prefix]:
+    return _registry(request).list()
+
+
+@router.get("/{name}", response_model=Prefix)
+def get_prefix(name: str, request: Request) -> Prefix:
+    """The stored prefix; its head (what every prompt starts with) is ``template_head(text, is_template)``."""
+    return _registry(request).get(name)
+
+
+@router.delete("/{name}", status_code=204)
+def delete_prefix(name: str, request: Request) -> Response:
+    _registry(request).delete(name)
+    return Response(status_code=204)
+
+
+@router.post("/{name}/warm", response_model=WarmResult)
+def warm_prefix(name: str, request: Request, endpoint: str | None = None) -> WarmResult:
+    """Warm now on ``endpoint`` (default: the target), still within the warm budget and the endpoint's
+    back-off: the outcome says which."""
+    return _registry(request).warm(name, endpoint)
+
+
+@router.post("/{name}/uses", status_code=204)
+def report_uses(name: str, body: UsesIn, request: Request) -> Response:
+    """Clients report how many requests they built with this prefix."""
+    _registry(request).record_use(name, body.count)
+    return Response(status_code=204)
+
+
+@router.get("/{name}/stats", response_model=PrefixStats)
+def prefix_stats(name: str, request: Request) -> PrefixStats:
+    """This replica's counters, summed and per vLLM endpoint (``endpoints``: residency as the last judged warm
+    found it, last warm, evictions)."""
+    return _registry(request).prefix_stats(name)

@@ -1,0 +1,160 @@
+"""/embed (text-embeddings-inference) and /v1/embeddings (OpenAI): both served through the cache."""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+from contextlib import nullcontext
+
+import numpy as np
+from fastapi import APIRouter, Request
+
+from ragcache.cache import EmbeddingCache, EmbedResult
+from ragcache.errors import InvalidInputError, InvalidTextError
+from ragcache.prompts import prompt_name_of
+from ragcache.tokens import Tokenizer
+from ragcache_server.deps import blocking, cache_of, check_count, check_text_size, served_count_headers, state_of
+from ragcache_server.errors import HTTPError
+from ragcache_server.passthrough import caller_scope
+from ragcache_server.responses import JSONResponse
+from ragcache_server.schemas import DecodeRequest, EmbedRequest, OpenAIEmbeddingsRequest, TokenizeRequest
+from ragcache_server.tokens import token_counts_of
+
+router = APIRouter(tags=["embeddings"])
+
+
+def as_batch(inputs: str | list[str], field: str, max_batch: int, max_text_bytes: int) -> list[str]:
+    """One text or a list, checked against the batch and size limits. Empty strings are valid texts."""
+    texts = [inputs] if isinstance(inputs, str) else inputs
+    if not texts:
+        raise InvalidInputError(f"{field} is an empty list: send at least one text", field=field)
+    check_count(texts, field, max_batch)
+    for index, text in enumerate(texts):
+        check_text_size(text, f"{field}[{index}]" if isinstance(inputs, list) else field, max_text_bytes)
+    return texts
+
+
+def prompted_cache_of(request: Request, model: str | None, prompt_name: str | None, input_type: str | None) -> EmbeddingCache:
+    """The cache of an embedding request: an explicit ``prompt_name`` must exist (422 otherwise); the prompt an
+    ``input_type`` implies is used when the model has it (clients such as Cohere's always send one)."""
+    name = prompt_name_of(prompt_name, input_type)
+    return cache_of(request, model, name, optional=prompt_name is None)
+
+
+def served_headers(result: EmbedResult) -> dict[str, str]:
+    """The cache outcome of the request: how many inputs each level served."""
+    return served_count_headers(result.served)
+
+
+async def embed_through_cache(
+    cache: EmbeddingCache, texts: list[str], *, normalize: bool, truncate: bool, field: str, scope=lambda texts: nullcontext()
+) -> EmbedResult:
+    # All in L1 (the common case for repeated texts): answer on the event loop, no thread hop. Only when
+    # truncating: a cached vector says nothing about whether its text would pass the length check.
+    if truncate:
+        resident = cache.embed_resident(texts, normalize=normalize)
+        if resident is not None:
+            return resident
+
+    def work() -> EmbedResult:
+        if not truncate:
+            try:
+                cache.tokenizer.check_lengths(texts, field)
+            except InvalidTextError:
+                raise  # not valid Unicode: a 422 naming the item, not a length
+            except InvalidInputError as exc:
+                raise HTTPError(413, str(exc), field=exc.field) from exc
+        with scope(texts):  # a remote model's pass-through: the caller's own key for their misses
+            return cache.embed_detailed(texts, normalize=normalize)
+
+    # The cache blocks (Redis, Milvus, the model): it runs in a worker thread, off the event loop. At the
+    # request deadline the thread is abandoned, not awaited; what it computes still lands in the cache.
+    return await blocking(work)
+
+
+def base64_rows(vectors: np.ndarray) -> list[str]:
+    """One base64 string per row. A row of 384 float32 is 1,536 bytes, a multiple of 3, so the rows' encodings
+    are exact slices of one encoding of the whole matrix: one C call instead of one per row (~4x faster)."""
+    row_bytes = vectors.shape[1] * vectors.itemsize
+    if row_bytes % 3:
+        return [base64.b64encode(row.tobytes()).decode("ascii") for row in vectors]
+    encoded = base64.b64encode(np.ascontiguousarray(vectors).tobytes()).decode("ascii")
+    width = row_bytes // 3 * 4
+    return [encoded[start : start + width] for start in range(0, len(encoded), width)]
+
+
+# "/" is text-embeddings-inference's route for the model's own task: for an embedding model, /embed. The most
+# used TEI client, huggingface_hub's InferenceClient(model=<url>).feature_extraction(...), posts there.
+@router.post("/", summary="Embed texts (text-embeddings-inference's root route, as /embed)")
+@router.post("/embed", summary="Embed texts (text-embeddings-inference compatible)")
+async def embed(body: EmbedRequest, request: Request) -> JSONResponse:
+    """A JSON list of vectors, one per input; response headers ``X-Cache-*`` tell which level served them."""
+    state = state_of(request)
+    texts = as_batch(body.inputs, "inputs", state.settings.max_batch, state.settings.max_text_bytes)
+    cache = prompted_cache_of(request, body.model, body.prompt_name, body.input_type)
+    truncate = state.settings.truncate if body.truncate is None else body.truncate
+    result = await embed_through_cache(cache, texts, normalize=body.normalize, truncate=truncate, field="inputs",
+                                       scope=caller_scope(request, cache))
+    return JSONResponse(result.vectors, headers=served_headers(result))
+
+
+@router.post("/v1/embeddings", summary="Embed texts (OpenAI compatible)")
+async def openai_embeddings(body: OpenAIEmbeddingsRequest, request: Request) -> JSONResponse:
+    """OpenAI's response shape; ``encoding_format=base64`` carries raw little-endian float32."""
+    state = state_of(request)
+    texts = as_batch(body.input, "input", state.settings.max_batch, state.settings.max_text_bytes)
+    cache = prompted_cache_of(request, body.model, body.prompt_name, body.input_type)
+    if body.dimensions is not None and body.dimensions != cache.space.dim:
+        raise InvalidInputError(
+            f"dimensions={body.dimensions} is not available: {cache.space.model} gives {cache.space.dim} dimensions only",
+            field="dimensions",
+        )
+    result = await embed_through_cache(cache, texts, normalize=False, truncate=state.settings.truncate, field="input",
+                                       scope=caller_scope(request, cache))
+    token_counts = token_counts_of(request, cache)
+    num_tokens = token_counts.known_total(texts)
+    if num_tokens is None:
+        num_tokens = await blocking(token_counts.total, texts)
+    vectors = np.asarray(result.vectors, dtype="<f4")
+    if body.encoding_format == "base64":
+        embeddings = base64_rows(vectors)
+    else:
+        embeddings = list(vectors)
+    return JSONResponse(
+        {
+            "object": "list",
+            "data": [{"object": "embedding", "embedding": e, "index": i} for i, e in enumerate(embeddings)],
+            "model": body.model or cache.space.model,
+            "usage": {"prompt_tokens": num_tokens, "total_tokens": num_tokens},
+        },
+        headers=served_headers(result),
+    )
+
+
+def tokenizer_of(cache: EmbeddingCache) -> Tokenizer:
+    tokenizer = cache.tokenizer
+    if not isinstance(tokenizer, Tokenizer):
+        raise InvalidInputError(f"model {cache.space.model!r} has no local tokenizer to show", field="model")
+    return tokenizer
+
+
+@router.post("/tokenize", summary="The tokens of texts (text-embeddings-inference compatible)")
+async def tokenize(body: TokenizeRequest, request: Request) -> JSONResponse:
+    """Per input, its tokens: ``{id, text, special, start, stop}`` with character offsets into the input."""
+    state = state_of(request)
+    texts = as_batch(body.inputs, "inputs", state.settings.max_batch, state.settings.max_text_bytes)
+    if body.prompt_name is not None:
+        raise InvalidInputError("prompt_name is not supported: a prompt is part of the server's embedding space", field="prompt_name")
+    tokenizer = tokenizer_of(cache_of(request, body.model))
+    tokenized = await blocking(tokenizer.tokenize, texts, add_special_tokens=body.add_special_tokens)
+    return JSONResponse([[dataclasses.asdict(token) for token in tokens] for tokens in tokenized])
+
+
+@router.post("/decode", summary="The text of token ids (text-embeddings-inference compatible)")
+async def decode(body: DecodeRequest, request: Request) -> JSONResponse:
+    """One text per list of ids (a single list of ids gives a list of one text)."""
+    state = state_of(request)
+    rows = body.ids if body.ids and isinstance(body.ids[0], list) else [body.ids]
+    check_count(rows, "ids", state.settings.max_batch)
+    tokenizer = tokenizer_of(cache_of(request, body.model))
+    return JSONResponse(await blocking(tokenizer.decode, rows, skip_special_tokens=body.skip_special_tokens))

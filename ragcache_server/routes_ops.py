@@ -1,0 +1,166 @@
+"""Operations: /stats (hit rates), /metrics (Prometheus), /health and /info."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import platform
+from dataclasses import asdict
+
+from fastapi import APIRouter, Request
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.responses import Response
+
+import ragcache
+from ragcache.drift import DriftState
+from ragcache.providers.stats import upstream_figures
+from ragcache.redact import redact_url
+from ragcache_server.auth import principal_of
+from ragcache_server.deps import metrics_registry_of, state_of
+from ragcache_server.responses import JSONResponse
+from ragcache_server.state import ServiceState
+
+router = APIRouter(tags=["operations"])
+
+
+@router.get("/stats", summary="Hit rates per level and per model, since start and over the recent window")
+async def stats(request: Request) -> JSONResponse:
+    state = state_of(request)
+    drift = _drift_of(state)
+    models = {
+        name: {
+            "space": cache.space.describe(),
+            "levels": cache.level_states(),
+            "pending_writes": cache.pending_writes,
+            "since_start": asdict(cache.stats()),
+            "recent": asdict(cache.stats(recent=True)),
+            "drift": drift.get(name),
+            # Each tenant's key namespace (tenant_cache_namespaces): its share of the figures above.
+            "namespaces": _namespaces_of(cache),
+            **_upstream_of(cache),
+            # The model under each named prompt used so far (ragcache.prompts): a space and cache of its own.
+            "prompts": {
+                prompt_name: {
+                    "space": prompted.space.describe(),
+                    "since_start": asdict(prompted.stats()),
+                    "recent": asdict(prompted.stats(recent=True)),
+                }
+                for (model, prompt_name), prompted in list(state.prompted.items())
+                if model == name
+            },
+        }
+        for name, cache in state.caches.items()
+    }
+    # Rerank scores are cached like vectors (ragcache.rerank.scores): the same figures, per reranker.
+    rerankers = {
+        name: {
+            "space": reranker.cache.space.describe(),
+            "levels": reranker.cache.level_states(),
+            "since_start": asdict(reranker.cache.stats()),
+            "recent": asdict(reranker.cache.stats(recent=True)),
+            **_remote_reranker_of(reranker.reranker),
+        }
+        for name, reranker in state.rerankers.items()
+    }
+    return JSONResponse({"models": models, "rerankers": rerankers, "prefixes": asdict(state.prefixes.stats())})
+
+
+def _upstream_of(cache) -> dict:
+    """A remote model's ``upstream`` entry (calls, tokens, retries, errors, latency, savings); none for a local one."""
+    figures = upstream_figures(cache.encoder.stats(), cache.stats().hits)
+    return {} if figures is None else {"upstream": figures}
+
+
+def _remote_reranker_of(reranker) -> dict:
+    """A remote reranker's breaker (up, or down since when and why); none for a local cross-encoder."""
+    health = getattr(reranker, "health", None)
+    if health is None:
+        return {}
+    down = health.is_down
+    return {"remote": {"up": not down, "last_error": health.last_error if down else None,
+                       "num_outages": health.num_outages, "down_for_s": health.down_for_s()}}
+
+
+@router.get("/metrics", summary="Prometheus exposition", response_class=Response)
+async def metrics(request: Request) -> Response:
+    return Response(generate_latest(metrics_registry_of(request)), media_type=CONTENT_TYPE_LATEST)
+
+
+@router.get("/health", summary="ok, or degraded while a level is down (the service still answers)")
+async def health(request: Request) -> JSONResponse:
+    state = state_of(request)
+    down = sorted({level for cache in state.caches.values() for level, s in cache.level_states().items() if not s["up"]})
+    # Per model: stable, changed (the model behind the name changed and a new space generation is served;
+    # the service is fine), or check_failing (the canaries could not be checked; the last generation stays).
+    # No error text: /health is open, and an error may name a host (/stats, admin only, has it).
+    drift = {
+        name: {"status": s.status, "generation": s.generation, "num_drift_events": s.num_drift_events,
+               "last_drift_at": s.last_drift_at}
+        for name, s in _drift_states(state).items()
+    }
+    return JSONResponse({"status": "degraded" if down else "ok", "levels_down": down, "drift": drift})
+
+
+def _drift_states(state: ServiceState) -> dict[str, DriftState]:
+    return {s.model: s for s in state.drift.states()} if state.drift is not None else {}
+
+
+def _drift_of(state: ServiceState) -> dict[str, dict]:
+    """Each model's drift check, for /stats (``ragcache.drift.DriftState`` plus its status)."""
+    return {name: {**asdict(s), "status": s.status} for name, s in _drift_states(state).items()}
+
+
+@router.get("/info", summary="Models and dimensions; for an admin key also levels, settings and versions")
+async def info(request: Request) -> JSONResponse:
+    state = state_of(request)
+    models = [
+        {"name": name, "dim": cache.space.dim, "dtype": cache.space.dtype, "prompts": state.prompts_of(name)}
+        for name, cache in state.caches.items()
+    ]
+    if "admin" not in principal_of(request).scopes:
+        # Any key may call /info to learn what it can embed with; level states, raw errors, L1 usage and
+        # where the stores are belong to the operator (an error may name a host, a URI its credentials).
+        return JSONResponse({"default_model": state.default_model, "models": models})
+    return JSONResponse(_admin_info(state, models))
+
+
+def _admin_info(state: ServiceState, models: list[dict]) -> dict:
+    import fastapi
+    import pymilvus
+    import redis
+    import torch
+
+    for model, cache in zip(models, state.caches.values()):
+        model.update(
+            max_seq_length=cache.space.max_seq_length,
+            space=cache.space.describe(),
+            device=str(cache.device),
+            levels=cache.level_states(),
+        )
+    return {
+        "default_model": state.default_model,
+        "models": models,
+        "settings": {
+            "max_batch": state.settings.max_batch,
+            "truncate": state.settings.truncate,
+            "l1_bytes": state.settings.l1_bytes,
+            "redis": "embedded" if state.stores.embedded_redis else ("off" if state.stores.redis is None else "external"),
+            # Redacted: a URI may carry a user and password (ragcache.redact).
+            "milvus": redact_url(uri) if (uri := state.settings.resolved_milvus_uri) else "off",
+        },
+        "versions": {
+            "ragcache": ragcache.__version__,
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            # From the package metadata: importing it takes ~8 s, and a service of remote models never needs it.
+            "sentence_transformers": importlib.metadata.version("sentence-transformers"),
+            "redis_py": redis.__version__,
+            "pymilvus": pymilvus.__version__,
+            "fastapi": fastapi.__version__,
+        },
+    }
+
+
+def _namespaces_of(cache) -> dict[str, dict]:
+    since_start, recent = cache.namespace_stats(), cache.namespace_stats(recent=True)
+    return {name: {"since_start": asdict(figures), "recent": asdict(recent[name]) if name in recent else None}
+            for name, figures in since_start.items()}

@@ -1,0 +1,240 @@
+"""/documents, /collections and /search over the knowledge base, each caller within its tenant.
+
+A tenant's collections are stored under a tenant prefix (ragcache_server/tenants.py); the routes translate the
+names both ways, so a tenant never sees, nor can name, another tenant's collection.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+from urllib.parse import quote
+
+from fastapi import APIRouter, Request
+
+from ragcache.errors import InvalidInputError, TierUnavailableError
+from ragcache.prefixes import Prefix, PrefixRegistry, assemble_prompt, render_text
+from ragcache.prompts import DOCUMENT, QUERY
+from ragcache.rerank.scores import RerankCache
+from ragcache.rerank.stage import rerank_result
+from ragcache.retrieval.documents import check_collection_name
+from ragcache.retrieval.knowledge import KnowledgeBase
+from ragcache.retrieval.results import SearchResult
+from ragcache.retrieval.sync import SyncOptions
+from ragcache_server.auth import principal_of
+from ragcache_server.deps import blocking, cache_of, check_count, check_text_size, prefixes_of, rerank_namespace, state_of
+from ragcache_server.errors import HTTPError
+from ragcache_server.responses import JSONResponse
+from ragcache_server.schemas import (
+    AddDocumentsRequest,
+    BatchSearchRequest,
+    DeleteDocumentsRequest,
+    GetDocumentsRequest,
+    ListIdsRequest,
+    SearchRequest,
+)
+from ragcache_server.state import ServiceState
+from ragcache_server.tenants import public_collection, public_names, stored_collection, tenant_prefix
+
+router = APIRouter(tags=["retrieval"])
+
+
+def knowledge_of(state: ServiceState) -> KnowledgeBase:
+    if state.knowledge is None:
+        raise HTTPError(503, "retrieval needs Milvus, which is off: set RAGCACHE_MILVUS_URI", type="unavailable")
+    return state.knowledge
+
+
+@router.post("/documents", summary="Add or replace documents (upsert by id)")
+async def add_documents(body: AddDocumentsRequest, request: Request) -> JSONResponse:
+    state = state_of(request)
+    check_count(body.documents, "documents", state.settings.max_batch)
+    stored = stored_collection(principal_of(request).tenant, body.collection)
+    cache = cache_of(request, body.model, DOCUMENT, optional=True)
+    documents = [document.model_dump() for document in body.documents]
+    sync = None
+    if body.sync is not None:
+        # A sync deletes documents, which DELETE /documents reserves for admin keys: the same rule here.
+        if "admin" not in principal_of(request).scopes:
+            raise HTTPError(403, "sync deletes documents, which needs the 'admin' scope", field="sync", type="forbidden")
+        sync = SyncOptions(body.sync.cleanup, body.sync.scope)
+    tenant, quota = principal_of(request).tenant, state.settings.tenant_max_collections
+    if tenant is not None and quota is not None:
+        await blocking(check_collection_quota, knowledge_of(state), tenant, stored, body.collection, quota)
+    with public_names(stored, body.collection):
+        result = await blocking(knowledge_of(state).add_documents, stored, documents, cache=cache, sync=sync)
+    return JSONResponse(dataclasses.replace(result, collection=body.collection))
+
+
+def check_collection_quota(knowledge: KnowledgeBase, tenant: str, stored: str, public: str, quota: int) -> None:
+    """403 when an ingest would create one collection more than the tenant may have. Checked per request,
+    not under a lock: two first ingests racing into new collections may pass it together (one over)."""
+    names = knowledge.collection_names(prefix=tenant_prefix(tenant))
+    if stored not in names and len(names) >= quota:
+        message = (f"collection {public!r} would be this tenant's {len(names) + 1}th, over its quota of {quota} "
+                   "(RAGCACHE_TENANT_MAX_COLLECTIONS): ingest into an existing collection, or delete one")
+        raise HTTPError(403, message, field="collection", type="quota_exceeded")
+
+
+@router.post("/documents/ids", summary="The ids of a collection's documents (optionally filtered), for syncing")
+async def list_ids(body: ListIdsRequest, request: Request) -> JSONResponse:
+    stored = stored_collection(principal_of(request).tenant, body.collection)
+    with public_names(stored, body.collection):
+        ids = await blocking(knowledge_of(state_of(request)).list_ids, stored, body.filter)
+    return JSONResponse({"collection": body.collection, "ids": ids})
+
+
+@router.post("/documents/get", summary="Documents by id (text and metadata)")
+async def get_documents(body: GetDocumentsRequest, request: Request) -> JSONResponse:
+    """``{"collection", "documents": [{id, text, metadata}], "missing": [ids]}``, documents in the order asked."""
+    state = state_of(request)
+    check_count(body.ids, "ids", state.settings.max_batch)
+    stored = stored_collection(principal_of(request).tenant, body.collection)
+    with public_names(stored, body.collection):
+        documents = await blocking(knowledge_of(state).get_documents, stored, body.ids)
+    found = {document.id for document in documents}
+    missing = [doc_id for doc_id in dict.fromkeys(body.ids) if doc_id not in found]
+    return JSONResponse({"collection": body.collection, "documents": documents, "missing": missing})
+
+
+@router.delete("/collections/{collection}", summary="Drop a collection and all its documents")
+async def drop_collection(collection: str, request: Request) -> JSONResponse:
+    """404 when it does not exist (for a tenant: when it is not the tenant's)."""
+    stored = stored_collection(principal_of(request).tenant, check_collection_name(collection))
+    with public_names(stored, collection):
+        await blocking(knowledge_of(state_of(request)).drop_collection, stored)
+    return JSONResponse({"collection": collection, "dropped": True})
+
+
+@router.delete("/documents", summary="Delete documents by id")
+async def delete_documents(body: DeleteDocumentsRequest, request: Request) -> JSONResponse:
+    state = state_of(request)
+    check_count(body.ids, "ids", state.settings.max_batch)
+    stored = stored_collection(principal_of(request).tenant, body.collection)
+    with public_names(stored, body.collection):
+        num_deleted = await blocking(knowledge_of(state).delete_documents, stored, body.ids)
+    return JSONResponse({"collection": body.collection, "num_deleted": num_deleted})
+
+
+@router.get("/collections", summary="Collections with their embedding space and size")
+async def list_collections(request: Request) -> JSONResponse:
+    tenant = principal_of(request).tenant
+    # Only the tenant's own collections are read: another tenant's broken one cannot fail this listing.
+    infos = await blocking(knowledge_of(state_of(request)).list_collections, prefix=tenant_prefix(tenant))
+    own = [(info, public_collection(tenant, info.name)) for info in infos]
+    return JSONResponse({"collections": [dataclasses.replace(info, name=name) for info, name in own if name is not None]})
+
+
+@router.post("/search", summary="The documents nearest to a query (dense, keyword or hybrid)")
+async def search(body: SearchRequest, request: Request) -> JSONResponse:
+    """``X-Search-Mode`` names the mode that answered; ``X-Search-Fallback: dense`` (and the body's
+    ``fallback``) says that a keyword or hybrid search was answered by dense search alone. With ``rerank``,
+    ``X-Rerank`` names the reranker that ordered the hits, or ``X-Rerank-Fallback: search-order`` (and the
+    body's ``rerank_fallback``) says that it failed and the hits are in search order."""
+    state = state_of(request)
+    check_text_size(body.query, "query", state.settings.max_text_bytes)
+    reranker = reranker_of(state, body)
+    stored = stored_collection(principal_of(request).tenant, body.collection)
+    cache, knowledge = cache_of(request, body.model, DOCUMENT, optional=True), knowledge_of(state)
+    query_cache = cache_of(request, body.model, QUERY, optional=True)
+    arguments: dict[str, Any] = dict(cache=cache, query_cache=query_cache, top_k=body.top_k, filter=body.filter, options=body.options())
+    # The filter is Milvus' expression language over this one collection's fields; it cannot name another
+    # collection, and tenants are kept apart by collection, so no filter reaches another tenant's documents.
+    with public_names(stored, body.collection):
+        # A repeated query's result list comes from Redis without leaving the event loop; the rest
+        # (embedding, Milvus) blocks, so it runs in a worker thread.
+        result = await knowledge.search_cached(stored, body.query, **arguments)
+        if result is None:
+            try:
+                result = await blocking(knowledge.search, stored, body.query, **arguments)
+            except TierUnavailableError as exc:
+                if body.filter is None or not await searches_without_filter(knowledge, stored, body.query, cache, query_cache):
+                    raise
+                raise InvalidInputError(f"filter could not be evaluated by Milvus: {exc}", field="filter") from exc
+    headers = search_headers([result])
+    if reranker is not None and body.rerank is not None:
+        top_n = body.rerank.top_n or body.top_k
+        result = await blocking(rerank_result, result, body.query, reranker, top_n=top_n, namespace=rerank_namespace(request))
+        headers.update(rerank_headers(result))
+    return JSONResponse(await with_prompt(result, body, request), headers=headers)
+
+
+def rerank_headers(*results: SearchResult) -> dict[str, str]:
+    """``X-Rerank-Fallback`` when any answer is in search order because its reranker failed, else ``X-Rerank``."""
+    if any(result.rerank_fallback is not None for result in results):
+        return {"X-Rerank-Fallback": "search-order"}
+    # A reranker's name may be a path: quoted, so a header never carries a character HTTP cannot.
+    return {"X-Rerank": quote(results[0].reranked_by or "", safe="/:._-")}
+
+
+@router.post("/search/batch", summary="Several queries against one collection in one call")
+async def search_batch(body: BatchSearchRequest, request: Request) -> JSONResponse:
+    """``{"results": [...]}``, one /search answer per query, in order; the queries are embedded as one batch."""
+    state = state_of(request)
+    for index, query in enumerate(body.queries):
+        check_text_size(query, f"queries[{index}]", state.settings.max_text_bytes)
+    stored = stored_collection(principal_of(request).tenant, body.collection)
+    cache, knowledge = cache_of(request, body.model, DOCUMENT, optional=True), knowledge_of(state)
+    query_cache = cache_of(request, body.model, QUERY, optional=True)
+    arguments = dict(cache=cache, query_cache=query_cache, top_k=body.top_k, filter=body.filter, options=body.options())
+    reranker = reranker_of(state, body)
+    with public_names(stored, body.collection):
+        results = await blocking(knowledge.search_many, stored, body.queries, **arguments)
+    headers = search_headers(results)
+    if reranker is not None and body.rerank is not None:
+        top_n, namespace = body.rerank.top_n or body.top_k, rerank_namespace(request)
+        results = [await blocking(rerank_result, result, query, reranker, top_n=top_n, namespace=namespace)
+                   for result, query in zip(results, body.queries)]
+        headers.update(rerank_headers(*results))
+    return JSONResponse({"results": results}, headers=headers)
+
+
+def reranker_of(state: ServiceState, body: SearchRequest | BatchSearchRequest) -> RerankCache | None:
+    """The reranker a search asked for, checked before any work: an unknown one is the caller's to fix."""
+    if body.rerank is None:
+        return None
+    reranker = state.reranker_for(body.rerank.model, field="rerank.model")
+    if body.group_by_source:
+        raise InvalidInputError("rerank reorders hits, group_by_source groups them: ask for one of the two", field="rerank")
+    return reranker
+
+
+def search_headers(results: list[SearchResult]) -> dict[str, str]:
+    """The mode that answered, and whether any answer fell back to dense search."""
+    headers = {"X-Search-Mode": results[0].mode}
+    if any(result.fallback is not None for result in results):
+        headers["X-Search-Fallback"] = "dense"
+    return headers
+
+
+async def with_prompt(result: SearchResult, body: SearchRequest, request: Request) -> Any:
+    """The answer, plus ``prompt`` when the request names a registered prefix: its text, the hits ordered by id,
+    the volatile part last (``ragcache.prefixes.assemble_prompt``), so consecutive prompts share the longest
+    possible head in vLLM's prefix cache."""
+    if body.prompt_prefix is None:
+        return result
+    volatile = f"Question: {body.query}\n" if body.prompt_volatile is None else body.prompt_volatile
+    check_text_size(volatile, "prompt_volatile", state_of(request).settings.max_text_bytes)
+    # The store is Redis (or a file): read it, and count the use, off the event loop.
+    prefix = await blocking(plain_prefix_used, prefixes_of(request), body.prompt_prefix)
+    return {**dataclasses.asdict(result), "prompt": assemble_prompt(render_text(prefix, {}), result.hits, volatile)}
+
+
+def plain_prefix_used(registry: PrefixRegistry, name: str) -> Prefix:
+    """The registered prefix ``name``, counted as used; a template is refused (its slots are the caller's)."""
+    prefix = registry.get(name)
+    if prefix.is_template:
+        raise InvalidInputError("prompt_prefix must name a plain prefix, not a template", field="prompt_prefix")
+    registry.record_use(prefix.name)
+    return prefix
+
+
+async def searches_without_filter(knowledge: KnowledgeBase, collection: str, query: str, cache, query_cache) -> bool:
+    """Whether the search works without its filter. Milvus answers some expressions it parses but cannot
+    run (a constant such as ``1 == 1``) with a generic engine error, not its invalid-parameter code: when
+    the same search without the filter works, the filter was at fault (422), not the store (503)."""
+    try:
+        await blocking(knowledge.search, collection, query, cache=cache, query_cache=query_cache, top_k=1, filter=None)
+    except TierUnavailableError:
+        return False
+    return True
