@@ -47,6 +47,8 @@ BENCHMARKS: dict[str, Benchmark] = {
         Benchmark("cluster", "ragcache_bench.cluster", "bench_cluster",
                   "L2 get/put_many: 3-primary Redis Cluster vs one Redis, side by side"),
         Benchmark("http", "ragcache_bench.http", "bench_http", "the service: /embed L1 vs computed (1), texts/s under load (2)"),
+        Benchmark("overhead", "ragcache_bench.overhead", "bench_overhead",
+                  "ragcache's own CPU per text in front of an instant upstream: miss, hit, texts/s vs the upstream (22)"),
         Benchmark("cold", "ragcache_bench.cold", "bench_cold", "cold Zipf stream through the service vs MGET + encode misses + SET (14.1)"),
         Benchmark("search", "ragcache_bench.http", "bench_search", "/search on 100k documents: repeated vs first query (8)"),
         Benchmark("retrieval", "ragcache_bench.retrieval", "bench_retrieval",

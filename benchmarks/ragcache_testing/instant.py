@@ -109,7 +109,7 @@ def serve(port: int, dim: int) -> None:
 
 class InstantUpstream:
     """The instant upstream in a child process, for a ``with`` block: ``base_url`` (ending in /v1), ``model``,
-    ``dim`` and ``models_json`` (ragcache's RAGCACHE_MODELS entry naming it, for a service or a cache)."""
+    ``dim`` and ``models_json`` (ragcache's RAGCACHE_MODELS_JSON naming it, for a service or a cache)."""
 
     def __init__(self, dim: int = 384, *, name: str = MODEL, timeout_s: float = 30.0):
         self.dim = dim

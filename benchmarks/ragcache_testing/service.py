@@ -30,7 +30,7 @@ class ServiceProcess:
         self,
         workdir: Path,
         *,
-        redis_url: str,
+        redis_url: str | None,
         extra_env: dict[str, str] | None = None,
         timeout_s: float = 180.0,
         log_level: str = "warning",
@@ -43,9 +43,11 @@ class ServiceProcess:
             **os.environ,
             "HF_HUB_OFFLINE": "1",
             "RAGCACHE_DATA_DIR": str(data_dir),
-            "RAGCACHE_REDIS_URL": redis_url,
+            "RAGCACHE_REDIS_URL": redis_url or "",
             **(extra_env or {}),
         }
+        if redis_url is None:
+            del env["RAGCACHE_REDIS_URL"]  # the service starts its own embedded Redis, as `make serve` does
         self.log_path = data_dir / "service.log"
         self._log = self.log_path.open("wb")
         # `ragcache serve`'s uvicorn settings, with the app that adds the bench's floor route (benchmarks/ragcache_bench/floor_app.py).
