@@ -140,8 +140,21 @@ def _flight(settings: Settings, stores: Stores) -> RedisFlight | None:
     return RedisFlight(stores.redis, ttl_ms=settings.single_flight_ttl_ms, wait_s=settings.single_flight_wait_ms / 1000)  # type: ignore[arg-type]
 
 
+def _default_encoder(settings: Settings) -> ModelEncoder | RemoteEncoder:
+    """``settings.model``: a configured remote model of that name (then no local model is loaded), else local."""
+    models = load_models(settings.models_json, settings.models_file)
+    if any(model.name == settings.model for model in models):
+        remote = {encoder.name: encoder for encoder in load_remote_encoders(settings)}
+        for name, encoder in remote.items():
+            if name != settings.model:
+                encoder.close()
+        return remote[settings.model]
+    return load_encoder(settings)
+
+
 def open_cache(settings: Settings | None = None) -> EmbeddingCache:
-    """A ready cache for the default model, owning its stores (closed with the cache).
+    """A ready cache for the default model (local, or a remote one ``settings.model`` names), owning its
+    stores (closed with the cache).
 
     >>> with open_cache(Settings(redis_url="off", milvus_uri="off")) as cache:
     ...     vectors = cache.embed(["hello"])
@@ -149,16 +162,20 @@ def open_cache(settings: Settings | None = None) -> EmbeddingCache:
     settings = settings or Settings.load()
     stores = Stores.open(settings)
     monitor = None
+    encoder = None
 
     def close() -> None:
         if monitor is not None:
             monitor.close()
+        if isinstance(encoder, RemoteEncoder):
+            encoder.close()  # its connections and upstream threads
         stores.close()
 
     try:
-        cache = build_cache(settings, stores, load_encoder(settings), on_close=close)
+        encoder = _default_encoder(settings)
+        cache = build_cache(settings, stores, encoder, on_close=close)
     except BaseException:
-        stores.close()
+        close()
         raise
     try:
         # Checked before the first lookup: a model changed since the last run never serves the old vectors.
