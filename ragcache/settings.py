@@ -102,7 +102,8 @@ class Settings(BaseSettings):
     rerank_api: Literal["tei", "cohere"] = Field("tei", description="the remote endpoint's shape: TEI, or Cohere/Infinity")
     rerank_api_key: str | None = Field(None, repr=False, description="bearer token for the remote endpoint")
     rerank_revision: str = Field("unversioned", description="revision label of the remote model (part of the score key)")
-    rerank_timeout_s: float = Field(10.0, gt=0, description="deadline of one remote rerank call; slower counts as an outage")
+    rerank_timeout_s: float = Field(10.0, gt=0, description="deadline of a whole remote rerank call, retries included; slower is an outage")
+    rerank_max_answer_bytes: int = Field(1 << 20, gt=0, description="most bytes of one remote rerank answer; larger is refused (502)")
     rerank_l1_bytes: int = Field(8 * 1024 * 1024, gt=0, description="L1 budget for cached rerank scores (4 bytes each)")
 
     # -- model drift (docs/drift.md) ---------------------------------------------------------------------

@@ -12,7 +12,7 @@ import torch
 
 from ragcache.cache import EmbeddingCache
 from ragcache.client import AsyncClient, Client
-from ragcache.errors import InvalidInputError, TierUnavailableError
+from ragcache.errors import InvalidInputError, UpstreamBadResponseError, UpstreamUnavailableError
 from ragcache.processes import free_port
 from ragcache.rerank.local import CrossEncoderReranker
 from ragcache.rerank.remote import RemoteReranker
@@ -174,12 +174,12 @@ def test_remote_reranker_down_opens_the_breaker_and_fails_fast():
         raise httpx.ConnectError("connection refused", request=request)
 
     remote = RemoteReranker("http://user:s3cret-pw@127.0.0.1:9/rerank", "m", transport=httpx.MockTransport(refuse), retries=1)
-    with pytest.raises(TierUnavailableError) as raised:
+    with pytest.raises(UpstreamUnavailableError) as raised:
         remote.score([(QUERY, "t")])
     assert "s3cret-pw" not in str(raised.value) and "127.0.0.1:9" in str(raised.value)
     assert len(calls) == 2  # one retry of a connection that could not be made, no more
     assert remote.health.is_down
-    with pytest.raises(TierUnavailableError, match="down"):
+    with pytest.raises(UpstreamUnavailableError, match="down"):
         remote.score([(QUERY, "t")])
     assert len(calls) == 2  # the open breaker answered without a network call
 
@@ -189,7 +189,7 @@ def test_remote_reranker_refuses_an_answer_that_misses_a_text():
         return httpx.Response(200, json=[{"index": 0, "score": 0.5}])
 
     remote = RemoteReranker("http://127.0.0.1:9/rerank", "m", transport=httpx.MockTransport(short))
-    with pytest.raises(TierUnavailableError, match="misses a text"):
+    with pytest.raises(UpstreamBadResponseError, match="misses a text"):
         remote.score([(QUERY, "a"), (QUERY, "b")])
 
 

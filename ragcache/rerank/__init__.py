@@ -3,7 +3,7 @@ the scores cached like vectors.
 
     base      the ``Reranker`` interface and the result types
     local     ``CrossEncoderReranker`` (sentence-transformers ``CrossEncoder``)
-    remote    ``RemoteReranker`` (TEI or Cohere/Infinity ``/rerank`` over httpx, behind a breaker)
+    remote    ``RemoteReranker`` (TEI or Cohere/Infinity ``/rerank`` through ``ragcache.outbound``)
     scores    ``RerankCache``: the scores in L1/L2, keyed by the reranker's space and the pair
     build     the served rerankers from settings
     tiny      a tiny random cross-encoder built offline, for the mechanics only

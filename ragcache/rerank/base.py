@@ -20,8 +20,8 @@ __all__ = ["Reranker", "RerankHit", "RerankResult", "score_space"]
 
 @runtime_checkable
 class Reranker(Protocol):
-    """Scores pairs. A remote reranker that fails raises ``TierUnavailableError``; a local model that fails
-    raises ``ComputeError``. ``count_tokens`` is None where the tokenizer is not known here (remote)."""
+    """Scores pairs. A remote reranker that fails raises ``UpstreamError``; a local model that fails raises
+    ``ComputeError`` (its base). ``count_tokens`` is None where the tokenizer is not known here (remote)."""
 
     name: str
     space: EmbeddingSpace

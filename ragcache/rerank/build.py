@@ -33,6 +33,7 @@ def build_rerankers(settings: Settings) -> list[Reranker]:
                 settings.rerank_remote_model,
                 api=settings.rerank_api,
                 timeout_s=settings.rerank_timeout_s,
+                max_answer_bytes=settings.rerank_max_answer_bytes,
                 api_key=settings.rerank_api_key,
                 revision=settings.rerank_revision,
             )

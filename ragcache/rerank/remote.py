@@ -4,35 +4,37 @@ Infinity and Cohere serve (``cohere``).
     tei:    {"query", "texts", "truncate", "raw_scores": false} -> [{"index", "score"}]
     cohere: {"query", "documents", "model", "return_documents": false} -> {"results": [{"index", "relevance_score"}]}
 
-Every call has a deadline (``timeout_s``); a connection that cannot be made is tried ``retries`` more times,
-a timeout or a bad answer is not (the server may still be working). Any failure opens the breaker
-(``TierHealth``): while it is open, calls fail at once with ``TierUnavailableError`` instead of waiting on a
-server that is down, and one probe per back-off finds out whether it is back.
+Every call goes through the one outbound helper (``ragcache.outbound.Upstream``): an overall deadline
+(``timeout_s``, the whole call: an upstream trickling its answer is cut off at it), a cap on the answer's
+bytes, no redirects, retries of refused or dropped connections, 429 and 5xx (``retries``) within the
+deadline, the key masked in every error, and the breaker (``TierHealth``): any failure, a timeout included,
+opens it; while it is open calls fail at once, and one probe per back-off finds out whether it is back.
+Failures are ``UpstreamError`` naming the model: 503 (unavailable), 504 (timeout) or 502 (an answer that
+cannot be trusted: not the shape, a text unscored, a score that is NaN or infinite — never cached).
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-import httpx
 import numpy as np
+import orjson
 
-from ragcache.errors import TierUnavailableError
-from ragcache.redact import redact_text, redact_url
+from ragcache.outbound import CallLimits, Upstream
+from ragcache.providers.credentials import ApiKey
 from ragcache.rerank.base import score_space
 from ragcache.tiers.base import TierHealth
 
-__all__ = ["RemoteReranker", "RERANK_APIS"]
-
-log = logging.getLogger(__name__)
+__all__ = ["RemoteReranker", "RERANK_APIS", "DEFAULT_MAX_ANSWER_BYTES"]
 
 RERANK_APIS = ("tei", "cohere")
 # Texts per call: text-embeddings-inference refuses more than its max_client_batch_size, 32 by default.
 TEXTS_PER_CALL = 32
-TIER = "reranker"
+# 32 scores take about 2 KB in either shape; 1 MiB leaves room for usage and metadata, not for a flood.
+DEFAULT_MAX_ANSWER_BYTES = 1 << 20
+CONNECT_TIMEOUT_S = 5.0
 
 
 class RemoteReranker:
@@ -47,19 +49,20 @@ class RemoteReranker:
         api_key: str | None = None,
         revision: str = "unversioned",
         max_length: int = 512,
+        max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES,
         health: TierHealth | None = None,
-        transport: httpx.BaseTransport | None = None,
+        transport: Any = None,
     ):
         if api not in RERANK_APIS:
             raise ValueError(f"api must be one of {RERANK_APIS}, got {api!r}")
         self.name = model
         self.url = url
-        self._shown_url = redact_url(url)  # what errors and logs show: never credentials in the URL
         self.api = api
-        self.retries = retries
+        self.max_answer_bytes = max_answer_bytes
         self.health = health or TierHealth()
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._http = httpx.Client(timeout=timeout_s, headers=headers, transport=transport)
+        limits = CallLimits(timeout_s=timeout_s, connect_timeout_s=min(CONNECT_TIMEOUT_S, timeout_s), max_retries=retries)
+        self._upstream = Upstream(model, limits, api_key=ApiKey(api_key) if api_key else None, health=self.health,
+                                  transport=transport)
         # The space names the endpoint (without any credentials in the URL) and a revision label: a provider
         # can change the model behind a name, and a new label keeps old scores from being served for it.
         parts = urlsplit(url)
@@ -79,54 +82,32 @@ class RemoteReranker:
         return scores
 
     def _score_one_query(self, query: str, texts: list[str]) -> np.ndarray:
-        if not self.health.should_try():
-            raise TierUnavailableError(TIER, f"{self.name} at {self._shown_url} is down ({self.health.last_error}); retrying with back-off")
-        try:
-            scores = _parse(self.api, self._post(self._body(query, texts)), len(texts))
-        except TierUnavailableError as exc:
-            if self.health.record_failure(exc):
-                log.warning("reranker %s is down: %s", self.name, exc)
-            raise
-        if self.health.record_success():
-            log.warning("reranker %s is back", self.name)
-        return scores
+        return self._upstream.post(self.url, self._body(query, texts), parse=lambda body: _parse(self.api, body, len(texts)),
+                                   max_bytes=self.max_answer_bytes)
 
     def _body(self, query: str, texts: list[str]) -> dict[str, Any]:
         if self.api == "tei":
             return {"query": query, "texts": texts, "truncate": True, "raw_scores": False}
         return {"query": query, "documents": texts, "model": self.name, "return_documents": False}
 
-    def _post(self, body: dict[str, Any]) -> Any:
-        for attempt in range(self.retries + 1):
-            try:
-                response = self._http.post(self.url, json=body)
-            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
-                if attempt < self.retries:
-                    continue  # the request never reached the server: safe to send again
-                raise TierUnavailableError(TIER, f"{self._shown_url} cannot be reached: {self._shown(exc)}") from exc
-            except httpx.HTTPError as exc:
-                raise TierUnavailableError(TIER, f"{self._shown_url} failed: {self._shown(exc)}") from exc
-            if not response.is_success:
-                raise TierUnavailableError(TIER, f"{self._shown_url} answered {response.status_code}: {response.text[:300]}")
-            try:
-                return response.json()
-            except ValueError as exc:
-                raise TierUnavailableError(TIER, f"{self._shown_url} answered something that is not JSON") from exc
-        raise AssertionError("unreachable: the last attempt returns or raises")
-
-    def _shown(self, exc: Exception) -> str:
-        return f"{type(exc).__name__}: {redact_text(str(exc), self.url)}"
-
     def close(self) -> None:
-        self._http.close()
+        self._upstream.close()
 
 
-def _parse(api: str, payload: Any, num_texts: int) -> np.ndarray:
-    """Scores by index from either answer shape; an answer that does not score every text is a failure."""
+def _parse(api: str, body: bytes, num_texts: int) -> np.ndarray:
+    """Scores by index from either answer shape; ``ValueError`` unless every text has one finite score."""
+    payload = orjson.loads(body)
     try:
         items = payload if api == "tei" else payload["results"]
         field = "score" if api == "tei" else "relevance_score"
         index_to_score = {int(item["index"]): float(item[field]) for item in items}
-        return np.array([index_to_score[index] for index in range(num_texts)], dtype=np.float32)
+        scores = np.array([index_to_score[index] for index in range(num_texts)], dtype=np.float64)
     except (KeyError, TypeError, ValueError) as exc:
-        raise TierUnavailableError(TIER, f"the rerank answer is not the {api} shape, or misses a text: {exc!r}") from exc
+        raise ValueError(f"the rerank answer is not the {api} shape, or misses a text: {type(exc).__name__} {exc}") from None
+    if not np.isfinite(scores).all():
+        raise ValueError("the rerank answer holds a NaN or infinite score")
+    with np.errstate(over="ignore"):
+        narrowed = scores.astype(np.float32)
+    if not np.isfinite(narrowed).all():
+        raise ValueError("the rerank answer holds a score beyond float32's range")
+    return narrowed

@@ -101,22 +101,6 @@ def test_the_encoder_takes_what_fills_every_slot():
         encoder.close()
 
 
-def test_retry_after_is_read_in_seconds_or_as_an_http_date():
-    import email.utils
-    import time
-
-    import httpx
-
-    from ragcache.providers.http import _retry_after_s
-
-    assert _retry_after_s(httpx.Headers({"Retry-After": "2.5"})) == 2.5
-    assert _retry_after_s(httpx.Headers({"Retry-After": "-3"})) == 0.0
-    in_ten_s = email.utils.formatdate(time.time() + 10, usegmt=True)
-    assert 8 <= _retry_after_s(httpx.Headers({"Retry-After": in_ten_s})) <= 10
-    assert _retry_after_s(httpx.Headers({"Retry-After": "soon"})) is None
-    assert _retry_after_s(httpx.Headers({})) is None
-
-
 def test_waiting_for_a_busy_connection_times_out_without_opening_the_breaker():
     import threading
 

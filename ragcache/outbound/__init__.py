@@ -1,0 +1,18 @@
+"""The one outbound HTTP helper: every call ragcache makes to an upstream goes through an ``Upstream``.
+
+    Upstream         one upstream service (a remote embedding model, the remote reranker, vLLM and LMCache):
+                     its connections, its key and its breaker; ``post``/``get`` bound every call
+    CallLimits       the overall deadline, connect timeout, retries, back-off and concurrency of its calls
+    retry_after_s    a ``Retry-After`` header as seconds (the one parser of it)
+
+What every call gets, whoever makes it: an overall deadline that every socket operation keeps (a trickling
+upstream is cut off at it, not after each read), a byte cap on the answer (streamed, aborted past it), no
+redirects and no proxy from the environment, retries of 429/5xx/dropped connections within the deadline
+(``Retry-After`` honoured), the breaker (``ragcache.tiers.base.TierHealth``; a timeout opens it like a
+refusal), and masking: no key or URL credential appears in an error or log line, and a 401/403 body is
+never quoted. Failures are the ``UpstreamError`` family of ``ragcache.errors``.
+"""
+
+from ragcache.outbound._upstream import CallLimits, CallObserver, Secret, Upstream, retry_after_s
+
+__all__ = ["CallLimits", "CallObserver", "Secret", "Upstream", "retry_after_s"]

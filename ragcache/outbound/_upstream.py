@@ -1,0 +1,297 @@
+"""``Upstream``: one upstream service (a remote model's endpoint, a reranker, vLLM) and the only way to call it."""
+
+from __future__ import annotations
+
+import email.utils
+import logging
+import math
+import random
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
+
+import httpx
+import orjson
+
+from ragcache.errors import UpstreamBadResponseError, UpstreamError, UpstreamTimeoutError, UpstreamUnavailableError
+from ragcache.outbound._transport import DeadlineTransport, deadline_of_call
+from ragcache.redact import redact_text, redact_url
+from ragcache.tiers.base import TierHealth
+
+__all__ = ["CallLimits", "CallObserver", "Secret", "Upstream", "retry_after_s"]
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+PER_TEXT_STATUSES = frozenset({400, 413, 422})  # the upstream refused something in the request's texts
+CREDENTIAL_STATUSES = frozenset({401, 403})  # their messages quote parts of keys: never relayed
+MAX_BACKOFF_S = 8.0
+MAX_ERROR_EXCERPT = 200
+
+
+class Secret(Protocol):
+    """A key that does not print (``ragcache.providers.ApiKey``): the header that carries it, and a scrubber."""
+
+    def header(self) -> str: ...
+
+    def scrub(self, text: str) -> str: ...
+
+
+class CallObserver(Protocol):
+    """What a caller counts (``ragcache.providers.stats.UpstreamRecorder`` is one)."""
+
+    def attempt(self, latency_s: float) -> None: ...
+
+    def retried(self) -> None: ...
+
+    def failed(self, kind: str) -> None: ...
+
+
+@dataclass(frozen=True)
+class CallLimits:
+    """The bounds of every call to one upstream."""
+
+    timeout_s: float  # the whole call: connecting, sending, every read, retries and back-off
+    connect_timeout_s: float = 5.0  # establishing one connection (within timeout_s)
+    max_retries: int = 0  # tries after the first, on 429, 5xx, refused, dropped or timed-out connections
+    retry_backoff_s: float = 0.25  # first back-off; doubled per retry, half of it jitter, at most MAX_BACKOFF_S
+    concurrency: int = 4  # most calls in flight at once (callers beyond it wait for a slot, within timeout_s)
+
+
+class _Retry(Exception):
+    """An attempt worth repeating; ``final`` is the error to raise when no retry is left."""
+
+    def __init__(self, final: UpstreamError, retry_after: float | None = None):
+        super().__init__(str(final))
+        self.final, self.retry_after_s = final, retry_after
+
+
+class _SlotsBusy(UpstreamTimeoutError):
+    """Every connection stayed busy until the deadline: this process's queue, not the upstream failing."""
+
+
+class _CallersOwn(UpstreamError):
+    """Marks an answer refused for a caller's own key (pass-through): that caller's problem, not the upstream's."""
+
+
+class _CallersOwnUnavailable(_CallersOwn, UpstreamUnavailableError):
+    pass
+
+
+class _CallersOwnBadResponse(_CallersOwn, UpstreamBadResponseError):
+    pass
+
+
+class Upstream:
+    """Calls to one upstream, each bounded the same way:
+
+    - an overall deadline (``limits.timeout_s``) that every socket operation keeps, retries included;
+    - a byte cap on the answer (``max_bytes`` per call): the body is streamed and the call aborted past it;
+    - no redirects (one could carry the key to another host) and no proxy from the environment;
+    - retries of 429, 5xx and dropped connections with back-off, or after the upstream's ``Retry-After``;
+    - the breaker (``TierHealth``): a call that fails for good opens it, and while it is open calls fail at once
+      except one probe per back-off. A refusal of a caller's own key (pass-through) is that caller's problem:
+      not retried, and it leaves the breaker as it is;
+    - every error and log line masked: the keys and URL credentials never appear, a 401/403 body is never quoted.
+
+    Failures raise the ``UpstreamError`` family naming ``name``; ``parse`` turns a 2xx body into the caller's
+    value and raises ``ValueError`` (or ``UpstreamBadResponseError``) when it cannot be trusted, which counts
+    as a failure of the upstream like any other.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        limits: CallLimits,
+        *,
+        api_key: Secret | None = None,
+        health: TierHealth | None = None,
+        observer: CallObserver | None = None,
+        transport: httpx.BaseTransport | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+        jitter: Callable[[], float] = random.random,
+    ):
+        self.name = name
+        self.limits = limits
+        # None: the caller keeps its own breaker (the prefix registry: one per vLLM target).
+        self.health = health
+        self._api_key = api_key
+        self._observer = observer
+        self._clock, self._sleep, self._jitter = clock, sleep, jitter
+        self._slots = threading.BoundedSemaphore(limits.concurrency)
+        self._http = httpx.Client(
+            transport=transport or DeadlineTransport(limits.concurrency),
+            follow_redirects=False,  # a redirect could carry the key to another host
+            trust_env=False,  # no proxy from the environment sees the key
+        )
+
+    def post(self, url: str, body: Any, *, parse: Callable[[bytes], T], max_bytes: int, caller_key: Secret | None = None) -> T:
+        """POST ``body`` as JSON to ``url``; ``parse``'s value of the answer. ``caller_key`` replaces the
+        upstream's own key for a caller who pays with theirs (pass-through)."""
+        return self.call("POST", url, orjson.dumps(body), parse=parse, max_bytes=max_bytes, caller_key=caller_key)
+
+    def get(self, url: str, *, parse: Callable[[bytes], T], max_bytes: int) -> T:
+        return self.call("GET", url, None, parse=parse, max_bytes=max_bytes)
+
+    def call(self, method: str, url: str, content: bytes | None, *, parse: Callable[[bytes], T], max_bytes: int,
+             caller_key: Secret | None = None) -> T:
+        shown = redact_url(url)
+        if self.health is not None and not self.health.should_try():
+            self._count("failed", "breaker_open")
+            raise UpstreamUnavailableError(
+                self.name, f"the upstream at {shown} is down and skipped for a moment; last error: {self.health.last_error}"
+            )
+        deadline = self._clock() + self.limits.timeout_s
+        num_retries = 0
+        while True:
+            try:
+                value = self._attempt(method, url, content, deadline, max_bytes, caller_key, parse)
+            except _Retry as retry:
+                wait_s = self._backoff_s(num_retries, retry.retry_after_s)
+                if num_retries >= self.limits.max_retries or self._clock() + wait_s >= deadline:
+                    self._fail(retry.final, shown)
+                num_retries += 1
+                self._count("retried")
+                self._sleep(wait_s)
+                continue
+            except UpstreamError as exc:
+                self._fail(exc, shown)
+            if self.health is not None and self.health.record_success():
+                log.warning("%s: the upstream at %s is back", self.name, shown)
+            return value
+
+    def close(self) -> None:
+        self._http.close()
+
+    # ---- one attempt -------------------------------------------------------------------------------------
+
+    def _attempt(self, method: str, url: str, content: bytes | None, deadline: float, max_bytes: int,
+                 caller_key: Secret | None, parse: Callable[[bytes], T]) -> T:
+        remaining = deadline - self._clock()
+        if remaining <= 0 or not self._slots.acquire(timeout=remaining):
+            busy = f"no answer within {self.limits.timeout_s:g} s (all {self.limits.concurrency} connections busy)"
+            raise _SlotsBusy(self.name, busy)
+        started = self._clock()
+        try:
+            status, headers, body = self._send(method, url, content, deadline, max_bytes, caller_key)
+        finally:
+            self._slots.release()
+            self._count("attempt", self._clock() - started)
+        if 200 <= status < 300:
+            try:
+                return parse(body)
+            except (orjson.JSONDecodeError, ValueError, TypeError, KeyError, IndexError) as exc:
+                said = f"the answer of {redact_url(url)} is not usable: {self._masked(str(exc), url, caller_key)}"
+                raise UpstreamBadResponseError(self.name, said) from None
+        raise self._status_error(status, headers, body, url, caller_key)
+
+    def _send(self, method: str, url: str, content: bytes | None, deadline: float, max_bytes: int,
+              caller_key: Secret | None) -> tuple[int, httpx.Headers, bytes]:
+        remaining = max(0.001, deadline - self._clock())
+        timeout = httpx.Timeout(remaining, connect=min(self.limits.connect_timeout_s, remaining))
+        headers = {"Accept": "application/json"}
+        if content is not None:
+            headers["Content-Type"] = "application/json"
+        key = caller_key or self._api_key
+        if key is not None:
+            headers["Authorization"] = key.header()
+        shown = redact_url(url)
+        try:
+            with deadline_of_call(remaining), self._http.stream(method, url, content=content, headers=headers,
+                                                                timeout=timeout) as response:
+                chunks, size = [], 0
+                for chunk in response.iter_bytes():
+                    size += len(chunk)
+                    if size > max_bytes:
+                        raise UpstreamBadResponseError(self.name, f"the answer of {shown} is over {max_bytes} bytes")
+                    if self._clock() > deadline:  # with a transport of a test's own, no socket keeps the deadline
+                        raise httpx.ReadTimeout("the answer took longer than the call's deadline")
+                    chunks.append(chunk)
+                return response.status_code, response.headers, b"".join(chunks)
+        except httpx.TimeoutException as exc:
+            late = f"no answer from {shown} within {self.limits.timeout_s:g} s ({type(exc).__name__})"
+            raise _Retry(UpstreamTimeoutError(self.name, late)) from None
+        except httpx.TransportError as exc:
+            raise _Retry(UpstreamUnavailableError(self.name, f"{shown} cannot be reached: {type(exc).__name__}")) from None
+
+    def _status_error(self, status: int, headers: httpx.Headers, body: bytes, url: str, caller_key: Secret | None) -> Exception:
+        """The error (or the retry) an answer's status means. The upstream's message is quoted cut short and
+        masked, never for 401/403, whose messages quote parts of keys."""
+        said = f"the upstream at {redact_url(url)} answered {status}"
+        wait_s = retry_after_s(headers)
+        if status == 429:
+            said += " (rate limited" + (f"; it asked to wait {wait_s:g} s)" if wait_s is not None else ")")
+        if caller_key is not None and status < 500:
+            # The caller's own key was refused or rate-limited: theirs to fix, not a reason to retry or to
+            # close the model for everyone else.
+            said += " for the caller's own key (pass-through)"
+            callers_class = _CallersOwnUnavailable if status == 429 else _CallersOwnBadResponse
+            if status not in CREDENTIAL_STATUSES:
+                said += f": {self._excerpt(body, url, caller_key)}"
+            return callers_class(self.name, said, per_text=status in PER_TEXT_STATUSES)
+        if status in RETRY_STATUSES:
+            class_by_status = {429: UpstreamUnavailableError, 503: UpstreamUnavailableError, 504: UpstreamTimeoutError}
+            return _Retry(class_by_status.get(status, UpstreamBadResponseError)(self.name, said), wait_s)
+        if status in CREDENTIAL_STATUSES:
+            return UpstreamBadResponseError(self.name, f"{said}: it refused the credentials")
+        said += f": {self._excerpt(body, url, caller_key)}"
+        return UpstreamBadResponseError(self.name, said, per_text=status in PER_TEXT_STATUSES)
+
+    def _excerpt(self, body: bytes, url: str, caller_key: Secret | None) -> str:
+        return self._masked(body[:MAX_ERROR_EXCERPT].decode("utf-8", "replace").strip(), url, caller_key)
+
+    def _masked(self, text: str, url: str, caller_key: Secret | None) -> str:
+        for key in (caller_key, self._api_key):
+            if key is not None:
+                text = key.scrub(text)
+        return redact_text(text, url)
+
+    # ---- outcomes ----------------------------------------------------------------------------------------
+
+    def _fail(self, error: UpstreamError, shown: str):
+        """Count ``error`` and raise it; the breaker opens unless the fault was in the texts (per_text), in a
+        caller's own key, or in this process's queue."""
+        self._count("failed", _kind(error))
+        opens = not (error.per_text or isinstance(error, (_CallersOwn, _SlotsBusy)))
+        if opens and self.health is not None and self.health.record_failure(error):
+            log.warning("%s: the upstream at %s is failing; calls needing it fail until it answers: %s", self.name, shown, error)
+        raise error
+
+    def _backoff_s(self, num_retries: int, retry_after: float | None) -> float:
+        """Exponential back-off with jitter (half fixed, half random), or the upstream's Retry-After."""
+        if retry_after is not None:
+            return retry_after
+        base = min(MAX_BACKOFF_S, self.limits.retry_backoff_s * 2**num_retries)
+        return base / 2 + base / 2 * self._jitter()
+
+    def _count(self, event: str, *args: Any) -> None:
+        if self._observer is not None:
+            getattr(self._observer, event)(*args)
+
+
+def retry_after_s(headers: Mapping[str, str]) -> float | None:
+    """``Retry-After`` as seconds from now (the delay or the HTTP-date form), or None."""
+    value = headers.get("retry-after")
+    if value is None:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            seconds = email.utils.parsedate_to_datetime(value).timestamp() - time.time()
+        except (TypeError, ValueError):
+            return None
+    return max(0.0, seconds) if math.isfinite(seconds) else None
+
+
+def _kind(error: UpstreamError) -> str:
+    if isinstance(error, UpstreamTimeoutError):
+        return "timeout"
+    if isinstance(error, UpstreamUnavailableError):
+        return "unavailable"
+    return "bad_response"
