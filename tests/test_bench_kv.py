@@ -2,10 +2,29 @@
 
 from __future__ import annotations
 
+import asyncio
 import collections
+import dataclasses
+import json
 
-from ragcache.prefixes import assemble_prompt
-from ragcache_bench.kv import KVConfig, format_report, naive_prompt, questions, rag_requests
+import httpx
+import pytest
+
+from ragcache.prefixes import PrefixRegistryConfig, Target, assemble_prompt
+from ragcache_bench import exit_status
+from ragcache_bench.kv import (
+    KVConfig,
+    LevelResult,
+    RequestResult,
+    StreamError,
+    format_report,
+    naive_prompt,
+    questions,
+    rag_requests,
+    registry_config,
+    stream_one,
+    verdicts,
+)
 
 
 def test_rag_requests_are_deterministic_zipf_draws_of_distinct_chunks():
@@ -27,17 +46,78 @@ def test_naive_and_assembled_prompts_differ_only_in_order_and_placement():
     assert naive.startswith("SYS\nCurrent time: T1\n") and assembled.endswith(question)
 
 
-def test_questions_are_unique_and_the_same_for_every_configuration():
+def test_questions_are_unique_and_the_same_for_every_configuration_of_a_block():
     config = KVConfig()
-    assert questions(config, 16, 4) == questions(config, 16, 4)
-    assert len(set(questions(config, 16, 4))) == 16
+    assert questions(config, 16, 4, 0) == questions(config, 16, 4, 0)
+    assert len(set(questions(config, 16, 4, 0) + questions(config, 16, 4, 1))) == 32  # fresh per block
+
+
+def _row(configuration: str, concurrency: int, *, ttft: float, cached: float = 0.0, errors: int = 0) -> LevelResult:
+    return LevelResult(configuration, concurrency, 12, errors, ttft, 2 * ttft, 3.0, 1320.0, cached, None, 1.0)
 
 
 def test_report_table_has_a_row_per_level():
-    row = dict(configuration="on", concurrency=4, num_requests=12, ttft_p50_ms=1.0, ttft_p90_ms=2.0,
-               tokens_per_s=3.0, prompt_tokens_per_request=100.0, cached_tokens_per_request=96.0,
-               vllm_hit_tokens=None, seconds=1.0)
-    report = {"label": "CPU", "prefix_tokens": 100, "config": {"max_tokens": 16}, "rows": [row], "rag": [],
-              "rag_ratio": None, "seconds": 1.0}
-    table = format_report(report)
-    assert "| on | 4 | 12 | 1.0 | 2.0 | 3.0 | 96.0 of 100.0 | n/a |" in table
+    details = {"label": "CPU", "prefix_tokens": 100, "config": {"max_tokens": 16, "rounds": 3},
+               "churn_tokens_per_s_measured": 4000.0, "kv_cache_cycle_s": 2.0,
+               "rows": [dataclasses.asdict(_row("on", 4, ttft=1.0, cached=96.0))], "rag": [], "rag_ratio": None}
+    table = format_report(details)
+    assert "| on | 4 | 12 | 0 | 1.0 | 2.0 | 3.0 | 96.0 of 1320.0 | n/a |" in table
+    assert "3 alternating blocks" in table and "cycled every 2.0 s" in table
+
+
+def test_verdicts_per_concurrency_and_a_failed_stream_fails_its_level():
+    rows = [_row("off", 1, ttft=100.0), _row("on", 1, ttft=40.0, cached=1280.0),
+            _row("on+churn", 1, ttft=60.0), _row("on+churn+keep-warm", 1, ttft=62.0, cached=1280.0),
+            _row("off", 16, ttft=300.0), _row("on", 16, ttft=200.0, cached=1280.0),
+            _row("on+churn", 16, ttft=200.0, cached=1280.0),
+            _row("on+churn+keep-warm", 16, ttft=230.0, cached=1000.0, errors=1)]
+    result = verdicts(rows, 1301, (1, 16))
+    verdict = {f.name: f.verdict for f in result.figures}
+    assert verdict == {
+        "TTFT p50 caching on / off, c=1": "PASS",
+        "cached tokens with keep-warm under churn, c=1": "PASS",  # 1280 of 1301 = 98.4%
+        "TTFT p50 keep-warm / none under churn, c=1": "PASS",  # 62 / 60 = 1.033
+        "TTFT p50 caching on / off, c=16": "PASS",
+        "cached tokens with keep-warm under churn, c=16": "MISS",  # 76.9%, and a stream failed
+        "TTFT p50 keep-warm / none under churn, c=16": "MISS",  # 1.15x
+    }
+    assert result.num_missed == 2 and exit_status([result]) == 1
+    fast = [_row("on+churn", 1, ttft=60.0), _row("on+churn+keep-warm", 1, ttft=50.0, cached=1280.0, errors=1)]
+    (cached, ttft) = verdicts(fast, 1301, (1,)).figures
+    assert ttft.verdict == "MISS" and ttft.failed_requirements == ["every stream carried a token"]
+
+
+def _sse(*events: dict) -> bytes:
+    return b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events) + b"data: [DONE]\n\n"
+
+
+def _stream(body: bytes, status: int = 200) -> RequestResult:
+    async def go() -> RequestResult:
+        transport = httpx.MockTransport(lambda request: httpx.Response(status, content=body))
+        async with httpx.AsyncClient(transport=transport) as http:
+            return await stream_one(http, Target("http://vllm.test", "m"), "prompt", 4)
+
+    return asyncio.run(go())
+
+
+def test_a_stream_without_a_token_is_an_error_not_a_ttft():
+    usage = {"choices": [], "usage": {"prompt_tokens": 10, "completion_tokens": 0}}
+    with pytest.raises(StreamError, match="without a token"):
+        _stream(_sse(usage))
+    with pytest.raises(StreamError, match="503"):
+        _stream(b"busy", status=503)
+    ok = _stream(_sse({"choices": [{"text": "a"}]}, {"choices": [], "usage": {
+        "prompt_tokens": 10, "completion_tokens": 1, "prompt_tokens_details": {"cached_tokens": 8}}}))
+    assert (ok.num_prompt_tokens, ok.num_cached_tokens, ok.num_completion_tokens) == (10, 8, 1)
+    assert 0 <= ok.ttft_s <= ok.latency_s
+
+
+def test_registry_settings_start_at_the_defaults_and_change_only_what_is_named():
+    config = registry_config(32, ["min_rewarm_interval_s=0.2", "warm_max_running=none", "warm_budget_per_minute=300"])
+    defaults = PrefixRegistryConfig()
+    assert (config.min_rewarm_interval_s, config.warm_max_running, config.warm_budget_per_minute) == (0.2, None, 300)
+    assert (config.max_rewarm_interval_s, config.tick_interval_s, config.initial_rewarm_interval_s) == (
+        defaults.max_rewarm_interval_s, defaults.tick_interval_s, defaults.initial_rewarm_interval_s)
+    assert config.default_block_size == 32
+    with pytest.raises(SystemExit):
+        registry_config(32, ["redis_key=x"])

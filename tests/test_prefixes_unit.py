@@ -35,7 +35,8 @@ from ragcache.prefixes import (
     render_text,
     template_head,
 )
-from ragcache.prefixes.policy import Schedule, WarmBudget, judge_residency, next_schedule
+from ragcache.prefixes.policy import Schedule, WarmBudget, holds_warm, judge_residency, next_schedule
+from ragcache.prefixes.vllm_client import parse_prefix_cache_counters
 from ragcache.retrieval.results import SearchHit
 from ragcache.tiers.base import TierHealth
 from ragcache_server.prefixes_api import router
@@ -62,6 +63,10 @@ class FakeVLLM:
         self.prompts: list[str] = []
         self.queries = self.hits = 0
         self.pins: list[dict] = []
+        self.bodies: list[dict] = []  # every completion request, as sent
+        self.running: int | None = None  # /metrics gauges; None: not exposed
+        self.waiting: int | None = None
+        self.refuse_priority = False  # an older vLLM without priority scheduling
 
     def evict_all(self) -> None:
         self.cached.clear()
@@ -73,6 +78,9 @@ class FakeVLLM:
             body = (f"# TYPE vllm:prefix_cache_queries counter\nvllm:prefix_cache_queries_total {self.queries}\n"
                     f"# TYPE vllm:prefix_cache_hits counter\nvllm:prefix_cache_hits_total {self.hits}\n"
                     f'# TYPE vllm:cache_config_info gauge\nvllm:cache_config_info{{block_size="{BLOCK}"}} 1\n')
+            for name, value in (("running", self.running), ("waiting", self.waiting)):
+                if value is not None:
+                    body += f'# TYPE vllm:num_requests_{name} gauge\nvllm:num_requests_{name}{{engine="0"}} {value}\n'
             return httpx.Response(200, text=body)
         data = json.loads(request.content)
         if request.url.path == "/pin":  # an LMCache controller on the same fake host
@@ -81,6 +89,9 @@ class FakeVLLM:
         num_tokens = len(data["prompt"].split()) + 1
         if request.url.path == "/tokenize":
             return httpx.Response(200, json={"count": num_tokens, "tokens": list(range(num_tokens))})
+        if self.refuse_priority and data.get("priority", 0) != 0:
+            return httpx.Response(400, json={"error": "Priority scheduling is not enabled."})
+        self.bodies.append(data)
         self.prompts.append(data["prompt"])
         cached = (num_tokens - 1) // BLOCK * BLOCK if data["prompt"] in self.cached else 0
         self.cached.add(data["prompt"])
@@ -273,6 +284,68 @@ def test_budget_caps_warms_per_minute(vllm, clock, tmp_path):
     clock.now += 31  # the window has moved on; the longest-waiting prefix (the unprimed p2) goes first
     sent = [(r.name, r.outcome) for r in registry.tick() if r.outcome is not WarmOutcome.SKIPPED]
     assert sent == [("p2", WarmOutcome.PRIME), ("p0", WarmOutcome.RESIDENT)]
+
+
+@pytest.mark.parametrize(("running", "waiting", "overdue_s", "limits", "held"), [
+    (5, 0, 0.0, (0, None), False),  # users running, none waiting: the default lets the warm ride along
+    (5, 1, 0.0, (0, None), True),  # users queue: held
+    (5, 1, 5.0, (0, None), False),  # held long enough (warm_max_defer_s 5): it goes anyway
+    (1, 0, 0.0, (0, 0), True),  # strict idle: anything running holds it
+    (0, 0, 0.0, (0, 0), False),
+    (None, None, 0.0, (0, 0), False),  # a server that does not show its load holds nothing
+    (9, 9, 0.0, (None, None), False),  # the gate is off
+])
+def test_a_due_warm_is_held_only_on_evidence_of_users_and_not_past_max_defer(running, waiting, overdue_s, limits,
+                                                                             held):
+    config = PrefixRegistryConfig(warm_max_waiting=limits[0], warm_max_running=limits[1], warm_max_defer_s=5.0)
+    assert holds_warm(running, waiting, overdue_s, config) is held
+
+
+def test_vllm_load_gauges_are_summed_over_engines():
+    text = ('# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{engine="0"} 2\n'
+            'vllm:num_requests_running{engine="1"} 1\n# TYPE vllm:num_requests_waiting gauge\n'
+            'vllm:num_requests_waiting{engine="0"} 4\n')
+    counters = parse_prefix_cache_counters(text)
+    assert (counters.num_running, counters.num_waiting) == (3.0, 4.0)
+    assert parse_prefix_cache_counters("").num_running is None
+
+
+def test_warms_carry_the_lowest_priority_and_go_without_it_where_refused(registry, vllm, clock):
+    registry.register(PrefixSpec("p", SYSTEM, TARGET))
+    assert vllm.bodies[-1]["priority"] == registry.config.warm_priority == 1_000_000
+    vllm.refuse_priority = True
+    assert registry.warm("p").outcome is WarmOutcome.RESIDENT  # retried at once without the field
+    assert "priority" not in vllm.bodies[-1] and len(vllm.bodies) == 2  # the refused one never arrived
+    registry.warm("p")
+    assert "priority" not in vllm.bodies[-1] and len(vllm.bodies) == 3  # not offered again
+    assert registry.prefix_stats("p").num_errors == 0
+
+
+def test_no_priority_field_when_the_setting_is_none(vllm, clock, tmp_path):
+    registry = make_registry(vllm, clock, tmp_path, PrefixRegistryConfig(**{**CONFIG.__dict__, "warm_priority": None}))
+    registry.register(PrefixSpec("p", SYSTEM, TARGET))
+    assert "priority" not in vllm.bodies[-1]
+
+
+def test_the_loop_holds_a_due_warm_while_users_wait_once_counted_then_sends_it(registry, vllm, clock):
+    registry.register(PrefixSpec("p", SYSTEM, TARGET))
+    vllm.running, vllm.waiting = 3, 2
+    clock.now += registry.prefix_stats("p").rewarm_interval_s
+    assert registry.tick() == [] and registry.tick() == []  # due, and users are queueing
+    assert registry.stats().num_warms_held_busy == 1 and len(vllm.prompts) == 1
+    vllm.waiting = 0  # the queue drained; users still running do not hold it by default
+    assert [r.outcome for r in registry.tick()] == [WarmOutcome.RESIDENT]
+    vllm.waiting = 2
+    clock.now += registry.prefix_stats("p").rewarm_interval_s
+    assert registry.tick() == []
+    clock.now += registry.config.warm_max_defer_s  # held long enough: it goes although users still wait
+    assert [r.outcome for r in registry.tick()] == [WarmOutcome.RESIDENT]
+    assert registry.stats().num_warms_held_busy == 2
+
+
+def test_registration_warms_at_once_even_while_users_wait(registry, vllm):
+    vllm.waiting = 5  # registering is an explicit request: its prime is not held
+    assert registry.register(PrefixSpec("p", SYSTEM, TARGET)).warm.outcome is WarmOutcome.PRIME
 
 
 def test_vllm_down_keeps_entries_backs_off_and_reprimes_on_recovery(registry, vllm, clock):

@@ -100,8 +100,8 @@ def _add_vllm(commands, name: str, help: str) -> None:  # noqa: A002 - argparse'
     module = importlib.import_module(f"ragcache_bench.{name}")
     parser = commands.add_parser(name, help=help)
     module.add_arguments(parser)
-    # run() prints its own table and writes the JSON; the report it returns is not printed again.
-    parser.set_defaults(run=lambda args: module.run(args) and 0)
+    # run() prints its own tables and writes the JSON; its verdicts decide the exit status, as for the rest.
+    parser.set_defaults(run=lambda args: exit_status([module.run(args)]))
 
 
 def _add_gpu_l1(commands) -> None:

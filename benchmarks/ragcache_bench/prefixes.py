@@ -1,21 +1,22 @@
-"""Benchmark: prefix hit rate with and without pinning under the same churn, and the latency of a
-request whose prefix is pinned vs one whose prefix was evicted. Runs against a real vLLM.
+"""Benchmark: prefix hit rate with and without pinning under the same churn, side by side, and the latency of
+a request whose prefix is pinned vs one whose prefix was evicted. Runs against a real vLLM.
 
     python -m ragcache_bench.prefixes            # starts its own vLLM (.venv-vllm, .cache/tiny-llama)
     python -m ragcache_bench.prefixes --base-url http://127.0.0.1:8000 --model my-model
 
-Each run sends rounds of churn (unique random token prompts, enough to cycle the whole KV cache)
-followed by one "user" request = prefix + a fresh question, and reads the user request's
-``cached_tokens``. The pinned run has the registry's keep-warm loop running; the unpinned run
-registers the same prefix with ``pinned=False``. Both runs get fresh churn of the same shape.
+Two prefixes of the same length are registered at once, one pinned (the registry keeps it warm), one not.
+Each round sends churn (unique random token prompts, enough to cycle the whole KV cache), then one "user"
+request per prefix (prefix + a fresh question; which goes first alternates by round), and reads each user
+request's ``cached_tokens``: both prefixes see the same churn, the same server and the same moment's load.
+Verdicts: the pinned prefix hits in >= 90% of the rounds, and its requests' median latency is below the
+evicted ones'.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import json
 import random
+import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass
@@ -26,9 +27,12 @@ import httpx
 
 from ragcache.prefixes import PrefixRegistry, PrefixRegistryConfig, PrefixSpec, Target
 from ragcache.prefixes.policy import judge_residency
+from ragcache_bench.report import BenchResult, format_table, machine_info, write_json
+from ragcache_bench.report import Target as Goal
 from ragcache_testing.vllm import VLLMServer, VLLMServerConfig
 
-__all__ = ["ChurnConfig", "RunResult", "build_prefix_text", "run_churn", "run_scenario", "add_arguments", "run"]
+__all__ = ["ChurnConfig", "RunResult", "build_prefix_text", "count_tokens", "run_side_by_side", "add_arguments", "run",
+           "verdicts"]
 
 _RULE = ("Rule {i}: answer only from the retrieved context, quote the passage you rely on, "
          "and say plainly when the context does not contain the answer.")
@@ -49,7 +53,7 @@ class ChurnConfig:
 
 @dataclass(frozen=True)
 class RunResult:
-    """User requests of one run: how many found the whole prefix cached, and their latencies."""
+    """User requests of one prefix over the run: how many found the whole prefix cached, and their latencies."""
 
     pinned: bool
     num_requests: int
@@ -57,8 +61,6 @@ class RunResult:
     latencies_hit_s: tuple[float, ...]
     latencies_miss_s: tuple[float, ...]
     num_warms: int
-    # vLLM's own token-level hit rate over the run (its /metrics counters; includes the warms).
-    vllm_hit_rate: float | None = None
 
     @property
     def hit_rate(self) -> float:
@@ -89,50 +91,49 @@ def _complete(http: httpx.Client, target: Target, prompt: str | list[int]) -> di
     return r.json()
 
 
-def run_churn(http: httpx.Client, target: Target, prefix_text: str, churn: ChurnConfig, *,
-              block_size: int, pinned: bool, quiet: bool = True) -> RunResult:
-    """Send the churn and user requests; a user request hits when every full block of it that lies
-    inside the prefix came from the cache. A progress bar (stderr) counts the rounds unless ``quiet``."""
+def run_side_by_side(registry: PrefixRegistry, http: httpx.Client, target: Target, texts: dict[bool, str],
+                     churn: ChurnConfig, *, block_size: int, quiet: bool = True) -> tuple[dict[bool, RunResult], float | None]:
+    """Register ``texts[True]`` pinned and ``texts[False]`` unpinned, run the churn rounds with one user request per
+    prefix after each (the order alternating by round), and report each, plus vLLM's own token-level hit rate over
+    the run (its /metrics counters; churn and warms included). A user request hits when every full block of it
+    that lies inside its prefix came from the cache. A progress bar (stderr) counts the rounds unless ``quiet``."""
     from ragcache.progress import progress_bar
 
     rng = random.Random(churn.seed)
-    num_prefix_tokens = count_tokens(http, target, prefix_text)
-    hits, lat_hit, lat_miss = 0, [], []
-    label = "pinned" if pinned else "unpinned"
-    with progress_bar(desc=f"prefixes ({label})", unit="round", total=churn.num_rounds, quiet=quiet) as bar:
-        for round_no in range(churn.num_rounds):
-            for _ in range(churn.churn_per_round):
-                # Token-id prompts: exact length, never shared with anything else, so each one takes
-                # fresh KV blocks and pushes the least recently used ones out.
-                _complete(http, target, [rng.randrange(3, churn.vocab_size) for _ in range(churn.churn_tokens)])
-                time.sleep(churn.churn_interval_s)
-            start = time.perf_counter()
-            usage = _complete(http, target, f"{prefix_text}Question {round_no} ({rng.random():.12f}): why?")["usage"]
-            latency = time.perf_counter() - start
-            cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
-            if judge_residency(num_prefix_tokens, cached, block_size):
-                hits += 1
-                lat_hit.append(latency)
-            else:
-                lat_miss.append(latency)
-            bar.update(1)
-    return RunResult(pinned, churn.num_rounds, hits, tuple(lat_hit), tuple(lat_miss), num_warms=0)
-
-
-def run_scenario(registry: PrefixRegistry, http: httpx.Client, target: Target, prefix_text: str,
-                 churn: ChurnConfig, *, pinned: bool, block_size: int, quiet: bool = True) -> RunResult:
-    """Register the prefix (pinned or not) in ``registry``, run the churn, and report."""
-    name = "bench-pinned" if pinned else "bench-unpinned"
+    names = {True: "bench-pinned", False: "bench-unpinned"}
+    num_tokens = {pinned: count_tokens(http, target, text) for pinned, text in texts.items()}
+    latencies: dict[bool, dict[bool, list[float]]] = {pinned: {True: [], False: []} for pinned in texts}
     before = registry.scrape(target.base_url)
-    registry.register(PrefixSpec(name, prefix_text, target, pinned=pinned))
-    result = run_churn(http, target, prefix_text, churn, block_size=block_size, pinned=pinned, quiet=quiet)
-    num_warms = registry.prefix_stats(name).num_warms
+    for pinned, text in texts.items():
+        registry.register(PrefixSpec(names[pinned], text, target, pinned=pinned))
+    try:
+        with progress_bar(desc="prefixes (pinned | unpinned)", unit="round", total=churn.num_rounds, quiet=quiet) as bar:
+            for round_no in range(churn.num_rounds):
+                for _ in range(churn.churn_per_round):
+                    # Token-id prompts: exact length, never shared with anything else, so each one takes
+                    # fresh KV blocks and pushes the least recently used ones out.
+                    _complete(http, target, [rng.randrange(3, churn.vocab_size) for _ in range(churn.churn_tokens)])
+                    time.sleep(churn.churn_interval_s)
+                question = f"Question {round_no} ({rng.random():.12f}): why?"
+                for pinned in (True, False) if round_no % 2 == 0 else (False, True):
+                    start = time.perf_counter()
+                    usage = _complete(http, target, texts[pinned] + question)["usage"]
+                    latency = time.perf_counter() - start
+                    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+                    latencies[pinned][judge_residency(num_tokens[pinned], cached, block_size)].append(latency)
+                bar.update(1)
+        num_warms = {pinned: registry.prefix_stats(names[pinned]).num_warms for pinned in texts}
+    finally:
+        for name in names.values():
+            registry.delete(name)
     after = registry.scrape(target.base_url)
-    registry.delete(name)
     vllm_hit_rate = None
     if before is not None and after is not None and after.queries > before.queries:
         vllm_hit_rate = round((after.hits - before.hits) / (after.queries - before.queries), 3)
-    return dataclasses.replace(result, num_warms=num_warms, vllm_hit_rate=vllm_hit_rate)
+    results = {pinned: RunResult(pinned, churn.num_rounds, len(latencies[pinned][True]),
+                                 tuple(latencies[pinned][True]), tuple(latencies[pinned][False]), num_warms[pinned])
+               for pinned in texts}
+    return results, vllm_hit_rate
 
 
 def _ms(values: tuple[float, ...], q: float) -> float | None:
@@ -142,15 +143,17 @@ def _ms(values: tuple[float, ...], q: float) -> float | None:
     return round(1000 * ordered[min(len(ordered) - 1, int(q * len(ordered)))], 2)
 
 
-def summarize(pinned: RunResult, unpinned: RunResult, churn: ChurnConfig, extra: dict[str, Any]) -> dict[str, Any]:
-    """The JSON report: hit rates, and latency of pinned-hit vs evicted requests (median, p90)."""
+def summarize(results: dict[bool, RunResult], vllm_hit_rate: float | None, churn: ChurnConfig,
+              extra: dict[str, Any]) -> dict[str, Any]:
+    """The JSON details: hit rates, and latency of pinned-hit vs evicted requests (median, p90)."""
+    pinned, unpinned = results[True], results[False]
     return {
-        "churn": {k: v for k, v in asdict(churn).items() if k != "seed"},
+        "churn": asdict(churn),
         **extra,
         "hit_rate_pinned": round(pinned.hit_rate, 3),
         "hit_rate_unpinned": round(unpinned.hit_rate, 3),
         "num_warms_pinned": pinned.num_warms,
-        "vllm_token_hit_rate": {"pinned": pinned.vllm_hit_rate, "unpinned": unpinned.vllm_hit_rate},
+        "vllm_token_hit_rate": vllm_hit_rate,
         "latency_ms_pinned_hit": {"p50": _ms(pinned.latencies_hit_s, 0.5), "p90": _ms(pinned.latencies_hit_s, 0.9),
                                   "n": len(pinned.latencies_hit_s)},
         "latency_ms_evicted": {"p50": _ms(unpinned.latencies_miss_s, 0.5), "p90": _ms(unpinned.latencies_miss_s, 0.9),
@@ -158,12 +161,24 @@ def summarize(pinned: RunResult, unpinned: RunResult, churn: ChurnConfig, extra:
     }
 
 
+def verdicts(details: dict[str, Any]) -> BenchResult:
+    """Pinned hit rate >= 0.9; the pinned prefix's hits faster (median) than the unpinned one's misses."""
+    result = BenchResult("prefixes", "pinned vs unpinned prefix under the same churn, side by side")
+    result.add("hit rate, pinned (keep-warm)", details["hit_rate_pinned"], target=Goal(">=", 0.9),
+               note=f"{details['num_warms_pinned']} warms; unpinned {details['hit_rate_unpinned']}")
+    hit, evicted = details["latency_ms_pinned_hit"], details["latency_ms_evicted"]
+    ratio = round(hit["p50"] / evicted["p50"], 3) if hit["p50"] and evicted["p50"] else None
+    result.add("latency p50 pinned hit / evicted", ratio, "x", target=Goal("<=", 1.0),
+               note=f"{hit['p50']} vs {evicted['p50']} ms (n {hit['n']} / {evicted['n']})")
+    return result
+
+
 def print_table(report: dict[str, Any]) -> None:
     """A small human-readable table of the report."""
     hit, ev = report["latency_ms_pinned_hit"], report["latency_ms_evicted"]
     print(f"prefix: {report['prefix_tokens']} tokens; churn: {report['churn']['num_rounds']} rounds x "
           f"{report['churn']['churn_per_round']} x {report['churn']['churn_tokens']} tokens; "
-          f"KV cache {report['kv_cache_tokens']} tokens")
+          f"KV cache {report['kv_cache_tokens']} tokens; both prefixes side by side on the same churn")
     print(f"{'':24}{'hit rate':>10}{'p50 ms':>10}{'p90 ms':>10}{'n':>6}")
     print(f"{'pinned (keep-warm)':24}{report['hit_rate_pinned']:>10}{hit['p50']!s:>10}{hit['p90']!s:>10}{hit['n']:>6}")
     print(f"{'unpinned (evicted)':24}{report['hit_rate_unpinned']:>10}{ev['p50']!s:>10}{ev['p90']!s:>10}{ev['n']:>6}")
@@ -184,6 +199,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--churn-per-round", type=int, default=ChurnConfig.churn_per_round)
     parser.add_argument("--churn-tokens", type=int, default=ChurnConfig.churn_tokens)
     parser.add_argument("--churn-interval-s", type=float, default=ChurnConfig.churn_interval_s)
+    parser.add_argument("--seed", type=int, default=ChurnConfig.seed, help="seed of the churn")
+    # This churn cycles the 4,096-token KV cache within a round (about a second): the registry's defaults
+    # (re-warm every 1 s at the shortest) are too slow for it, so the bench re-warms faster.
     parser.add_argument("--min-rewarm-s", type=float, default=0.1)
     parser.add_argument("--max-rewarm-s", type=float, default=1.0)
     parser.add_argument("--warm-budget-per-minute", type=int, default=600)
@@ -191,12 +209,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
-    """Run both scenarios (unpinned first, then pinned), print the table, write JSON, return the report."""
+def run(args: argparse.Namespace) -> BenchResult:
+    """Both prefixes side by side on one churn; print the table, write the JSON, return the verdicts."""
+    started = time.perf_counter()
     server = None
     if args.base_url is None:
         server = VLLMServer(VLLMServerConfig(python=args.vllm_python, model=args.model_path,
                                              block_size=args.block_size, num_blocks=args.num_blocks,
+                                             scheduling_policy="priority",
                                              log_path=Path(tempfile.gettempdir()) / "ragcache-bench-vllm.log"))
         server.start()
     base_url = args.base_url or server.base_url  # type: ignore[union-attr]
@@ -207,40 +227,58 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         max_rewarm_interval_s=args.max_rewarm_s, warm_budget_per_minute=args.warm_budget_per_minute,
         tick_interval_s=min(0.05, args.min_rewarm_s / 2), default_block_size=args.block_size,
     )
+    churn = ChurnConfig(args.rounds, args.churn_per_round, args.churn_tokens, args.churn_interval_s, seed=args.seed)
     try:
         with httpx.Client(timeout=60) as http:
             registry = PrefixRegistry.create(config, http=http)
             registry.start()
             try:
-                prefix_text = build_prefix_text(http, target, args.prefix_tokens)
-                results = {}
-                for seed, pinned in ((1, False), (2, True)):
-                    churn = ChurnConfig(args.rounds, args.churn_per_round, args.churn_tokens,
-                                        args.churn_interval_s, seed=seed)
-                    results[pinned] = run_scenario(registry, http, target, prefix_text, churn,
-                                                   pinned=pinned, block_size=args.block_size, quiet=args.quiet)
-                num_prefix_tokens = count_tokens(http, target, prefix_text)
+                texts = prefix_pair(http, target, args.prefix_tokens)
+                results, vllm_hit_rate = run_side_by_side(registry, http, target, texts, churn,
+                                                          block_size=args.block_size, quiet=args.quiet)
+                num_tokens = {pinned: count_tokens(http, target, text) for pinned, text in texts.items()}
             finally:
                 registry.close()
     finally:
         if server is not None:
             server.stop()
-    report = summarize(results[True], results[False], churn, {
-        "prefix_tokens": num_prefix_tokens, "kv_cache_tokens": args.num_blocks * args.block_size,
-        "rewarm_interval_s": [args.min_rewarm_s, args.max_rewarm_s],
+    details = summarize(results, vllm_hit_rate, churn, {
+        "prefix_tokens": num_tokens[True], "unpinned_prefix_tokens": num_tokens[False],
+        "kv_cache_tokens": args.num_blocks * args.block_size,
+        "registry": {"min_rewarm_interval_s": args.min_rewarm_s, "max_rewarm_interval_s": args.max_rewarm_s,
+                     "warm_budget_per_minute": args.warm_budget_per_minute, "tick_interval_s": config.tick_interval_s,
+                     "warm_priority": config.warm_priority, "warm_max_waiting": config.warm_max_waiting},
         "vllm_startup_s": round(server.startup_s, 1) if server and server.startup_s else None,
     })
-    print_table(report)
-    args.json_out.parent.mkdir(parents=True, exist_ok=True)
-    args.json_out.write_text(json.dumps(report, indent=2))
-    return report
+    print_table(details)
+    result = verdicts(details)
+    result.details = details
+    result.seconds = time.perf_counter() - started
+    print(format_table([result]))
+    write_json(args.json_out, {"mode": "full", "command": _command_line("prefixes"), "machine": machine_info(),
+                               "result": result.to_dict()})
+    return result
 
 
-def main() -> None:
+def prefix_pair(http: httpx.Client, target: Target, num_tokens: int) -> dict[bool, str]:
+    """Two different prefixes of the same rules (so of about the same length): True is pinned, False is not."""
+    text = build_prefix_text(http, target, num_tokens)
+    return {True: text, False: text.replace("You are a retrieval assistant.", "You are a research assistant.", 1)}
+
+
+def _command_line(name: str) -> str:
+    """The command as typed, in its ``ragcache bench <name>`` form (for the JSON)."""
+    argv = sys.argv[sys.argv.index(name) + 1:] if name in sys.argv else sys.argv[1:]
+    return " ".join(["ragcache", "bench", name, *argv])
+
+
+def main() -> int:
+    from ragcache_bench import exit_status
+
     parser = argparse.ArgumentParser(description="Prefix keep-warm benchmark against a real vLLM")
     add_arguments(parser)
-    run(parser.parse_args())
+    return exit_status([run(parser.parse_args())])
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -33,6 +33,10 @@ class VLLMServerConfig:
     log_path: Path | None = None
     # Off only to measure what prefix caching is worth (``ragcache bench kv``).
     enable_prefix_caching: bool = True
+    # "priority" serves a request with a smaller ``priority`` value first (the registry's warms carry a large one).
+    scheduling_policy: str = "fcfs"
+    # Requests running at once (None: vLLM's default); 1 makes every other request wait in the queue.
+    max_num_seqs: int | None = None
 
 
 class VLLMServer(HttpServerProcess):
@@ -59,5 +63,6 @@ class VLLMServer(HttpServerProcess):
             "--block-size", str(c.block_size), "--num-gpu-blocks-override", str(c.num_blocks),
             "--max-model-len", str(c.max_model_len), "--dtype", "float32",
             "--gpu-memory-utilization", str(c.memory_utilization),
-            "--disable-uvicorn-access-log",
+            "--disable-uvicorn-access-log", "--scheduling-policy", c.scheduling_policy,
+            *(["--max-num-seqs", str(c.max_num_seqs)] if c.max_num_seqs is not None else []),
         ]

@@ -47,6 +47,18 @@ class PrefixRegistryConfig:
     # How long a replica's lease on a (prefix, endpoint) outlives it (with a shared Redis): another replica
     # takes the warming over at most this long after the holder died.
     lease_ttl_s: float = 10.0
+    # Warms must not cost users TTFT. Each warm carries this vLLM request priority: a larger value is served
+    # later, so a server started with `--scheduling-policy priority` schedules every waiting user request
+    # (priority 0 by default) before a warm and preempts warms first when KV blocks run short; an FCFS server
+    # ignores the field (one that refuses it gets the warm again without it). None: no priority field.
+    warm_priority: int | None = 1_000_000
+    # A due warm is held back while its endpoint's /metrics reports more than warm_max_waiting requests
+    # waiting or more than warm_max_running running (None: no limit), checked each tick, for at most
+    # warm_max_defer_s; then it goes out anyway (at warm_priority), so a prefix on an endpoint that is never
+    # idle is still kept. The default holds warms while users queue: a server with a queue has no room.
+    warm_max_waiting: int | None = 0
+    warm_max_running: int | None = None
+    warm_max_defer_s: float = 5.0
     # LMCache controller pin target (see LMCache's controller `/pin` API).
     lmcache_instance_id: str = "lmcache_default_instance"
     lmcache_location: str = "LocalCPUBackend"
@@ -62,6 +74,8 @@ class PrefixRegistryConfig:
             raise ConfigError("need 0 < backoff_min_s <= backoff_max_s")
         if self.lease_ttl_s <= 0:
             raise ConfigError("lease_ttl_s must be positive")
+        if min(self.warm_max_waiting or 0, self.warm_max_running or 0) < 0 or self.warm_max_defer_s < 0:
+            raise ConfigError("warm_max_waiting, warm_max_running and warm_max_defer_s must not be negative")
         object.__setattr__(self, "endpoints", tuple(url.rstrip("/") for url in self.endpoints))
         if self.tick_interval_s <= 0 or self.default_block_size < 1:
             raise ConfigError("tick_interval_s and default_block_size must be positive")

@@ -73,7 +73,11 @@ class PrefixMetricsCollector(Collector):
         sent.add_metric([], stats.num_warms_sent)
         deferred = CounterMetricFamily("ragcache_prefix_warms_deferred", "Warms deferred by the per-minute budget")
         deferred.add_metric([], stats.num_warms_deferred)
-        yield from (tokens, warms, residency, interval, uses, resident, evictions, up, queries, hits, hit_rate, sent, deferred)
+        held = CounterMetricFamily("ragcache_prefix_warms_held_busy",
+                                   "Due warms held back while their vLLM endpoint reported users waiting or running")
+        held.add_metric([], stats.num_warms_held_busy)
+        yield from (tokens, warms, residency, interval, uses, resident, evictions, up, queries, hits, hit_rate, sent,
+                    deferred, held)
 
 
 def register_prefix_metrics(registry: PrefixRegistry, collector_registry: CollectorRegistry) -> PrefixMetricsCollector:

@@ -13,6 +13,7 @@ import xxhash
 from ragcache.errors import InvalidInputError
 
 __all__ = [
+    "MAX_USES_PER_REPORT",
     "check_name",
     "PromptForm",
     "Target",
@@ -33,6 +34,9 @@ __all__ = [
 # A name travels in URL paths (/prefixes/{name}), so it is limited to characters that need no escaping and
 # cannot be a dot segment; fullmatch, because "$" would also accept a trailing newline.
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+# Uses one report may add (``POST /prefixes/{name}/uses``, ``PrefixRegistry.record_use``): a client reports what it
+# rendered since its last report, far below this; one call adding a billion would only falsify the counters.
+MAX_USES_PER_REPORT = 100_000
 
 
 def check_name(name: str) -> str:
@@ -227,6 +231,8 @@ class RegistryStats:
     targets: tuple[TargetStats, ...]
     num_warms_sent: int
     num_warms_deferred: int
+    # Due warms held back while their endpoint reported users waiting or running (warm_max_waiting/_running).
+    num_warms_held_busy: int = 0
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from .config import PrefixRegistryConfig
 from .model import WarmOutcome
 
-__all__ = ["Schedule", "next_schedule", "judge_residency", "WarmBudget"]
+__all__ = ["Schedule", "next_schedule", "judge_residency", "holds_warm", "WarmBudget"]
 
 
 @dataclass(frozen=True)
@@ -56,6 +56,24 @@ def judge_residency(num_prompt_tokens: int, num_cached_tokens: int, block_size: 
     """
     num_full = (num_prompt_tokens - 1) // block_size * block_size
     return num_cached_tokens >= num_full
+
+
+def holds_warm(num_running: float | None, num_waiting: float | None, overdue_s: float,
+               config: PrefixRegistryConfig) -> bool:
+    """Whether a warm that has been due for ``overdue_s`` waits for its endpoint to calm down.
+
+    It waits while the endpoint reports more requests waiting than ``warm_max_waiting`` or more running than
+    ``warm_max_running`` (a limit of None never holds), but never longer than ``warm_max_defer_s``: a prefix
+    whose endpoint is never idle is still kept, at the warm's low priority. An endpoint whose /metrics does not
+    show its load (None) holds nothing: the gate only ever delays a warm on evidence of users.
+    """
+    if overdue_s >= config.warm_max_defer_s:
+        return False
+    too_many_waiting = config.warm_max_waiting is not None and num_waiting is not None and \
+        num_waiting > config.warm_max_waiting
+    too_many_running = config.warm_max_running is not None and num_running is not None and \
+        num_running > config.warm_max_running
+    return too_many_waiting or too_many_running
 
 
 class WarmBudget:

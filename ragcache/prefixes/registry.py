@@ -31,6 +31,7 @@ from ragcache.tiers.base import TierHealth
 from .config import PrefixRegistryConfig
 from .lease import LocalWarmGate, RedisWarmGate, WarmGate
 from .model import (
+    MAX_USES_PER_REPORT,
     Prefix,
     PrefixSpec,
     PrefixStats,
@@ -44,12 +45,12 @@ from .model import (
     check_name,
     content_hash,
 )
-from .policy import Schedule, WarmBudget, judge_residency, next_schedule
+from .policy import Schedule, WarmBudget, holds_warm, judge_residency, next_schedule
 from .state import WarmState, summarize
 from .store import PrefixStore, make_store
 from .text import find_volatile, render_messages, render_text, template_head
 from .tokens import LocalTokenCounter
-from .vllm_client import PrefixCacheCounters, TargetUnavailableError, VLLMClient
+from .vllm_client import CompletionUsage, PrefixCacheCounters, TargetUnavailableError, VLLMClient
 
 __all__ = ["PrefixRegistry"]
 
@@ -97,6 +98,10 @@ class PrefixRegistry:
         self._store_read_at = float("-inf")
         self._num_warms_sent = 0
         self._num_warms_deferred = 0
+        self._num_warms_held_busy = 0
+        # Endpoints that answered a warm carrying a priority with a 4xx (an older vLLM without priority
+        # scheduling refuses the field): their warms go without it.
+        self._priority_refused: set[str] = set()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -220,9 +225,10 @@ class PrefixRegistry:
         return out
 
     def record_use(self, name: str, count: int = 1) -> None:
-        """Count requests that used prefix ``name`` (clients report the prompts they rendered)."""
-        if count < 0:
-            raise InvalidInputError("count must not be negative", field="count")
+        """Count requests that used prefix ``name`` (clients report the prompts they rendered), at most
+        ``MAX_USES_PER_REPORT`` at a time."""
+        if not 0 <= count <= MAX_USES_PER_REPORT:
+            raise InvalidInputError(f"count must be 0 to {MAX_USES_PER_REPORT}: report more uses in several calls", field="count")
         self.get(name)
         with self._lock:
             self._uses[name] = self._uses.get(name, 0) + count
@@ -257,7 +263,7 @@ class PrefixRegistry:
             primed = state.primed
         head = template_head(prefix.text, prefix.is_template)
         try:
-            usage = self._vllm.complete_one(target, head, prefix.form)
+            usage = self._complete(target, head, prefix.form)
         except TargetUnavailableError as exc:
             with self._lock:
                 health = self._health_of(url)
@@ -280,7 +286,25 @@ class PrefixRegistry:
             self._lmcache_pin(prefix, target, head, state)
         with self._lock:
             state.primed = True
+            state.held = False
             return self._finish(state, result)
+
+    def _complete(self, target: Target, head: str, form: PromptForm) -> CompletionUsage:
+        """The warm request, at ``warm_priority`` unless the endpoint refused the field once."""
+        priority = self.config.warm_priority
+        if priority is None or target.base_url in self._priority_refused:
+            return self._vllm.complete_one(target, head, form)
+        try:
+            return self._vllm.complete_one(target, head, form, priority=priority)
+        except TargetUnavailableError as exc:
+            if exc.status_code not in (400, 422):
+                raise
+        usage = self._vllm.complete_one(target, head, form)
+        with self._lock:
+            self._priority_refused.add(target.base_url)
+        log.warning("%s refused a request priority (no --scheduling-policy priority); its warms go without one",
+                    target.base_url)
+        return usage
 
     def _fill_token_count(self, prefix: Prefix, num_tokens: int) -> None:
         """Record the token count vLLM reported, for a prefix registered while it was down."""
@@ -423,9 +447,30 @@ class PrefixRegistry:
                 state = self._state_for(prefix, url)
                 if self._clock() >= state.next_due_at and self._health_of(url).may_try():
                     due.append((state.next_due_at, prefix.name, url))
+        due = self._not_held_busy(due)
         # Longest-waiting first, so a spent budget delays every prefix fairly instead of starving
         # the ones that sort last.
         return [self.warm(name, url) for _, name, url in sorted(due)]
+
+    def _not_held_busy(self, due: builtins.list[tuple[float, str, str]]) -> builtins.list[tuple[float, str, str]]:
+        """The due warms that may go out now: those whose endpoint is not busy with users by its own /metrics
+        (read fresh, once per endpoint), or that have waited ``warm_max_defer_s`` (see :func:`.policy.holds_warm`)."""
+        if not due or (self.config.warm_max_waiting is None and self.config.warm_max_running is None):
+            return due
+        load = {url: self.scrape(url) for url in {url for _, _, url in due}}
+        now = self._clock()
+        ready = []
+        with self._lock:
+            for due_at, name, url in due:
+                counters = load[url]
+                running, waiting = (counters.num_running, counters.num_waiting) if counters else (None, None)
+                state = self._states.get((name, url))
+                if state is not None and holds_warm(running, waiting, now - due_at, self.config):
+                    self._num_warms_held_busy += not state.held
+                    state.held = True
+                else:
+                    ready.append((due_at, name, url))
+        return ready
 
     def _run(self) -> None:
         while not self._stop.wait(self.config.tick_interval_s):
@@ -468,7 +513,8 @@ class PrefixRegistry:
             per_prefix = tuple(self._summary(p) for p in prefixes)
             urls = sorted({url for p in prefixes for url in self.endpoints_of(p)} | set(self._health))
             per_target = tuple(self._target_stats(url) for url in urls)
-            return RegistryStats(per_prefix, per_target, self._num_warms_sent, self._num_warms_deferred)
+            return RegistryStats(per_prefix, per_target, self._num_warms_sent, self._num_warms_deferred,
+                                 self._num_warms_held_busy)
 
     def _target_stats(self, url: str) -> TargetStats:
         health = self._health_of(url)

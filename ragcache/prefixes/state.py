@@ -38,6 +38,8 @@ class WarmState:
     last_judged: WarmOutcome | None = None
     last_warm_at: float | None = None
     lmcache_pinned_tokens: int | None = None
+    # True while a due warm is held back because the endpoint is busy (counted once per hold).
+    held: bool = False
 
     def count(self, outcome: WarmOutcome, wall_time: float) -> None:
         """Record one warm's outcome."""

@@ -24,9 +24,10 @@ __all__ = ["TargetUnavailableError", "CompletionUsage", "PrefixCacheCounters", "
 class TargetUnavailableError(RagCacheError):
     """vLLM (or an LMCache controller) was unreachable, timed out, or answered an error."""
 
-    def __init__(self, url: str, message: str) -> None:
+    def __init__(self, url: str, message: str, status_code: int | None = None) -> None:
         super().__init__(f"{url}: {message}")
         self.url = url
+        self.status_code = status_code  # the HTTP status when the server answered one
 
 
 @dataclass(frozen=True)
@@ -40,11 +41,14 @@ class CompletionUsage:
 
 @dataclass(frozen=True)
 class PrefixCacheCounters:
-    """vLLM's prefix-cache counters (in tokens, summed over engines) and its KV block size."""
+    """vLLM's prefix-cache counters (in tokens, summed over engines), its KV block size, and its load now."""
 
     queries: float
     hits: float
     block_size: int | None
+    # vllm:num_requests_running / vllm:num_requests_waiting (summed over engines); None when not exposed.
+    num_running: float | None = None
+    num_waiting: float | None = None
 
 
 class VLLMClient:
@@ -60,15 +64,19 @@ class VLLMClient:
             response.raise_for_status()
             return response.json()
         except (httpx.HTTPError, ValueError) as exc:
-            raise TargetUnavailableError(url, f"{type(exc).__name__}: {exc}") from exc
+            status = exc.response.status_code if isinstance(exc, httpx.HTTPStatusError) else None
+            raise TargetUnavailableError(url, f"{type(exc).__name__}: {exc}", status) from exc
 
-    def complete_one(self, target: Target, text: str, form: PromptForm) -> CompletionUsage:
-        """Send ``text`` with ``max_tokens=1`` and report what vLLM found cached.
+    def complete_one(self, target: Target, text: str, form: PromptForm, priority: int | None = None) -> CompletionUsage:
+        """Send ``text`` with ``max_tokens=1`` (at vLLM request ``priority`` when given) and report what
+        vLLM found cached.
 
         Needs the server to run with ``--enable-prompt-tokens-details``; without it vLLM omits
         ``prompt_tokens_details`` and every warm reads as zero cached tokens.
         """
         body: dict[str, Any] = {"model": target.model, "max_tokens": 1, "temperature": 0.0}
+        if priority is not None:
+            body["priority"] = priority
         if form is PromptForm.CHAT:
             url = f"{target.base_url}/v1/chat/completions"
             body["messages"] = [{"role": "system", "content": text}]
@@ -117,15 +125,20 @@ def parse_prefix_cache_counters(text: str) -> PrefixCacheCounters:
     """Pick the prefix-cache counters out of a Prometheus exposition (summing engines and models)."""
     queries = hits = 0.0
     block_size: int | None = None
+    load: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             if sample.name == "vllm:prefix_cache_queries_total":
                 queries += sample.value
             elif sample.name == "vllm:prefix_cache_hits_total":
                 hits += sample.value
+            elif sample.name in ("vllm:num_requests_running", "vllm:num_requests_waiting"):
+                load[sample.name] = load.get(sample.name, 0.0) + sample.value
             elif sample.name == "vllm:cache_config_info" and "block_size" in sample.labels:
                 try:
                     block_size = int(sample.labels["block_size"])
                 except ValueError:
                     block_size = None
-    return PrefixCacheCounters(queries=queries, hits=hits, block_size=block_size)
+    return PrefixCacheCounters(queries=queries, hits=hits, block_size=block_size,
+                               num_running=load.get("vllm:num_requests_running"),
+                               num_waiting=load.get("vllm:num_requests_waiting"))

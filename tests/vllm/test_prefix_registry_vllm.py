@@ -15,7 +15,7 @@ from ragcache.prefixes import (
 )
 from ragcache.prefixes.policy import judge_residency
 from ragcache.prefixes.tokens import LocalTokenCounter
-from ragcache_bench.prefixes import ChurnConfig, build_prefix_text, count_tokens, run_scenario
+from ragcache_bench.prefixes import ChurnConfig, build_prefix_text, count_tokens, run_side_by_side
 
 BLOCK_SIZE = 32  # the server fixture's block size (tests/vllm/conftest.py)
 
@@ -107,13 +107,12 @@ def test_pinned_prefix_stays_resident_under_churn_unpinned_is_evicted(registry, 
     registry.start()
     # 20 rounds: the first few re-warms are spent learning how long the prefix survives this churn.
     churn = ChurnConfig(num_rounds=20, churn_per_round=5, churn_tokens=1024, churn_interval_s=0.15)
-    unpinned = run_scenario(registry, http, target, prefix_text, churn, pinned=False, block_size=BLOCK_SIZE)
-    pinned = run_scenario(registry, http, target, prefix_text, ChurnConfig(**{**churn.__dict__, "seed": 1}),
-                          pinned=True, block_size=BLOCK_SIZE)
-    print(f"hit rate pinned={pinned.hit_rate:.2f} unpinned={unpinned.hit_rate:.2f} "
-          f"warms={pinned.num_warms}")
+    texts = {True: prefix_text, False: prefix_text.replace("retrieval assistant", "research assistant", 1)}
+    results, _ = run_side_by_side(registry, http, target, texts, churn, block_size=BLOCK_SIZE)
+    pinned, unpinned = results[True], results[False]
+    print(f"hit rate pinned={pinned.hit_rate:.2f} unpinned={unpinned.hit_rate:.2f} warms={pinned.num_warms}")
     # 5 x 1024 churn tokens per round are more than the 4096-token KV cache: without keep-warm the
-    # prefix is gone by the time each user request comes.
+    # prefix is gone by the time each user request comes, on the same churn that the pinned one survives.
     assert unpinned.hit_rate <= 0.1 and unpinned.num_warms == 0
     assert pinned.hit_rate >= 0.8
     assert pinned.num_warms >= churn.num_rounds
