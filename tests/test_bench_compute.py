@@ -1,46 +1,54 @@
-"""``ragcache bench compute``'s verdict logic: a peer that did not run, or an int8 space too far from torch,
-fails the target instead of flattering it; the cosine distance it reports."""
+"""``ragcache bench compute``'s verdict logic: the headline weighs float32 against float32 over HTTP, a peer
+that did not run fails it instead of flattering it, int8 is reported apart with its cosine distance; the cosine
+distance itself."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from ragcache_bench.compute import FASTEMBED, INFINITY_ONNX, INFINITY_TORCH, _largest_cosine_distance, _verdict
+from ragcache_bench.compute import FASTEMBED, INFINITY_ONNX, INFINITY_TORCH, _largest_cosine_distance, in_process, like_for_like
 from ragcache_bench.report import BenchResult
 
 OURS = {"ragcache torch": 100.0, "ragcache onnx": 150.0, "ragcache onnx-int8": 240.0}
-CLOSE = {"ragcache torch": 0.0, "ragcache onnx": 1e-7, "ragcache onnx-int8": 0.02}
+CLOSE = {"ragcache torch": 0.0, "ragcache onnx": 1e-7, "ragcache onnx-int8": 0.02, FASTEMBED: 1e-7,
+         INFINITY_TORCH: 1e-7, INFINITY_ONNX: 1e-7}
+HEADLINE = "like for like: ragcache / fastest peer, float32 over HTTP"
 
 
-def verdict_of(rates, distances):
+def figures_of(fill) -> dict:
     result = BenchResult("compute", "test")
-    _verdict(result, rates, distances, {})
+    fill(result)
     return {figure.name: figure for figure in result.figures}
 
 
-def test_the_best_backend_against_the_fastest_peer():
-    figures = verdict_of({**OURS, FASTEMBED: 160.0, INFINITY_TORCH: 120.0, INFINITY_ONNX: 150.0}, CLOSE)
-    ratio = figures["computed: ragcache best / fastest peer"]
-    assert ratio.value == 240.0 / 160.0 and ratio.verdict == "PASS"
-    assert "ragcache onnx-int8" in ratio.note and FASTEMBED in ratio.note
-    assert figures["computed: ragcache best float32 / fastest peer"].value == 150.0 / 160.0
+def test_the_headline_is_ragcache_float32_against_the_fastest_peer_over_http():
+    figures = figures_of(lambda r: like_for_like(r, {"ragcache": 60.0, INFINITY_TORCH: 40.0, INFINITY_ONNX: 50.0},
+                                                 "onnx", all_computed=True))
+    headline = figures[HEADLINE]
+    assert headline.value == 60.0 / 50.0 and headline.verdict == "PASS"
+    assert INFINITY_ONNX in headline.note and "onnx" in headline.note
 
 
 def test_slower_than_a_peer_is_a_miss():
-    figures = verdict_of({**OURS, FASTEMBED: 300.0, INFINITY_TORCH: 120.0, INFINITY_ONNX: 150.0}, CLOSE)
-    assert figures["computed: ragcache best / fastest peer"].verdict == "MISS"
+    figures = figures_of(lambda r: like_for_like(r, {"ragcache": 45.0, INFINITY_TORCH: 40.0, INFINITY_ONNX: 50.0},
+                                                 "torch", all_computed=True))
+    assert figures[HEADLINE].verdict == "MISS"
 
 
-def test_a_peer_that_did_not_run_fails_the_target():
-    figures = verdict_of({**OURS, INFINITY_TORCH: 120.0, INFINITY_ONNX: 150.0}, CLOSE)
-    ratio = figures["computed: ragcache best / fastest peer"]
-    assert ratio.verdict == "MISS" and ratio.failed_requirements == ["fastembed ran"]
+def test_a_peer_that_did_not_run_or_a_text_not_computed_fails_the_headline():
+    figures = figures_of(lambda r: like_for_like(r, {"ragcache": 90.0, INFINITY_TORCH: 40.0}, "onnx", all_computed=True))
+    assert figures[HEADLINE].verdict == "MISS" and figures[HEADLINE].failed_requirements == ["Infinity optimum ran"]
+    figures = figures_of(lambda r: like_for_like(r, {"ragcache": 90.0, INFINITY_TORCH: 40.0, INFINITY_ONNX: 50.0},
+                                                 "onnx", all_computed=False))
+    assert figures[HEADLINE].failed_requirements == ["every ragcache text computed"]
 
 
-def test_int8_too_far_from_torch_fails_the_target():
-    figures = verdict_of({**OURS, FASTEMBED: 100.0, INFINITY_TORCH: 100.0, INFINITY_ONNX: 100.0},
-                         {**CLOSE, "ragcache onnx-int8": 0.2})
-    assert figures["computed: ragcache best / fastest peer"].failed_requirements == ["int8 within 0.05 cosine of torch"]
+def test_in_process_reports_float32_and_int8_apart_without_a_verdict():
+    figures = figures_of(lambda r: in_process(r, {**OURS, FASTEMBED: 160.0, INFINITY_TORCH: 120.0}, CLOSE))
+    float32 = figures["in process: ragcache best float32 / fastest peer"]
+    assert float32.value == 150.0 / 160.0 and float32.verdict == ""
+    int8 = figures["int8: ragcache onnx-int8 / fastest peer"]
+    assert int8.value == 240.0 / 160.0 and int8.verdict == "" and "0.020" in int8.note
 
 
 def test_largest_cosine_distance_ignores_length_and_finds_the_worst_row():

@@ -124,3 +124,26 @@ def test_exact_lru_simulation_counts_hits_to_the_item():
     assert simulate_exact_lru([[0, 1], [0, 2], [1, 2, 2]], capacity=2) == 1 + 2
     # Written-back L2 hits land before newly computed ones: with capacity 1 the computed one stays.
     assert simulate_exact_lru([[0], [1], [0, 2], [2]], capacity=1) == 1
+
+
+def test_an_implausible_speed_up_is_a_noisy_run_not_a_pass():
+    from ragcache_bench.report import plausible
+
+    honest = Figure("ragcache / floor", 0.97, target=Target(">=", 0.95), requires=tuple(plausible(0.97, 1.1).items()))
+    assert honest.verdict == "PASS"
+    noisy = Figure("ragcache / floor", 1.87, target=Target(">=", 0.95), requires=tuple(plausible(1.87, 1.1).items()))
+    assert noisy.verdict == "MISS"
+    assert "noisy run" in noisy.annotated_note()
+    assert Figure("f", 1.1, target=Target(">=", 0.95), requires=tuple(plausible(1.1, 1.1).items())).verdict == "PASS"
+
+
+def test_a_benchmark_whose_peer_caches_are_not_installed_says_which_extra_to_install():
+    from ragcache_bench import Benchmark, missing_extra
+
+    absent = Benchmark("l2", "ragcache_bench.library", "bench_l2", "help", needs=("json", "no_such_module_for_ragcache"))
+    message = missing_extra([absent, Benchmark("levels", "ragcache_bench.levels", "bench_levels", "help")])
+    assert message is not None and message.startswith("l2 race the peer caches")
+    assert "and no_such_module_for_ragcache is not installed" in message  # json is there: not named
+    assert "ragcache[bench]" in message and "make bench" in message
+    assert missing_extra([Benchmark("levels", "ragcache_bench.levels", "bench_levels", "help")]) is None
+    assert BENCHMARKS["l2"].needs and BENCHMARKS["zipf"].needs  # the two that race LangChain and RedisVL

@@ -12,10 +12,14 @@ and its L3), so each sees one cold stream; what the machine's speed does over a 
 of landing on whichever ran in a slow moment (whole rounds one after the other differed by up to 20% in model
 time alone). Both models are warm first: ``WARM_UP`` requests of passages the stream never asks for go through
 each (untimed), since a model's first batches in a new process are slower (1.47x in the first block of a run
-without it) and the floor's model had already run the bench's earlier work. A service block's time ends at its
-last response; the writes it still owes L3 then (its write-behind gathers them for ``l3_write_linger_ms``, one
-Milvus call for several requests) are reported, and stored before the next block starts, so they never slow the
-floor's block. Inside a block they are stored while the service's next requests run, and counted there.
+without it) and the floor's model had already run the bench's earlier work. A service block's time ends when
+its last write is stored, not at its last response: the floor's SETs are inside its timer, so the service's
+L2 and L3 writes (its write-behind gathers L3's for ``l3_write_linger_ms``, one Milvus call for several
+requests) are inside its own. The writes still owed at the last response are reported beside.
+
+Both systems compute the same distinct texts with the same model, so the service cannot honestly be much faster
+than the floor: a ratio above ``MAX_PLAUSIBLE`` means the machine's load moved between the two, and the run is a
+MISS ("noisy run"), never a PASS.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ import orjson
 
 from ragcache.processes import poll_until
 from ragcache_bench.context import BATCH_SIZE, BenchContext
-from ragcache_bench.report import BenchResult, Target, median
+from ragcache_bench.report import BenchResult, Target, median, plausible
 from ragcache_bench.systems import BareModel
 from ragcache_testing.service import ServiceProcess, served
 
@@ -35,6 +39,9 @@ __all__ = ["bench_cold"]
 
 BLOCK = 10  # requests per block: 6 pairs in a full run, 3 in a quick one
 WARM_UP = 8  # requests of unseen passages through each system before the stream
+# Most the service can be faster than the floor computing the same texts before the figure says more about the
+# machine's load than about the cache (a quick run on a loaded machine once read 1.87x).
+MAX_PLAUSIBLE = 1.1
 
 
 def bench_cold(ctx: BenchContext) -> BenchResult:
@@ -68,19 +75,21 @@ def bench_cold(ctx: BenchContext) -> BenchResult:
     result.add("floor: MGET + encode misses + SET", floor_rate, "texts/s",
                note=f"{num_batches} requests of {BATCH_SIZE}, {distinct} distinct")
     result.add("ragcache service, L1+L2+L3", cache_rate, "texts/s",
-               note=f"writes pending at a block's last response (stored before the next block): at most "
+               note=f"writes pending at a block's last response (stored inside the block's time): at most "
                f"{totals['ragcache']['max_pending_writes']}")
     # Where the time goes: the model's own seconds (the floor's encode calls; the service's compute_s from
     # /stats) and what is left per request outside the model (lookups, writes, HTTP for the service).
     for name in ("floor", "ragcache"):
         outside_ms = (totals[name]["seconds"] - totals[name]["model_s"]) / num_batches * 1000
         result.add(f"{name}: model time", totals[name]["model_s"], "s", note=f"outside the model: {outside_ms:.2f} ms a request")
-    result.add("ragcache / floor", cache_rate / floor_rate, "x", target=Target(">=", 0.95), goal="1",
-               note=f"{len(blocks)} blocks of {BLOCK} requests, each through both (alternating which first); "
-               f"per block {min(block_ratios):.2f}..{max(block_ratios):.2f}x, median {median(block_ratios):.2f}x",
+    ratio = cache_rate / floor_rate
+    result.add("ragcache / floor", ratio, "x", target=Target(">=", 0.95), goal="1",
+               note=f"{len(blocks)} blocks of {BLOCK} requests, each through both (alternating which first), the service's "
+               f"writes inside its time; per block {min(block_ratios):.2f}..{max(block_ratios):.2f}x, median {median(block_ratios):.2f}x",
                requires={
                    "each system computed each distinct text once": floor.num_computed == distinct
                    and totals["ragcache"]["computed"] == distinct,
+                   **plausible(ratio, MAX_PLAUSIBLE),
                })
     result.details = {"blocks": blocks, "totals": totals, "distinct": distinct, "texts": texts, "block_size": BLOCK,
                       "block_ratios": block_ratios}
@@ -152,12 +161,15 @@ class _Service:
             if response.status_code != 200:
                 raise RuntimeError(f"/embed -> {response.status_code}: {response.text[:300]}")
             inputs_computed += served(response)["Compute"]  # a text twice in one request counts twice here
-        seconds = time.perf_counter() - started
+        to_last_response_s = time.perf_counter() - started
         stats = self._stats()
-        pending, model_s_now = _pending_writes(stats), _compute_s(stats)
+        pending = _pending_writes(stats)
         self._wait_for_writes()
+        seconds = time.perf_counter() - started  # the block ends when its writes are stored, as the floor's SETs are
+        model_s_now = _compute_s(self._stats())
         model_s, self._model_s_seen = model_s_now - self._model_s_seen, model_s_now
-        return {"seconds": seconds, "model_s": model_s, "inputs_served_by_compute": inputs_computed, "pending_writes": pending}
+        return {"seconds": seconds, "to_last_response_s": to_last_response_s, "model_s": model_s,
+                "inputs_served_by_compute": inputs_computed, "pending_writes": pending}
 
     def computed(self) -> int:
         return _texts_computed(self._stats()) - self._computed_before

@@ -19,11 +19,12 @@ import xxhash
 
 from ragcache_bench.context import BATCH_SIZE, BenchContext, CountingEncoder, RecordingEncoder
 from ragcache_bench.report import BenchResult, Target, interleaved, median
-from ragcache_bench.systems import BareModel, DictFloor, LangChainCache, RedisFloor, RedisVLCache
+from ragcache_bench.systems import BareModel, CountingModel, DictFloor, LangChainCache, RedisFloor, RedisVLCache
 
 __all__ = ["bench_l2", "bench_misses", "bench_zipf", "bench_concurrency", "bench_scale"]
 
 MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
+MAX_LRU_GAP = 0.02  # hit rate: exact LRU minus Redis under maxmemory
 
 
 def _max_error(vectors, expected: np.ndarray) -> float:
@@ -44,9 +45,11 @@ def bench_l2(ctx: BenchContext) -> BenchResult:
     cache = ctx.fresh_cache()
     l1, l2 = cache.tiers[0], cache.tiers[1]
     l2.put_many(keys, torch.from_numpy(expected))
-    langchain = LangChainCache(ctx.model, ctx.redis_url, namespace=space.space_id)
+    # Each other cache over its own counting view of the model: a text it computed was a miss, not a fetch.
+    langchain_model, redisvl_model = CountingModel(ctx.model), CountingModel(ctx.model)
+    langchain = LangChainCache(langchain_model, ctx.redis_url, namespace=space.space_id)
     langchain.seed(texts, expected)
-    redisvl = RedisVLCache(ctx.model, ctx.redis_url, MODEL_NAME)
+    redisvl = RedisVLCache(redisvl_model, ctx.redis_url, MODEL_NAME)
     redisvl.seed(texts, expected)
     floor = RedisFloor(ctx.redis_url, space.dim)
     plain = DictFloor()
@@ -82,14 +85,19 @@ def bench_l2(ctx: BenchContext) -> BenchResult:
     result.add("RedisVL EmbeddingsCache", rate["redisvl"], "keys/s")
     result.add("ragcache / floor", rate["ragcache"] / rate["floor"], "x", target=Target(">=", 0.8), goal="3",
                note="target raised from 0.6x to 0.8x by issue 14 (target 6)")
-    result.add("ragcache / LangChain", rate["ragcache"] / rate["langchain"], "x", target=Target(">=", 5), goal="3")
-    result.add("ragcache / RedisVL", rate["ragcache"] / rate["redisvl"], "x", target=Target(">=", 5), goal="3")
+    result.add("ragcache / LangChain", rate["ragcache"] / rate["langchain"], "x", target=Target(">=", 5), goal="3",
+               note=f"LangChain computed {langchain_model.num_texts} texts",
+               requires={"every LangChain call hit its cache": langchain_model.num_texts == 0})
+    result.add("ragcache / RedisVL", rate["ragcache"] / rate["redisvl"], "x", target=Target(">=", 5), goal="3",
+               note=f"RedisVL computed {redisvl_model.num_texts} texts",
+               requires={"every RedisVL call hit its cache": redisvl_model.num_texts == 0})
     result.details = {
         "num_keys": len(keys),
         "median_ms": {name: median(values) * 1000 for name, values in samples.items()},
         "samples_ms": {name: [v * 1000 for v in values] for name, values in samples.items()},
         "max_abs_error_vs_model": checks,
         "served_first_call": served,
+        "texts_computed": {"langchain": langchain_model.num_texts, "redisvl": redisvl_model.num_texts},
         "notes": "ragcache hashes the texts and builds keys inside the call; the floor is given ready keys. "
         "ragcache also checks each value's header and checksum and copies the vectors into L1.",
     }
@@ -194,15 +202,18 @@ def _race(ctx: BenchContext, result: BenchResult) -> dict:
     space_id = ctx.encoder.space.space_id
     ctx.redis_client.flushdb()
     cache = ctx.fresh_cache()
+    # What each cache computed, so the second pass can be checked to be all hits everywhere.
+    computed = {"LangChain": CountingModel(ctx.model), "RedisVL": CountingModel(ctx.model)}
+    ragcache_computed = [0]
 
     def ragcache_embed(texts):
-        cache.embed(texts)
+        ragcache_computed[0] += cache.embed_detailed(texts).served.get("compute", 0)
         cache.flush()  # its write-behind must not spill into the next system's timing
 
     systems = {
         "no cache": BareModel(ctx.model).embed,
-        "LangChain": LangChainCache(ctx.model, ctx.redis_url, namespace=space_id).embed,
-        "RedisVL": RedisVLCache(ctx.model, ctx.redis_url, MODEL_NAME).embed,
+        "LangChain": LangChainCache(computed["LangChain"], ctx.redis_url, namespace=space_id).embed,
+        "RedisVL": RedisVLCache(computed["RedisVL"], ctx.redis_url, MODEL_NAME).embed,
         "ragcache": ragcache_embed,
     }
     names = list(systems)
@@ -215,6 +226,7 @@ def _race(ctx: BenchContext, result: BenchResult) -> dict:
             systems[name](batch)
             seconds[name].append(time.perf_counter() - started)
     # The same requests again: every text is now cached in every cache, so only serving differs.
+    first_pass = {"ragcache": ragcache_computed[0]} | {name: model.num_texts for name, model in computed.items()}
     warm: dict[str, list[float]] = {name: [] for name in names if name != "no cache"}
     for index, batch in enumerate(prefix):
         shift = index % len(warm)
@@ -223,7 +235,10 @@ def _race(ctx: BenchContext, result: BenchResult) -> dict:
             systems[name](batch)
             warm[name].append(time.perf_counter() - started)
     cache.close()
-    race: dict[str, Any] = {"prefix_batches": num_batches, "texts": num_texts, "distinct": distinct, "systems": {
+    second_computed = {"ragcache": ragcache_computed[0] - first_pass["ragcache"]} | {
+        name: model.num_texts - first_pass[name] for name, model in computed.items()}
+    race: dict[str, Any] = {"second_pass_computed": second_computed,
+                            "prefix_batches": num_batches, "texts": num_texts, "distinct": distinct, "systems": {
         name: {"texts_per_s": num_texts / sum(values), "p50_ms": median(values) * 1000, "seconds": values}
         for name, values in seconds.items()},
         "second_pass": {name: {"texts_per_s": num_texts / sum(values), "p50_ms": median(values) * 1000}
@@ -239,7 +254,10 @@ def _race(ctx: BenchContext, result: BenchResult) -> dict:
     for name, rate in second.items():
         result.add(f"second pass (all cached): {name}", rate, "texts/s", note=f"p50 {race['second_pass'][name]['p50_ms']:.2f} ms/request")
     result.add("second pass: ragcache / no cache", second["ragcache"] / rates["no cache"], "x")
-    result.add("second pass: ragcache / best other cache", second["ragcache"] / max(second["LangChain"], second["RedisVL"]), "x")
+    result.add("second pass: ragcache / best other cache", second["ragcache"] / max(second["LangChain"], second["RedisVL"]), "x",
+               target=Target(">=", 1.0), note="texts computed in the second pass: "
+               + ", ".join(f"{name} {count}" for name, count in second_computed.items()),
+               requires={f"{name} all hits": count == 0 for name, count in second_computed.items()})
     return race
 
 
@@ -349,8 +367,11 @@ def _redis_evicting(ctx: BenchContext, result: BenchResult) -> dict:
     result.add("L2 under maxmemory (~half of distinct): hit rate", measured,
                note=f"{evicted:,} keys evicted; ideal {stream.ideal_hit_rate:.4f}; exact LRU of {entries:,} entries {exact:.4f}",
                requires={"Redis evicted": evicted > 0})
-    result.add("L2 under maxmemory: gap to exact LRU", exact - measured,
-               note="Redis approximates LRU by sampling keys (maxmemory-samples); the gap is what that costs here")
+    # The number that can fail: Redis' sampled LRU must stay within two points of an exact LRU of the same
+    # size (runs so far: 0.001-0.006); a wrong policy (allkeys-random, volatile-*) or a size off by half is not.
+    result.add("L2 under maxmemory: gap to exact LRU", exact - measured, target=Target("<=", MAX_LRU_GAP),
+               note="Redis approximates LRU by sampling keys (maxmemory-samples); the gap is what that costs here",
+               requires={"Redis evicted": evicted > 0})
     return {"entries": entries, "bytes_per_entry": per_entry, "hit_rate": measured, "exact_lru": exact,
             "ideal": stream.ideal_hit_rate, "evicted": evicted, "served": served}
 
@@ -452,8 +473,10 @@ def bench_scale(ctx: BenchContext) -> BenchResult:
     details: dict = {"sizes": list(sizes), "L1": {}, "L2": {}, "L3": {}}
 
     for size in sizes:
-        keys = _synthetic_keys(space.space_id, 0, size)
+        # RSS first, then the keys: the tier keeps these very key strings, so they are part of what it costs
+        # (sampled after them, the strings would count as already there: ~7 B/entry against ~90).
         rss_before = _rss_bytes()
+        keys = _synthetic_keys(space.space_id, 0, size)
         tier = MemoryTier(size * dim * 4, dim, torch.float32)
         for start in range(0, size, 50_000):
             chunk = keys[start : start + 50_000]
@@ -483,8 +506,9 @@ def bench_scale(ctx: BenchContext) -> BenchResult:
                target=Target("<=", 1.5), goal="7",
                note=f"plain dict: {l1[sizes[-1]]['plain_dict_us'] / l1[sizes[0]]['plain_dict_us']:.2f}x over the same sizes")
     big = l1[sizes[-1]]
-    # Measured, not derived: the process's resident memory grew by this much while the tier was filled,
-    # slab and host key map (key strings included) together. The slab alone is within budget by construction.
+    # Measured, not derived: the process's resident memory grew by this much while the keys were made and the
+    # tier filled, slab and host key map (key strings included) together, plus the bench's own list of the keys
+    # (8 B/entry: counted against the budget, so the figure errs high). The slab alone is within budget by construction.
     result.add(f"L1 memory at {sizes[-1]:,}: RSS growth / budget", big["rss_growth_bytes"] / big["budget_bytes"], "x",
                target=Target("<=", 1.1), goal="7",
                note=f"budget {big['budget_bytes'] / 2**20:,.0f} MiB; {big['rss_growth_bytes'] / sizes[-1]:,.0f} B/entry measured, "

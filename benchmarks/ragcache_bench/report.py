@@ -21,7 +21,7 @@ from typing import Any
 
 __all__ = [
     "Target", "Figure", "BenchResult", "format_table", "interleaved", "machine_info",
-    "markdown_from_json", "median", "measure", "summary_line", "write_json",
+    "markdown_from_json", "median", "measure", "plausible", "summary_line", "write_json",
 ]
 
 PASS = "PASS"
@@ -144,6 +144,12 @@ class BenchResult:
             "figures": [figure.to_dict() for figure in self.figures],
             "details": self.details,
         }
+
+
+def plausible(ratio: float, limit: float) -> dict[str, bool]:
+    """The precondition that a speed-up stays physically possible (``ratio <= limit``). Above it the run measured
+    the machine's load, not the system: a MISS named "noisy run", never a PASS."""
+    return {f"plausible, at most {limit:g}x (above: a noisy run)": ratio <= limit}
 
 
 def _format_number(value) -> str:
