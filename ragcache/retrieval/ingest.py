@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ragcache.errors import InvalidInputError
 
-__all__ = ["iter_documents", "chunk_text", "SUFFIXES"]
+__all__ = ["iter_documents", "source_files", "file_documents", "chunk_text", "SUFFIXES"]
 
 SUFFIXES = {".txt", ".md", ".markdown", ".rst", ".jsonl"}
 
@@ -48,15 +48,24 @@ def _files(path: Path) -> list[Path]:
 
 def iter_documents(path: str | Path, *, max_chars: int = 1200) -> Iterator[dict]:
     """Documents ``{"id", "text", "metadata"}`` from a file or a folder; ids are stable (file + chunk number)."""
+    for file, name in source_files(path):
+        yield from file_documents(file, name, max_chars=max_chars)
+
+
+def source_files(path: str | Path) -> list[tuple[Path, str]]:
+    """The files ingest reads from a file or a folder, each with its source name (its path in the folder)."""
     root = Path(path)
-    for file in _files(root):
-        name = str(file.relative_to(root)) if root.is_dir() else file.name
-        if file.suffix.lower() == ".jsonl":
-            yield from _jsonl_documents(file, name)
-            continue
-        text = file.read_text(encoding="utf-8", errors="replace")
-        for number, chunk in enumerate(chunk_text(text, max_chars)):
-            yield {"id": f"{name}#{number}", "text": chunk, "metadata": {"source": name, "chunk": number}}
+    return [(file, str(file.relative_to(root)) if root.is_dir() else file.name) for file in _files(root)]
+
+
+def file_documents(file: Path, name: str, *, max_chars: int = 1200) -> Iterator[dict]:
+    """The documents of one file whose source name is ``name`` (``source_files``)."""
+    if file.suffix.lower() == ".jsonl":
+        yield from _jsonl_documents(file, name)
+        return
+    text = file.read_text(encoding="utf-8", errors="replace")
+    for number, chunk in enumerate(chunk_text(text, max_chars)):
+        yield {"id": f"{name}#{number}", "text": chunk, "metadata": {"source": name, "chunk": number}}
 
 
 def _jsonl_documents(file: Path, name: str) -> Iterator[dict]:

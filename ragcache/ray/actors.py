@@ -1,0 +1,168 @@
+"""The callables Ray Data runs in its actors: each opens its own embedding cache once and keeps it.
+
+Every actor has its own L1 and shares the rest with every other actor and every service replica: L2 in the
+Redis (or Redis Cluster) of ``settings.redis_url``, L3 and the knowledge base in the Milvus server of
+``settings.milvus_uri``, and the single-flight locks in that same Redis, so a text several actors miss at
+once is computed by one of them (``ragcache.flight``). The cache is the one ``open_cache`` builds from the
+same settings, so a vector here is bit for bit the one ``/embed`` serves for the same text and space.
+
+Nothing here imports Ray: the classes are plain callables, which Ray pickles to the actors.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from ragcache.build import build_cache, drift_monitor, load_encoder
+from ragcache.cache import EmbeddingCache, EmbedResult
+from ragcache.errors import ConfigError
+from ragcache.providers import load_models, open_remote_encoder
+from ragcache.retrieval.documents import Document
+from ragcache.retrieval.knowledge import KnowledgeBase
+from ragcache.settings import Settings
+from ragcache.storage.stores import Stores
+
+__all__ = ["CachedEmbedder", "DocumentWriter", "open_model_cache", "served_once", "LEVEL_COLUMN", "TOKENS_COLUMN"]
+
+LEVEL_COLUMN = "embedding_level"  # per row: the level that served its vector (L1, L2, L3 or compute)
+TOKENS_COLUMN = "embedding_tokens"  # per row, remote models only: the text's tokens (what a hit did not send)
+
+
+def open_model_cache(settings: Settings, model: str | None = None) -> tuple[EmbeddingCache, Stores]:
+    """The cache of ``model`` (default ``settings.model``; a local model, or a remote one the settings
+    configure) and the stores it uses, which close with it. Checked for drift before its first lookup."""
+    if settings.redis_url is None or settings.resolved_milvus_uri is not None and settings.resolved_milvus_uri.endswith(".db"):
+        raise ConfigError(
+            "a Ray pipeline shares its stores across actors: set redis_url to a Redis server (or 'off') and milvus_uri "
+            "to a Milvus server (or 'off'); an embedded Redis and a Milvus Lite file belong to one process"
+        )
+    name = model or settings.model
+    stores = Stores.open(settings)
+    closables: list[Callable[[], None]] = [stores.close]
+    try:
+        remote = {configured.name: configured for configured in load_models(settings.models_json, settings.models_file)}
+        if name in remote:
+            encoder: Any = open_remote_encoder(remote[name], os.environ)
+            closables.insert(0, encoder.close)
+        else:
+            encoder = load_encoder(settings, name)
+        cache = build_cache(settings, stores, encoder, on_close=lambda: [close() for close in closables])
+    except BaseException:
+        for close in closables:
+            close()
+        raise
+    try:
+        closables.insert(0, drift_monitor(settings, stores, {name: cache}).start().close)
+    except BaseException:
+        cache.close()
+        raise
+    return cache, stores
+
+
+def served_once(result: EmbedResult, keys: list[str]) -> np.ndarray:
+    """Per input, the level that served it, a text computed once counting once: its repeats later in the
+    same batch are served from that one computation, held in L1 (``EmbedResult`` marks them computed too)."""
+    levels = result.levels.copy()
+    computed = len(result.level_names) - 1
+    seen: set[str] = set()
+    for index in np.flatnonzero(levels == computed).tolist():
+        if keys[index] in seen:
+            levels[index] = 0
+        seen.add(keys[index])
+    return levels
+
+
+class CachedEmbedder:
+    """For ``Dataset.map_batches``: adds ``output_column`` (one vector per row of ``text_column``) and the
+    level that served each row (``LEVEL_COLUMN``; remote models also the text's tokens, ``TOKENS_COLUMN``)."""
+
+    def __init__(self, settings: Settings, text_column: str, *, model: str | None = None, output_column: str = "embedding"):
+        self.text_column = text_column
+        self.output_column = output_column
+        self.cache, self._stores = open_model_cache(settings, model)
+        self._remote = hasattr(self.cache.encoder, "max_batch")  # a RemoteEncoder; a local model has no upstream
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        texts = [str(text) for text in batch[self.text_column]]
+        result = self.cache.embed_detailed(texts)
+        space = self.cache.space
+        levels = served_once(result, space.keys(space.prepare(texts)))
+        batch[self.output_column] = np.asarray(result.vectors)
+        batch[LEVEL_COLUMN] = np.array(result.level_names, dtype=object)[levels]
+        if self._remote:
+            batch[TOKENS_COLUMN] = np.array(self.cache.tokenizer.count_tokens(texts), dtype=np.int64)
+        return batch
+
+    def __del__(self) -> None:
+        cache = getattr(self, "cache", None)
+        if cache is not None:
+            cache.close()  # flushes the writes still queued for L2/L3
+
+
+class DocumentWriter:
+    """For ``Dataset.map_batches``: upserts each batch of documents (columns ``id``, ``text``, ``metadata``)
+    into ``collection`` through the cache, as ``KnowledgeBase.add_documents`` does for the service: a
+    document stored with the same content hash is left alone, nothing embedded, nothing written.
+
+    Returns one row per batch: its counts, the levels that served its embeddings (a text computed once
+    counting once) and the ids it holds (for a sync's cleanup). Upserts by id are idempotent, so a batch
+    retried after its actor died writes each document once more at most, and never a second copy.
+
+    ``after_batch``: called after a batch is written, before its row is returned (the fault tests' seam).
+    """
+
+    def __init__(self, settings: Settings, collection: str, *, model: str | None = None,
+                 after_batch: Callable[[], None] | None = None):
+        self.collection = collection
+        self.cache, stores = open_model_cache(settings, model)
+        if stores.milvus is None:
+            self.cache.close()
+            raise ConfigError("ingest needs Milvus: set milvus_uri to a Milvus server")
+        self.knowledge = KnowledgeBase(stores.milvus, redis=stores.redis, result_max_bytes=settings.result_cache_max_bytes,
+                                       keyword_index=settings.keyword_index)
+        self.after_batch = after_batch
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        documents = documents_of(batch)
+        computed_before = self.cache.stats().texts_computed
+        result = self.knowledge.add_documents(self.collection, documents, cache=self.cache)
+        # The cache counts each distinct text it computed once; ``served`` counts a repeat in the batch again.
+        num_computed = self.cache.stats().texts_computed - computed_before
+        served = dict(result.served)
+        if served:
+            repeats = served[self.cache.level_names[-1]] - num_computed
+            served[self.cache.level_names[-1]] = num_computed
+            served[self.cache.level_names[0]] = served.get(self.cache.level_names[0], 0) + repeats
+        if self.after_batch is not None:
+            self.after_batch()
+        return {
+            "num_received": np.array([result.num_received]),
+            "num_unchanged": np.array([result.num_unchanged]),
+            "num_added": np.array([result.num_inserted]),
+            "num_replaced": np.array([result.num_replaced]),
+            "num_computed": np.array([num_computed]),
+            "served": np.array([json.dumps(served)], dtype=object),
+            "ids": np.array([json.dumps([document.id for document in documents])], dtype=object),
+        }
+
+    def __del__(self) -> None:
+        cache = getattr(self, "cache", None)
+        if cache is not None:
+            cache.close()
+
+
+def documents_of(batch: Mapping[str, Any]) -> list[Document]:
+    """The batch's documents: ``id`` and ``text`` columns, and ``metadata`` (a JSON object, or its text) when present."""
+    metadata = batch.get("metadata")
+    documents = []
+    for index, (doc_id, text) in enumerate(zip(batch["id"], batch["text"])):
+        value = {} if metadata is None else metadata[index]
+        if isinstance(value, (str, bytes)):
+            value = json.loads(value) if value else {}
+        documents.append(Document(str(doc_id), str(text), dict(value or {})))
+    return documents
