@@ -31,6 +31,7 @@ import torch
 from ragcache.errors import RagCacheError, TierUnavailableError
 from ragcache.fingerprints import Fingerprint, Fingerprints
 from ragcache.keys import EmbeddingSpace, Generation
+from ragcache.providers.http import RemoteEncoder
 
 __all__ = ["CANARY_TEXTS", "TOLERANCES", "DriftGuard", "DriftMonitor", "DriftState", "Generation", "fingerprint_distance"]
 
@@ -161,7 +162,12 @@ class DriftGuard:
             return changed
 
     def _canaries(self) -> np.ndarray:
-        vectors = self.encoder.encode(list(CANARY_TEXTS))
+        # A remote model's canaries go with its own key, alone: the texts are public, and a caller's pass-through
+        # key in flight for them at the same moment (routed elsewhere by a gateway, or refused) must not decide
+        # what the check sees.
+        encoder = self.encoder
+        encode = encoder.encode_with_own_key if isinstance(encoder, RemoteEncoder) else encoder.encode
+        vectors = encode(list(CANARY_TEXTS))
         array = vectors.detach().to("cpu", torch.float32).numpy() if isinstance(vectors, torch.Tensor) else np.asarray(vectors, np.float32)
         if array.shape != (len(CANARY_TEXTS), self.base.dim) or not np.isfinite(array).all():
             raise TierUnavailableError("drift", f"the model answered the canaries with {array.shape} values, or not finite ones")

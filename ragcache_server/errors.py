@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
+import time
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -23,6 +25,7 @@ from ragcache.errors import (
     RagCacheError,
     TierUnavailableError,
     UpstreamBadResponseError,
+    UpstreamError,
     UpstreamTimeoutError,
     UpstreamUnavailableError,
 )
@@ -46,12 +49,55 @@ STATUS_BY_ERROR: list[tuple[type[Exception], int, str]] = [
     (ConfigError, 500, "server_config"),
     (RagCacheError, 500, "internal"),
 ]
+# Failures the service expects in operation (an upstream or a level down, refused, slow, or its breaker open;
+# the queue full): one log line each, no traceback, since their message says all there is to know.
+EXPECTED_ERRORS: tuple[type[Exception], ...] = (UpstreamError, TierUnavailableError, OverloadedError)
+# Tracebacks of unexpected failures: at most this many per window, so a failing path cannot fill the disk.
+TRACEBACKS_PER_WINDOW = 10
+TRACEBACK_WINDOW_S = 60.0
 # pydantic puts the union member it tried into the location ("inputs", "list[str]", 1): not a field name.
 _UNION_TAGS = {"str", "int", "bool", "float", "list", "dict", "none"}
 
 
 def _is_union_tag(part: object) -> bool:
     return isinstance(part, str) and ("[" in part or part in _UNION_TAGS or part.startswith(("constrained-", "function-")))
+
+
+class TracebackBudget:
+    """At most ``limit`` tracebacks per ``window_s``; past it, failures log one line that counts the skipped."""
+
+    def __init__(self, limit: int = TRACEBACKS_PER_WINDOW, window_s: float = TRACEBACK_WINDOW_S, clock=time.monotonic):
+        self._limit, self._window_s, self._clock = limit, window_s, clock
+        self._lock = threading.Lock()
+        self._window_start = float("-inf")
+        self._num_in_window = self._num_skipped = 0
+
+    def take(self) -> tuple[bool, int]:
+        """(whether this failure may log its traceback, tracebacks skipped since the last one logged)."""
+        with self._lock:
+            now = self._clock()
+            if now - self._window_start >= self._window_s:
+                self._window_start, self._num_in_window = now, 0
+            if self._num_in_window < self._limit:
+                self._num_in_window += 1
+                skipped, self._num_skipped = self._num_skipped, 0
+                return True, skipped
+            self._num_skipped += 1
+            return False, self._num_skipped
+
+
+def log_failure(budget: TracebackBudget, what: str, exc: BaseException) -> None:
+    """One line for an expected failure; a traceback for an unexpected one, within ``budget``."""
+    if isinstance(exc, EXPECTED_ERRORS):
+        log.warning("%s failed: %s", what, exc)
+        return
+    with_traceback, skipped = budget.take()
+    if with_traceback:
+        suffix = f" ({skipped} tracebacks skipped before this one)" if skipped else ""
+        log.error("%s failed unexpectedly%s: %s", what, suffix, exc, exc_info=exc)
+    else:
+        log.error("%s failed unexpectedly: %s: %s (traceback skipped: over %d a minute)", what, type(exc).__name__, exc,
+                  TRACEBACKS_PER_WINDOW)
 
 
 class HTTPError(Exception):
@@ -93,6 +139,8 @@ def _validation_response(exc: RequestValidationError) -> JSONResponse:
 
 
 def install_error_handlers(app: FastAPI) -> None:
+    tracebacks = TracebackBudget()
+
     @app.exception_handler(RequestValidationError)
     async def on_validation(request: Request, exc: RequestValidationError):
         return _validation_response(exc)
@@ -110,7 +158,7 @@ def install_error_handlers(app: FastAPI) -> None:
                     headers = {"Retry-After": str(max(1, math.ceil(exc.retry_after_s)))}
                     return error_response(status, type_, str(exc), None, headers)
                 if status >= 500:
-                    log.error("%s %s failed: %s", request.method, request.url.path, exc, exc_info=exc)
+                    log_failure(tracebacks, f"{request.method} {request.url.path}", exc)
                 return error_response(status, type_, str(exc), getattr(exc, "field", None))
         raise exc  # unreachable: RagCacheError is the last row
 
@@ -125,5 +173,5 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def on_unexpected(request: Request, exc: Exception):
-        log.exception("%s %s failed unexpectedly", request.method, request.url.path)
+        log_failure(tracebacks, f"{request.method} {request.url.path}", exc)
         return error_response(500, "internal", f"internal error ({type(exc).__name__}); the server log has details")

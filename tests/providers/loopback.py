@@ -19,13 +19,15 @@ from ragcache.processes import free_port
 @dataclass
 class Reply:
     """What to answer: a status, headers, and a body (JSON-encoded unless bytes); ``hang_s`` waits first;
-    ``cut`` sends only the first bytes of the body, then closes."""
+    ``cut`` sends only the first bytes of the body, then closes; ``drip_s`` sends the body a byte at a time,
+    this long apart (an upstream that trickles, so that no single read ever times out)."""
 
     status: int = 200
     body: object = None
     headers: dict[str, str] = field(default_factory=dict)
     hang_s: float = 0.0
     cut: int | None = None
+    drip_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -61,7 +63,10 @@ class LoopbackServer:
                     self.send_header("Connection", "close")
                 self.end_headers()
                 try:
-                    self.wfile.write(body if reply.cut is None else body[: reply.cut])
+                    if reply.drip_s:
+                        server._drip(self.wfile, body, reply.drip_s)
+                    else:
+                        self.wfile.write(body if reply.cut is None else body[: reply.cut])
                 except (BrokenPipeError, ConnectionResetError):
                     pass  # the client gave up first (a hang past its timeout): what the test wanted
                 if reply.cut is not None:
@@ -75,6 +80,13 @@ class LoopbackServer:
         self._server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    def _drip(self, out, body: bytes, every_s: float) -> None:
+        for index in range(len(body)):
+            if self._release.wait(every_s):
+                return
+            out.write(body[index : index + 1])
+            out.flush()
 
     def __enter__(self) -> LoopbackServer:
         self._thread.start()

@@ -30,6 +30,9 @@ class SwappableUpstream:
     def __init__(self):
         self.model = SwappableEncoder(dim=DIM, model=NAME)
         self.down = False
+        # A gateway that routes some keys to another deployment: Authorization header -> the version it serves.
+        self.version_by_key: dict[str, int] = {}
+        self.received_keys: list[str | None] = []
 
     @property
     def version(self) -> int:
@@ -47,7 +50,9 @@ class SwappableUpstream:
             return Reply(500, {"error": {"message": "upstream down"}})
         texts = request.body["input"]
         texts = [texts] if isinstance(texts, str) else texts
-        rows = self.vectors(texts).astype("<f4")
+        key = request.headers.get("authorization")
+        self.received_keys.append(key)
+        rows = self.vectors(texts, self.version_by_key.get(key or "")).astype("<f4")
         if request.body.get("encoding_format") == "base64":
             embeddings: list = [base64.b64encode(row.tobytes()).decode() for row in rows]
         else:
@@ -144,3 +149,27 @@ def test_an_upstream_down_at_start_keeps_the_service_up_and_the_generation(upstr
         vectors, levels = embed(server)
         assert levels["L2"] == len(TEXTS)
         np.testing.assert_array_equal(vectors, upstream.vectors(TEXTS, 0))
+
+
+def test_a_canary_racing_a_pass_through_request_goes_alone_with_the_models_own_key(upstream):
+    from ragcache.drift import CANARY_TEXTS, DriftGuard
+    from ragcache.fingerprints import Fingerprints, MemoryFingerprints
+    from ragcache.keys import Generation
+    from ragcache.providers import ApiKey, RemoteModel, open_remote_encoder
+
+    model = RemoteModel(name=NAME, provider="openai", base_url=upstream.url, upstream_model="swappable", dimensions=DIM,
+                        max_retries=0, timeout_s=5.0, pass_through_auth=True, api_key_env="DRIFT_TEST_KEY")
+    encoder = open_remote_encoder(model, {"DRIFT_TEST_KEY": "model-own-key"})
+    guard = DriftGuard(NAME, encoder, Fingerprints([MemoryFingerprints()]), Generation())
+    try:
+        assert guard.check() is False  # the first fingerprint
+        # A caller whose key a gateway routes to another deployment misses the (public) canary texts at the
+        # very moment of the check: the canaries must still go with the model's own key, alone.
+        upstream.version_by_key["Bearer caller-key"] = 1
+        upstream.received_keys.clear()
+        with encoder.caller_key(list(CANARY_TEXTS), ApiKey("caller-key")):
+            assert guard.check() is False
+        assert guard.generation.value == 0 and guard.state().num_drift_events == 0
+        assert upstream.received_keys == ["Bearer model-own-key"]
+    finally:
+        encoder.close()
