@@ -147,3 +147,18 @@ def test_a_benchmark_whose_peer_caches_are_not_installed_says_which_extra_to_ins
     assert "ragcache[bench]" in message and "make bench" in message
     assert missing_extra([Benchmark("levels", "ragcache_bench.levels", "bench_levels", "help")]) is None
     assert BENCHMARKS["l2"].needs and BENCHMARKS["zipf"].needs  # the two that race LangChain and RedisVL
+
+
+def test_counting_model_counts_every_text_a_peer_cache_computes_and_forwards_the_rest():
+    from ragcache_bench.systems import CountingModel
+
+    class Model:
+        max_seq_length = 256
+
+        def encode(self, sentences, **kwargs):
+            return [len(text) for text in ([sentences] if isinstance(sentences, str) else sentences)]
+
+    counting = CountingModel(Model())
+    assert counting.encode(["a", "bb"], batch_size=32) == [1, 2]
+    assert counting.encode("ccc") == [3]
+    assert counting.num_texts == 3 and counting.max_seq_length == 256
