@@ -29,6 +29,8 @@ SECRET = "sk-fault-test-0123456789abcdef"
 MODEL = "faulty"
 DOWN = "down"
 BYOK = "byok"
+BYOK_OWN = "byok-own"
+QUOTA_LESS = "Bearer quota-less-key"
 
 
 def known_vector(text: str) -> np.ndarray:
@@ -68,6 +70,9 @@ class Upstream:
             threading.Event().wait(0.5)  # long enough for the other requests of the batch to be in flight too
         if request.headers.get("authorization") == "Bearer refused-key":
             return Reply(401, {"error": {"message": "Incorrect API key provided: refused-key"}})
+        if request.headers.get("authorization") == QUOTA_LESS:  # what OpenAI answers a key without credit
+            quota = {"error": {"message": "You exceeded your current quota (quota-less-key)", "code": "insufficient_quota"}}
+            return Reply(429, quota)
         if any("FAIL500" in t for t in texts):
             return Reply(500, {"error": "boom"})
         if any("TOOLONG" in t for t in texts):
@@ -96,7 +101,10 @@ def service(upstream, redis_server, tmp_path_factory, monkeypatch_module):
     # Each caller pays with its own key (no key of the model's own): the service has no API keys, so
     # the callers' Authorization header is theirs for the upstream.
     byok = {**model, "name": BYOK, "pass_through_auth": True, "api_key_env": None}
-    settings = Settings(model=MODEL, models_json=json.dumps({"models": [model, down, byok]}), redis_url=redis_server, milvus_uri="off",
+    # Callers may pay with their own key; those who send none are served with the model's own.
+    byok_own = {**model, "name": BYOK_OWN, "pass_through_auth": True}
+    models_json = json.dumps({"models": [model, down, byok, byok_own]})
+    settings = Settings(model=MODEL, models_json=models_json, redis_url=redis_server, milvus_uri="off",
                         data_dir=tmp_path_factory.mktemp("data"), write_behind=False, single_flight=False)
     with LiveServer(settings) as server:
         yield server
@@ -325,3 +333,22 @@ def test_at_most_concurrency_requests_are_in_flight_to_the_upstream(service, ups
     assert response.status_code == 200 and len(upstream.received) == 8
     assert np.array_equal(vectors_of(response), np.stack([known_vector(t) for t in texts]))
     assert 1 < upstream.plan.max_in_flight <= 4
+
+
+def test_a_callers_rate_limited_key_fails_that_caller_only_while_the_models_own_key_serves_others(service, upstream):
+    from concurrent.futures import ThreadPoolExecutor
+
+    quota_less = {"Authorization": QUOTA_LESS}
+    with ThreadPoolExecutor(3) as pool:  # three callers sending a key without credit, over and over
+        attacks = [pool.submit(post, service, [f"attack {i} {j}"], BYOK_OWN, quota_less) for i in range(3) for j in range(6)]
+        served = [post(service, [f"served with the model's key {k}"], BYOK_OWN) for k in range(8)]
+        refused = [attack.result() for attack in attacks]
+    assert [response.status_code for response in served] == [200] * len(served)
+    assert {response.status_code for response in refused} == {503}
+    for response in refused:
+        message = response.json()["error"]["message"]
+        assert "caller's own key" in message and "rate limited" in message and "quota-less-key" not in response.text
+    # Not retried (waiting gives the key no credit) and not counted against the model: the breaker stays closed.
+    assert sum(r.headers["authorization"] == QUOTA_LESS for r in upstream.received) == len(attacks)
+    assert {r.headers["authorization"] for r in upstream.received} == {QUOTA_LESS, f"Bearer {SECRET}"}
+    assert service.state.cache_for(BYOK_OWN).encoder.stats().up
