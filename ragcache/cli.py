@@ -55,6 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
             sub.add_argument("--sync", action="store_true", help="then delete the documents this run did not send (admin key)")
             sub.add_argument("--scope", default=None, help="with --sync: a filter limiting what may be deleted")
             sub.add_argument("--quiet", action="store_true", help="no progress bar")
+            sub.add_argument("--ray", nargs="?", const="auto", default=None, metavar="ADDRESS",
+                             help="embed and upsert from a Ray cluster's actors, straight into the stores of the settings "
+                                  "(RAGCACHE_*; not through --url); ADDRESS as ray.init takes it (default: auto; docs/ray.md)")
         elif name == "search":
             sub.add_argument("query")
             sub.add_argument("--collection", required=True)
@@ -166,6 +169,8 @@ def run_ingest(args) -> int:
 
     if args.scope is not None and not args.sync:
         raise RagCacheError("--scope limits what --sync deletes: use it with --sync")
+    if args.ray is not None:
+        return run_ray_ingest(args)
     documents = iter_documents(args.path, max_chars=args.chunk_chars)
     totals = dict.fromkeys(["received", "unchanged", "replaced", "added", "deleted", "computed"], 0)
     sent: set[str] = set()
@@ -185,6 +190,28 @@ def run_ingest(args) -> int:
     print(
         f"{totals['received']} documents in {args.collection!r}: {totals['unchanged']} unchanged, {totals['replaced']} replaced, "
         f"{totals['added']} added, {totals['deleted']} deleted ({totals['computed']} embeddings computed, the rest from cache)"
+    )
+    return 0
+
+
+def run_ray_ingest(args) -> int:
+    """``ingest --ray``: the actors of a Ray cluster embed through the shared cache and upsert (ragcache.ray)."""
+    try:
+        import ray
+    except ImportError as exc:
+        raise RagCacheError("--ray needs the ray extra: pip install 'ragcache[ray]'") from exc
+    from ragcache.ray import ingest_path
+    from ragcache.settings import Settings
+
+    ray.init(address=args.ray, log_to_driver=False)
+    try:
+        report = ingest_path(args.path, args.collection, chunk_chars=args.chunk_chars, settings=Settings.load(), sync=args.sync,
+                             scope=args.scope, batch_size=args.batch, quiet=args.quiet)
+    finally:
+        ray.shutdown()
+    print(
+        f"{report.received} documents in {args.collection!r}: {report.unchanged} unchanged, {report.replaced} replaced, "
+        f"{report.added} added, {report.deleted} deleted ({report.computed} embeddings computed, the rest from cache)"
     )
     return 0
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -20,10 +21,11 @@ import time
 from pathlib import Path
 
 import psutil
+import redis
 
 from ragcache.processes import free_port
 
-__all__ = ["RayCluster"]
+__all__ = ["KillOnce", "RayCluster"]
 
 # What a node's processes need in their environment: no token auth on loopback, the model offline, and no
 # usage reporting (the machine has no internet).
@@ -31,7 +33,11 @@ NODE_ENV = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", "HF_HUB
 
 
 class RayCluster:
-    """``num_nodes`` nodes (the head first) of ``num_cpus`` CPUs each; ``address`` is what ``ray.init`` takes."""
+    """``num_nodes`` nodes (the head first) of ``num_cpus`` CPUs each; ``address`` is what ``ray.init`` takes.
+
+    ``num_cpus`` is Ray's logical count, not the machine's: give a node more than the actors it runs, or Ray
+    Data's read tasks wait for a CPU that the actors hold (the pipeline then never starts). Each node's own
+    log goes to ``log_dir`` (default: the cluster's temporary folder, removed by ``stop``)."""
 
     def __init__(self, *, num_nodes: int = 2, num_cpus: int = 1, object_store_bytes: int = 100 * 1024**2,
                  log_dir: Path | None = None, startup_timeout_s: float = 90.0):
@@ -92,6 +98,7 @@ class RayCluster:
         for node in reversed(self.nodes):
             _stop_group(node)
         self.nodes = []
+        shutil.rmtree(self.temp_dir, ignore_errors=True)  # Ray's session: sockets, spilled objects, its own logs
 
     def __enter__(self) -> RayCluster:
         return self.start()
@@ -117,3 +124,22 @@ def _stop_group(node: subprocess.Popen, timeout_s: float = 5.0) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(node.pid, signal.SIGKILL)  # what lingers of the group
     node.wait(timeout=10)
+
+
+class KillOnce:
+    """A fault for ``DocumentWriter(after_batch=...)``: the first call anywhere in the cluster SIGKILLs its own
+    actor process, after its batch was written and before the batch's result is returned (the claim is a
+    ``SET NX`` in Redis, so exactly one actor dies however many call it). The key holds the killed pid."""
+
+    def __init__(self, redis_url: str, key: str):
+        self.redis_url = redis_url
+        self.key = key
+
+    def __call__(self) -> None:
+        client = redis.Redis.from_url(self.redis_url)
+        try:
+            first = client.set(self.key, os.getpid(), nx=True)
+        finally:
+            client.close()
+        if first:
+            os.kill(os.getpid(), signal.SIGKILL)
