@@ -147,6 +147,8 @@ def test_gpu_stack_reserves_gpus_and_enables_prefix_caching():
         devices = services[name]["deploy"]["resources"]["reservations"]["devices"]
         assert devices[0]["capabilities"] == ["gpu"]
     assert "--enable-prefix-caching" in services["vllm"]["command"]
+    # Keep-warm reads cached tokens and sends its warms behind every user request.
+    assert {"--enable-prompt-tokens-details", "--scheduling-policy=priority"} <= set(services["vllm"]["command"])
     assert services["ragcache"]["environment"]["RAGCACHE_DEVICE"] == "cuda"
     assert services["ragcache"]["build"]["dockerfile"].endswith("Dockerfile.cuda")
     assert "hf-cache" in resolved("gpu")["volumes"]

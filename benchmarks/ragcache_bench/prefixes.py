@@ -212,6 +212,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> BenchResult:
     """Both prefixes side by side on one churn; print the table, write the JSON, return the verdicts."""
     started = time.perf_counter()
+    machine = machine_info()  # now: the commit that runs, not the one checked out when it ends
     server = None
     if args.base_url is None:
         server = VLLMServer(VLLMServerConfig(python=args.vllm_python, model=args.model_path,
@@ -255,7 +256,7 @@ def run(args: argparse.Namespace) -> BenchResult:
     result.details = details
     result.seconds = time.perf_counter() - started
     print(format_table([result]))
-    write_json(args.json_out, {"mode": "full", "command": _command_line("prefixes"), "machine": machine_info(),
+    write_json(args.json_out, {"mode": "full", "command": _command_line("prefixes"), "machine": machine,
                                "result": result.to_dict()})
     return result
 
