@@ -60,7 +60,7 @@ from ragcache.errors import (
     ServiceError,
     ServiceUnavailableError,
 )
-from ragcache.prefixes.model import Prefix, PromptForm, RegisterResult, Target, WarmOutcome, WarmResult, check_name
+from ragcache.prefixes.model import MAX_USES_PER_REPORT, Prefix, PromptForm, RegisterResult, Target, WarmOutcome, WarmResult, check_name
 from ragcache.prefixes.text import Chunk, assemble_prompt, render_messages, render_text
 from ragcache.redact import redact_text, redact_url
 from ragcache.rerank.base import RerankHit, RerankResult
@@ -154,15 +154,15 @@ class _Operations:
         filter: str | None = None,  # noqa: A002 - the API's name
         options: SearchOptions | None = None,
         rerank: Mapping[str, Any] | None = None,
+        include_text: bool = True,
     ) -> SearchResult:
         """The ``top_k`` documents of ``collection`` nearest to ``query``; ``filter`` is a Milvus expression
         on the documents, e.g. ``metadata["lang"] == "en"``; ``options`` picks the mode (dense, keyword,
         hybrid), fusion, paging, threshold, MMR and grouping; ``rerank`` (``{"top_n", "model"}``) reorders the
-        hits by a served reranker (``reranked_by``; ``rerank_fallback`` says why not, when it could not)."""
+        hits by a served reranker (``reranked_by``; ``rerank_fallback`` says why not, when it could not).
+        ``include_text=False``: hits without their text (``text`` is ""), a far smaller answer."""
         body = self._with_model({"query": query, "collection": collection, "top_k": top_k, "filter": filter, **_options_body(options)})
-        if rerank is not None:
-            body["rerank"] = dict(rerank)
-        return self._call(_Call("POST", "/search", body, _parse_search))
+        return self._call(_Call("POST", "/search", _with_hit_options(body, rerank, include_text), _parse_search))
 
     def rerank(self, query: str, texts: Sequence[str], *, top_n: int | None = None, model: str | None = None) -> RerankResult:
         """The texts' indexes sorted by relevance to ``query``, best first (``top_n``: the best n only);
@@ -179,12 +179,13 @@ class _Operations:
         filter: str | None = None,  # noqa: A002 - the API's name
         options: SearchOptions | None = None,
         rerank: Mapping[str, Any] | None = None,
+        include_text: bool = True,
     ) -> list[SearchResult]:
-        """``search`` for several queries in one request (``POST /search/batch``); results in query order."""
+        """``search`` for several queries in one request (``POST /search/batch``); results in query order. The
+        service bounds the whole answer (``RAGCACHE_MAX_ANSWER_BYTES``): ``include_text=False`` keeps it small."""
         body = {"queries": list(queries), "collection": collection, "top_k": top_k, "filter": filter, **_options_body(options)}
-        if rerank is not None:
-            body["rerank"] = dict(rerank)
-        return self._call(_Call("POST", "/search/batch", self._with_model(body), _parse_search_batch))
+        body = _with_hit_options(self._with_model(body), rerank, include_text)
+        return self._call(_Call("POST", "/search/batch", body, _parse_search_batch))
 
     def add_documents(
         self, collection: str, documents: Sequence[Mapping[str, Any] | Any], *, sync: Mapping[str, Any] | None = None
@@ -341,7 +342,7 @@ class Client(_Operations):
 
     def flush_uses(self) -> None:
         """Report the uses counted by ``render``/``messages`` since the last report."""
-        for name, count in self._prefixes.take_uses().items():
+        for name, count in self._prefixes.take_reports():
             self.report_uses(name, count)
 
     def _prefix(self, name: str) -> Prefix:
@@ -389,7 +390,7 @@ class AsyncClient(_Operations):
 
     async def flush_uses(self) -> None:
         """As :meth:`Client.flush_uses`."""
-        for name, count in self._prefixes.take_uses().items():
+        for name, count in self._prefixes.take_reports():
             await self.report_uses(name, count)  # type: ignore[func-returns-value, misc]
 
     async def _prefix(self, name: str) -> Prefix:
@@ -427,9 +428,11 @@ class _PrefixCache:
         self._fetched[prefix.name] = (prefix, self._clock())
         return prefix
 
-    def take_uses(self) -> collections.Counter[str]:
+    def take_reports(self) -> list[tuple[str, int]]:
+        """The uses not yet reported, as (name, count) reports of at most ``MAX_USES_PER_REPORT`` each."""
         pending, self.pending_uses = self.pending_uses, collections.Counter()
-        return pending
+        return [(name, min(MAX_USES_PER_REPORT, count - start))
+                for name, count in pending.items() for start in range(0, count, MAX_USES_PER_REPORT)]
 
 
 def _prefix_path(name: str, suffix: str = "") -> str:
@@ -519,6 +522,16 @@ def _decode_vector(embedding: str | list) -> np.ndarray:
         # OpenAI's base64 format: the raw little-endian float32 bytes.
         return np.frombuffer(base64.b64decode(embedding, validate=True), dtype="<f4").astype(np.float32)
     return np.asarray(embedding, dtype=np.float32)
+
+
+def _with_hit_options(body: dict[str, Any], rerank: Mapping[str, Any] | None, include_text: bool) -> dict[str, Any]:
+    """``body`` plus the rerank stage and ``include_text``, each only when asked for (a server that predates
+    one still takes the rest)."""
+    if rerank is not None:
+        body["rerank"] = dict(rerank)
+    if not include_text:
+        body["include_text"] = False
+    return body
 
 
 def _options_body(options: SearchOptions | None) -> dict[str, Any]:

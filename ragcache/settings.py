@@ -144,6 +144,11 @@ class Settings(BaseSettings):
     tenant_cache_namespaces: bool = Field(False, description="each tenant its own cache entries (no shared hits)")
     max_text_bytes: int = Field(65536, gt=0, description="most UTF-8 bytes in one text or query (413 beyond)")
     max_body_bytes: int = Field(16 * 1024 * 1024, gt=0, description="most bytes in one request body (413 beyond)")
+    max_answer_bytes: int = Field(
+        32 * 1024 * 1024, gt=0,
+        description="most bytes of hits' texts and metadata in one /search, /search/batch or /documents/get answer "
+        "(413 beyond: ask for fewer queries or hits, or include_text=false)",
+    )
     rate_limit_per_s: float | None = Field(None, gt=0, description="requests a second per key; unset = no limit")
     rate_limit_burst: int | None = Field(None, gt=0, description="bucket size; default: 2 x rate, at least 1")
     request_timeout_s: float = Field(60.0, gt=0, description="a request still unanswered after this gets 504")

@@ -17,7 +17,7 @@ from ragcache.metrics import CacheCollector, DriftCollector
 from ragcache.prefixes.metrics import register_prefix_metrics
 from ragcache.providers.metrics import UpstreamCollector
 from ragcache.settings import Settings
-from ragcache_server import prefixes_api, routes_embed, routes_ops, routes_rerank, routes_retrieval, routes_ui
+from ragcache_server import prefixes_api, routes_docs, routes_embed, routes_ops, routes_rerank, routes_retrieval, routes_ui
 from ragcache_server.auth import OPEN_PATHS, AccessMiddleware, KeyRing
 from ragcache_server.errors import install_error_handlers
 from ragcache_server.limits import LimitsMiddleware, RateLimiter
@@ -57,11 +57,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         version="0.1.0",
         summary="A multi-level embedding cache and RAG retrieval service",
         lifespan=lifespan,
+        # /docs is served from local files under a strict CSP (ragcache_server/routes_docs.py), not FastAPI's
+        # CDN page; no ReDoc.
+        docs_url=None,
+        redoc_url=None,
     )
     app.state.settings = settings
     app.state.metrics_registry = CollectorRegistry()
     install_error_handlers(app)
-    routers = [module.router for module in (routes_embed, routes_retrieval, routes_rerank, prefixes_api, routes_ops, routes_ui)]
+    routers = [module.router for module in (routes_embed, routes_retrieval, routes_rerank, prefixes_api, routes_ops, routes_ui,
+                                                 routes_docs)]
     for router in routers:
         app.include_router(router, responses=ERROR_RESPONSES)  # type: ignore[arg-type]
     # The last added runs first: keys and rate limits are checked before a body is read (docs/SECURITY.md).

@@ -25,15 +25,16 @@ from ragcache.errors import ConfigError
 from ragcache.settings import Settings
 from ragcache_server.errors import error_response
 from ragcache_server.limits import RateLimiter
+from ragcache_server.routes_docs import DOCS_PATHS
 from ragcache_server.routes_ui import UI_PATHS
 
 __all__ = ["SCOPES", "ROUTE_SCOPES", "OPEN_PATHS", "ApiKey", "Principal", "KeyRing", "AccessMiddleware", "principal_of"]
 
 SCOPES = ("embed", "search", "ingest", "admin")
 ANY_KEY = "any key"  # a route any valid key may call, whatever its scopes
-# The dashboard's page and assets (ragcache_server/routes_ui.py) are open: they hold no data, and every call the
-# page makes carries the key the operator typed in.
-OPEN_PATHS = frozenset({"/health", "/docs", "/docs/oauth2-redirect", "/openapi.json", "/redoc"}) | UI_PATHS
+# The dashboard's page and assets (ragcache_server/routes_ui.py) and the API docs' (routes_docs.py) are open: they
+# hold no data, and every call the page makes carries the key the operator typed in.
+OPEN_PATHS = frozenset({"/health", "/openapi.json"}) | UI_PATHS | DOCS_PATHS
 TENANT_PATTERN = re.compile(r"[A-Za-z][A-Za-z0-9]{0,15}")
 # A key given in plain text (RAGCACHE_API_KEY, or 'key' in a key file) is at least this long: a short one
 # could be guessed ('openssl rand -hex 24' makes 48 characters).
@@ -63,11 +64,12 @@ ROUTE_SCOPES: dict[tuple[str, str], str] = {
     ("POST", "/prefixes"): "admin",
     ("DELETE", "/prefixes/{name}"): "admin",
     ("POST", "/prefixes/{name}/warm"): "admin",
-    # Clients read a prefix's exact text to build their prompts and report its uses: any key may.
-    ("GET", "/prefixes"): ANY_KEY,
-    ("GET", "/prefixes/{name}"): ANY_KEY,
-    ("GET", "/prefixes/{name}/stats"): ANY_KEY,
-    ("POST", "/prefixes/{name}/uses"): ANY_KEY,
+    # RAG clients read a prefix's exact text to build their prompts and report its uses: the retrieval scope,
+    # within the key's tenant (ragcache_server/prefixes_api.py), as for collections.
+    ("GET", "/prefixes"): "search",
+    ("GET", "/prefixes/{name}"): "search",
+    ("GET", "/prefixes/{name}/stats"): "search",
+    ("POST", "/prefixes/{name}/uses"): "search",
     # Hit counters are shared by every tenant: watching them change would tell one tenant what another
     # embeds, so /stats and /metrics are the operator's (Prometheus sends the key as a bearer token).
     ("GET", "/stats"): "admin",

@@ -21,6 +21,7 @@ from ragcache.retrieval.documents import check_collection_name
 from ragcache.retrieval.knowledge import KnowledgeBase
 from ragcache.retrieval.results import SearchResult
 from ragcache.retrieval.sync import SyncOptions
+from ragcache_server.answers import SEARCH_ADVICE, check_answer_bytes, documents_within, fill_texts, may_pass, without_texts
 from ragcache_server.auth import principal_of
 from ragcache_server.deps import blocking, cache_of, check_count, check_text_size, prefixes_of, rerank_namespace, state_of
 from ragcache_server.errors import HTTPError
@@ -34,7 +35,7 @@ from ragcache_server.schemas import (
     SearchRequest,
 )
 from ragcache_server.state import ServiceState
-from ragcache_server.tenants import public_collection, public_names, stored_collection, tenant_prefix
+from ragcache_server.tenants import public_collection, public_names, stored_collection, stored_prefix, tenant_prefix
 
 router = APIRouter(tags=["retrieval"])
 
@@ -91,7 +92,7 @@ async def get_documents(body: GetDocumentsRequest, request: Request) -> JSONResp
     check_count(body.ids, "ids", state.settings.max_batch)
     stored = stored_collection(principal_of(request).tenant, body.collection)
     with public_names(stored, body.collection):
-        documents = await blocking(knowledge_of(state).get_documents, stored, body.ids)
+        documents = await blocking(documents_within, knowledge_of(state), stored, body.ids, state.settings.max_answer_bytes)
     found = {document.id for document in documents}
     missing = [doc_id for doc_id in dict.fromkeys(body.ids) if doc_id not in found]
     return JSONResponse({"collection": body.collection, "documents": documents, "missing": missing})
@@ -130,7 +131,8 @@ async def search(body: SearchRequest, request: Request) -> JSONResponse:
     """``X-Search-Mode`` names the mode that answered; ``X-Search-Fallback: dense`` (and the body's
     ``fallback``) says that a keyword or hybrid search was answered by dense search alone. With ``rerank``,
     ``X-Rerank`` names the reranker that ordered the hits, or ``X-Rerank-Fallback: search-order`` (and the
-    body's ``rerank_fallback``) says that it failed and the hits are in search order."""
+    body's ``rerank_fallback``) says that it failed and the hits are in search order. With ``include_text:
+    false`` the hits carry no ``text``; an answer over ``max_answer_bytes`` is a 413."""
     state = state_of(request)
     check_text_size(body.query, "query", state.settings.max_text_bytes)
     reranker = reranker_of(state, body)
@@ -138,6 +140,7 @@ async def search(body: SearchRequest, request: Request) -> JSONResponse:
     cache, knowledge = cache_of(request, body.model, DOCUMENT, optional=True), knowledge_of(state)
     query_cache = cache_of(request, body.model, QUERY, optional=True)
     arguments: dict[str, Any] = dict(cache=cache, query_cache=query_cache, top_k=body.top_k, filter=body.filter, options=body.options())
+    with_text = reads_texts_with_hits(body, 1, state)
     # The filter is Milvus' expression language over this one collection's fields; it cannot name another
     # collection, and tenants are kept apart by collection, so no filter reaches another tenant's documents.
     with public_names(stored, body.collection):
@@ -146,17 +149,24 @@ async def search(body: SearchRequest, request: Request) -> JSONResponse:
         result = await knowledge.search_cached(stored, body.query, **arguments)
         if result is None:
             try:
-                result = await blocking(knowledge.search, stored, body.query, **arguments)
+                result = await blocking(knowledge.search, stored, body.query, **arguments, with_text=with_text)
             except TierUnavailableError as exc:
                 if body.filter is None or not await searches_without_filter(knowledge, stored, body.query, cache, query_cache):
                     raise
                 raise InvalidInputError(f"filter could not be evaluated by Milvus: {exc}", field="filter") from exc
+            if needs_texts(body) and not with_text:
+                [result] = await blocking(fill_texts, knowledge, stored, [result], state.settings.max_answer_bytes)
     headers = search_headers([result])
     if reranker is not None and body.rerank is not None:
         top_n = body.rerank.top_n or body.top_k
         result = await blocking(rerank_result, result, body.query, reranker, top_n=top_n, namespace=rerank_namespace(request))
         headers.update(rerank_headers(result))
-    return JSONResponse(await with_prompt(result, body, request), headers=headers)
+    max_bytes = state.settings.max_answer_bytes
+    used = check_answer_bytes(result.hits, max_bytes, include_text=body.include_text, advice=SEARCH_ADVICE)
+    if body.prompt_prefix is not None:  # the prompt repeats the hits' texts
+        check_answer_bytes(result.hits, max_bytes, advice=SEARCH_ADVICE, used=used)
+    answer = result if body.include_text else without_texts(result)
+    return JSONResponse(await with_prompt(answer, result, body, request), headers=headers)
 
 
 def rerank_headers(*results: SearchResult) -> dict[str, str]:
@@ -169,7 +179,8 @@ def rerank_headers(*results: SearchResult) -> dict[str, str]:
 
 @router.post("/search/batch", summary="Several queries against one collection in one call")
 async def search_batch(body: BatchSearchRequest, request: Request) -> JSONResponse:
-    """``{"results": [...]}``, one /search answer per query, in order; the queries are embedded as one batch."""
+    """``{"results": [...]}``, one /search answer per query, in order; the queries are embedded as one batch.
+    All the answers together are bounded by ``max_answer_bytes`` (413 beyond)."""
     state = state_of(request)
     for index, query in enumerate(body.queries):
         check_text_size(query, f"queries[{index}]", state.settings.max_text_bytes)
@@ -178,15 +189,33 @@ async def search_batch(body: BatchSearchRequest, request: Request) -> JSONRespon
     query_cache = cache_of(request, body.model, QUERY, optional=True)
     arguments = dict(cache=cache, query_cache=query_cache, top_k=body.top_k, filter=body.filter, options=body.options())
     reranker = reranker_of(state, body)
+    with_text = reads_texts_with_hits(body, len(body.queries), state)
     with public_names(stored, body.collection):
-        results = await blocking(knowledge.search_many, stored, body.queries, **arguments)
+        results = await blocking(knowledge.search_many, stored, body.queries, **arguments, with_text=with_text)
+        if needs_texts(body) and not with_text:
+            results = await blocking(fill_texts, knowledge, stored, results, state.settings.max_answer_bytes)
     headers = search_headers(results)
     if reranker is not None and body.rerank is not None:
         top_n, namespace = body.rerank.top_n or body.top_k, rerank_namespace(request)
         results = [await blocking(rerank_result, result, query, reranker, top_n=top_n, namespace=namespace)
                    for result, query in zip(results, body.queries)]
         headers.update(rerank_headers(*results))
-    return JSONResponse({"results": results}, headers=headers)
+    hits = (hit for result in results for hit in result.hits)
+    check_answer_bytes(hits, state.settings.max_answer_bytes, include_text=body.include_text, advice=SEARCH_ADVICE)
+    answers = results if body.include_text else [without_texts(result) for result in results]
+    return JSONResponse({"results": answers}, headers=headers)
+
+
+def needs_texts(body: SearchRequest | BatchSearchRequest) -> bool:
+    """Whether the answer, the reranker or the prompt needs the hits' texts."""
+    return body.include_text or body.rerank is not None or getattr(body, "prompt_prefix", None) is not None
+
+
+def reads_texts_with_hits(body: SearchRequest | BatchSearchRequest, num_queries: int, state: ServiceState) -> bool:
+    """Whether Milvus returns the texts with the hits: when they are needed and cannot pass the answer bound
+    (most searches); otherwise they are read afterwards within it (``fill_texts``)."""
+    num_hits = num_queries * body.top_k * (body.group_size if body.group_by_source else 1)
+    return needs_texts(body) and not may_pass(num_hits, state.settings.max_answer_bytes)
 
 
 def reranker_of(state: ServiceState, body: SearchRequest | BatchSearchRequest) -> RerankCache | None:
@@ -207,17 +236,20 @@ def search_headers(results: list[SearchResult]) -> dict[str, str]:
     return headers
 
 
-async def with_prompt(result: SearchResult, body: SearchRequest, request: Request) -> Any:
-    """The answer, plus ``prompt`` when the request names a registered prefix: its text, the hits ordered by id,
-    the volatile part last (``ragcache.prefixes.assemble_prompt``), so consecutive prompts share the longest
-    possible head in vLLM's prefix cache."""
+async def with_prompt(answer: SearchResult | dict[str, Any], result: SearchResult, body: SearchRequest, request: Request) -> Any:
+    """The answer, plus ``prompt`` when the request names a registered prefix: its text, the hits of ``result``
+    ordered by id, the volatile part last (``ragcache.prefixes.assemble_prompt``), so consecutive prompts share
+    the longest possible head in vLLM's prefix cache."""
     if body.prompt_prefix is None:
-        return result
+        return answer
     volatile = f"Question: {body.query}\n" if body.prompt_volatile is None else body.prompt_volatile
     check_text_size(volatile, "prompt_volatile", state_of(request).settings.max_text_bytes)
     # The store is Redis (or a file): read it, and count the use, off the event loop.
-    prefix = await blocking(plain_prefix_used, prefixes_of(request), body.prompt_prefix)
-    return {**dataclasses.asdict(result), "prompt": assemble_prompt(render_text(prefix, {}), result.hits, volatile)}
+    stored = stored_prefix(principal_of(request).tenant, body.prompt_prefix, field="prompt_prefix")
+    with public_names(stored, body.prompt_prefix):  # the caller's own prefix (its tenant's), named as it knows it
+        prefix = await blocking(plain_prefix_used, prefixes_of(request), stored)
+    fields = dataclasses.asdict(answer) if isinstance(answer, SearchResult) else answer
+    return {**fields, "prompt": assemble_prompt(render_text(prefix, {}), result.hits, volatile)}
 
 
 def plain_prefix_used(registry: PrefixRegistry, name: str) -> Prefix:

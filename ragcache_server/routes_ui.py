@@ -10,7 +10,7 @@ from pathlib import Path
 from fastapi import APIRouter
 from starlette.responses import Response
 
-__all__ = ["router", "UI_PATHS"]
+__all__ = ["router", "UI_PATHS", "HEADERS", "ASSETS", "add_static_route"]
 
 ASSETS = Path(__file__).resolve().parent / "ui"
 # path -> (file, media type). Exact paths only: these are open (auth.OPEN_PATHS), so nothing else under /ui is.
@@ -34,15 +34,16 @@ HEADERS = {
 router = APIRouter(include_in_schema=False)
 
 
-def _route(path: str, file_name: str, media_type: str) -> None:
-    # Read once at start-up: the files are part of the package and small.
-    body = (ASSETS / file_name).read_bytes()
+def add_static_route(to: APIRouter, path: str, file: Path, media_type: str) -> None:
+    """``GET path`` answers ``file`` with the CSP above (the dashboard's and the API docs' files)."""
+    # Read once at start-up: the files are part of the installed packages.
+    body = file.read_bytes()
 
     async def serve() -> Response:
         return Response(body, media_type=media_type, headers=HEADERS)
 
-    router.add_api_route(path, serve, methods=["GET"], name=f"ui:{file_name}")
+    to.add_api_route(path, serve, methods=["GET"], name=f"static:{path}")
 
 
 for _path, (_file, _media_type) in FILES.items():
-    _route(_path, _file, _media_type)
+    add_static_route(router, _path, ASSETS / _file, _media_type)

@@ -24,6 +24,8 @@ INPUT_TYPE_HELP = "query, document, search_query or search_document (Voyage, Coh
 # (a 16 MiB body of 762k tiny documents took 5 s and ~600 MB to validate before the 413). The service's own,
 # lower ``max_batch`` is checked by the routes (413); this ceiling is what ``max_batch`` may be set to.
 TextList = Annotated[list[StrictStr], Field(max_length=MAX_BATCH_CEILING)]
+# Token ids one /decode request may carry, all rows together: 2048 texts of 512 tokens.
+MAX_DECODE_IDS = 1 << 20
 
 
 class Body(BaseModel):
@@ -45,7 +47,7 @@ class EmbedRequest(Body):
 class TokenizeRequest(Body):
     """text-embeddings-inference's /tokenize body."""
 
-    inputs: StrictStr | list[StrictStr] = Field(description="one text or a list")
+    inputs: StrictStr | TextList = Field(description="one text or a list")
     add_special_tokens: StrictBool = Field(True, description="include the model's special tokens ([CLS], [SEP])")
     prompt_name: StrictStr | None = Field(None, description="not supported: prompts are part of the server's space")
     model: StrictStr | None = Field(None, description="served model name; default: the server's model")
@@ -54,9 +56,23 @@ class TokenizeRequest(Body):
 class DecodeRequest(Body):
     """text-embeddings-inference's /decode body."""
 
-    ids: list[StrictInt] | list[list[StrictInt]] = Field(description="one list of token ids, or a list of them")
+    ids: list[StrictInt] | Annotated[list[list[StrictInt]], Field(max_length=MAX_BATCH_CEILING)] = Field(
+        description=f"one list of token ids, or a list of them; at most {MAX_DECODE_IDS} ids in all")
     skip_special_tokens: StrictBool = Field(True, description="leave the model's special tokens out of the text")
     model: StrictStr | None = Field(None, description="served model name; default: the server's model")
+
+    @field_validator("ids", mode="before")
+    @classmethod
+    def _count_ids(cls, value: object) -> object:
+        # Counted on the parsed JSON, before any id is validated: a 16 MiB body holds ~8M ids, and rows are
+        # otherwise only counted as rows (max_batch), so one row could carry all of them.
+        if isinstance(value, list):
+            if value and isinstance(value[0], list) and len(value) > MAX_BATCH_CEILING:
+                raise ValueError(f"ids holds {len(value)} lists, over the limit of {MAX_BATCH_CEILING}: split the request")
+            num_ids = sum(len(row) if isinstance(row, list) else 1 for row in value)
+            if num_ids > MAX_DECODE_IDS:
+                raise ValueError(f"ids holds {num_ids} token ids, over the limit of {MAX_DECODE_IDS}: split the request")
+        return value
 
 
 class OpenAIEmbeddingsRequest(BaseModel):
@@ -134,7 +150,7 @@ class DeleteDocumentsRequest(Body):
 
 class GetDocumentsRequest(Body):
     collection: StrictStr = COLLECTION
-    ids: list[StrictStr] = Field(min_length=1)
+    ids: list[StrictStr] = Field(min_length=1, max_length=MAX_BATCH_CEILING)
 
 
 class SearchOptionsBody(Body):
@@ -174,12 +190,14 @@ class SearchRequest(SearchOptionsBody):
         None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$",
         description="a registered (plain) prefix: the answer adds `prompt` = the prefix, the hits by id, `prompt_volatile` last")
     prompt_volatile: StrictStr | None = Field(None, description="what goes last in `prompt` (default: 'Question: <query>')")
+    include_text: StrictBool = Field(True, description="false: hits without their text (id, score, metadata), a far smaller answer")
 
 
 class BatchSearchRequest(SearchOptionsBody):
     queries: list[StrictStr] = Field(min_length=1, max_length=MAX_QUERIES)
     collection: StrictStr = COLLECTION
     rerank: RerankStage | None = Field(None, description="reorder each query's hits by a reranker's scores")
+    include_text: StrictBool = Field(True, description="false: hits without their text (id, score, metadata), a far smaller answer")
 
 
 class CohereDocument(Body):
@@ -233,7 +251,8 @@ ERROR_RESPONSES = {
         (404, "unknown model, collection or prefix"),
         (408, "the body did not arrive within the server's body timeout"),
         (409, "the collection belongs to another embedding space"),
-        (413, "too many texts, a text or body over the size limit, or a text over the token limit with truncate=false"),
+        (413, "too many texts, a text or body over the size limit, a text over the token limit with truncate=false, "
+              "or an answer over the answer limit"),
         (422, "a field is missing, of the wrong type, or invalid; `field` names it"),
         (429, "this key's rate limit is exhausted; Retry-After says when to retry"),
         (503, "a store the request needs is down, or the model's queue is full (Retry-After says when to retry)"),

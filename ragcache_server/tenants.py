@@ -1,8 +1,9 @@
-"""Tenants: each sees only its own collections, and (optionally) hits only its own cache entries.
+"""Tenants: each sees only its own collections and prompt prefixes, and (optionally) hits only its own cache entries.
 
-A tenant's collection ``docs`` is stored as ``<tenant>--docs``. Tenant names hold no '-', so the prefix is
-unambiguous, and a request for another tenant's collection looks up a name that does not exist: 404, never
-403, so names do not leak. A key without a tenant sees the stored names (the operator's view).
+A tenant's collection ``docs`` is stored as ``<tenant>--docs``, and its prefix ``system`` as ``<tenant>--system``.
+Tenant names hold no '-', so the prefix is unambiguous, and a request for another tenant's collection or prefix
+looks up a name that does not exist: 404, never 403, so names do not leak. A key without a tenant sees the stored
+names (the operator's view).
 
 With ``tenant_cache_namespaces`` a tenant embeds through a key namespace of the model's cache: the space
 carries the tenant as ``namespace``, so the same model and vectors sit under other keys, and a text another
@@ -18,22 +19,39 @@ from typing import cast
 
 from ragcache.cache import EmbeddingCache
 from ragcache.errors import ConflictError, InvalidInputError, NotFoundError
+from ragcache.prefixes.model import check_name
 from ragcache_server.state import ServiceState
 
-__all__ = ["SEPARATOR", "stored_collection", "tenant_prefix", "public_collection", "public_names", "TenantCaches"]
+__all__ = ["SEPARATOR", "stored_collection", "stored_prefix", "tenant_prefix", "public_collection", "public_names",
+           "TenantCaches"]
 
 SEPARATOR = "--"
 MAX_COLLECTION_CHARS = 63  # ragcache.retrieval.documents.COLLECTION_NAME_PATTERN
+MAX_PREFIX_NAME_CHARS = 128  # ragcache.prefixes.model.check_name
 
 
 def stored_collection(tenant: str | None, name: str) -> str:
     """The name a tenant's collection is stored under (the name itself without a tenant)."""
+    return _stored(tenant, name, MAX_COLLECTION_CHARS, "collection")
+
+
+def stored_prefix(tenant: str | None, name: str, field: str = "name") -> str:
+    """The name a tenant's prompt prefix is stored under in the registry (the name itself without a tenant).
+    The public name is checked first: '-x' is no prefix name, though 'acme---x' would pass the check."""
+    try:
+        check_name(name)
+    except InvalidInputError as exc:
+        raise InvalidInputError(str(exc), field=field) from None
+    return _stored(tenant, name, MAX_PREFIX_NAME_CHARS, field)
+
+
+def _stored(tenant: str | None, name: str, max_chars: int, field: str) -> str:
     if tenant is None:
         return name
     stored = f"{tenant}{SEPARATOR}{name}"
-    if len(stored) > MAX_COLLECTION_CHARS:
-        limit = MAX_COLLECTION_CHARS - len(tenant) - len(SEPARATOR)
-        raise InvalidInputError(f"collection name {name!r} is too long: at most {limit} characters here", field="collection")
+    if len(stored) > max_chars:
+        limit = max_chars - len(tenant) - len(SEPARATOR)
+        raise InvalidInputError(f"{field} {name!r} is too long: at most {limit} characters here", field=field)
     return stored
 
 
@@ -43,7 +61,7 @@ def tenant_prefix(tenant: str | None) -> str:
 
 
 def public_collection(tenant: str | None, stored: str) -> str | None:
-    """The name a tenant knows a stored collection by; None when it is not the tenant's."""
+    """The name a tenant knows a stored collection (or prefix) by; None when it is not the tenant's."""
     if tenant is None:
         return stored
     prefix = f"{tenant}{SEPARATOR}"

@@ -2,6 +2,7 @@
 
 import hashlib
 import json
+import re
 import uuid
 
 import httpx
@@ -11,9 +12,11 @@ import pytest
 from ragcache.cli import main
 from ragcache.errors import ConfigError
 from ragcache.settings import Settings
+from ragcache.storage.embedded_redis import free_port
 from ragcache_server.app import create_app
 from ragcache_server.auth import OPEN_PATHS, ROUTE_SCOPES, SCOPES, AccessMiddleware, ApiKey, KeyRing, required_scope, route_table
 from ragcache_server.limits import RateLimiter
+from ragcache_server.routes_ui import HEADERS as UI_HEADERS
 from tests.live_server import LiveServer
 from tests.test_limits import Clock, asgi_messages
 
@@ -24,6 +27,8 @@ KEYS = {
     "acme": "acme-key-cccccccccccccccc",
     "globex": "globex-key-dddddddddddddd",
     "metered": "metered-key-eeeeeeeeeeeee",
+    "acmeops": "acme-ops-key-ffffffffffffff",
+    "globexops": "globex-ops-key-gggggggggggg",
 }
 
 
@@ -37,6 +42,9 @@ def key_file(tmp_path):
             {"name": "globex", "sha256": sha(KEYS["globex"]), "scopes": ["embed", "search", "ingest"], "tenant": "globex"},
             # 2 requests, then one token per 100 s: the third is refused however slow the machine is.
             {"name": "metered", "sha256": sha(KEYS["metered"]), "scopes": ["embed"], "rate_limit_per_s": 0.01, "rate_limit_burst": 2},
+            # A tenant's own operators: every scope, within the tenant (its prefixes, its collections).
+            {"name": "acmeops", "key": KEYS["acmeops"], "scopes": "*", "tenant": "acme"},
+            {"name": "globexops", "key": KEYS["globexops"], "scopes": "*", "tenant": "globex"},
         ]
     }
     path = tmp_path / "keys.json"
@@ -75,7 +83,7 @@ def test_every_route_has_a_scope_or_is_open():
     assert set(ROUTE_SCOPES) <= routes  # the table names no route that is gone
     table = route_table(sorted(routes))
     assert required_scope(table, "DELETE", "/prefixes/system-v2") == "admin"
-    assert required_scope(table, "POST", "/prefixes/system-v2/uses") == "any key"
+    assert required_scope(table, "POST", "/prefixes/system-v2/uses") == "search"
     assert required_scope(table, "GET", "/no-such-route") == "any key"  # the app answers 404
     assert required_scope(route_table([("POST", "/flush")]), "POST", "/flush") == "admin"  # unlisted: closed
 
@@ -148,7 +156,8 @@ def test_each_scope_opens_its_routes(clients):
     assert clients["embedder"].post("/embed", json={"inputs": "x"}).status_code == 200
     assert clients["embedder"].post("/v1/embeddings", json={"input": "x"}).status_code == 200
     assert clients["embedder"].get("/info").status_code == 200  # any key
-    assert clients["embedder"].get("/prefixes").status_code == 200  # any key
+    assert clients["embedder"].get("/prefixes").status_code == 403  # prompts are built by retrieval clients
+    assert clients["acme"].get("/prefixes").status_code == 200
     assert clients["acme"].delete("/prefixes/nope").status_code == 403  # admin only
     for name in ("ops", "legacy"):
         assert clients[name].get("/stats").status_code == 200
@@ -182,6 +191,65 @@ def test_a_tenant_sees_and_searches_only_its_own_collections(clients):
     # The operator (no tenant) sees the stored names.
     stored = {c["name"] for c in clients["ops"].get("/collections").json()["collections"]}
     assert {f"acme--{name}", f"globex--{name}", f"acme--{acme_only}"} <= stored
+
+
+def test_prefixes_are_per_tenant_and_their_uses_bounded(clients):
+    # vLLM is not running: registering still works (its warm fails), which is all this needs.
+    target = {"base_url": f"http://127.0.0.1:{free_port()}", "model": "tiny"}
+    texts = {"acme": "You are Acme's assistant: rockets only.\n\n", "globex": "You are Globex's assistant.\n\n"}
+    for tenant, text in texts.items():
+        created = clients[f"{tenant}ops"].post("/prefixes", json={"name": "system", "text": text, "target": target})
+        assert created.status_code == 201, created.text  # the same name twice: each tenant's own
+        assert created.json()["prefix"]["name"] == "system" and created.json()["warm"]["name"] == "system"
+    for tenant, text in texts.items():
+        assert clients[tenant].get("/prefixes/system").json()["text"] == text
+        assert [(p["name"], p["text"]) for p in clients[tenant].get("/prefixes").json()] == [("system", text)]
+    # Another tenant's prefix does not exist for acme, not even by its stored name: 404 for every operation.
+    acme, acmeops = clients["acme"], clients["acmeops"]
+    assert acme.get("/prefixes/globex--system").status_code == 404
+    assert acme.get("/prefixes/globex--system/stats").status_code == 404
+    assert acme.post("/prefixes/globex--system/uses", json={"count": 1}).status_code == 404
+    assert acmeops.post("/prefixes/globex--system/warm").status_code == 404
+    assert acmeops.delete("/prefixes/globex--system").status_code == 404
+    missing = acme.get("/prefixes/nope")
+    assert missing.status_code == 404 and "'nope'" in missing.text and "acme--" not in missing.text
+    # A search builds its prompt from the caller's own prefix.
+    collection = "prompts_" + uuid.uuid4().hex[:6]
+    for tenant in texts:
+        documents = [{"id": "d1", "text": f"{tenant} handbook"}]
+        assert clients[tenant].post("/documents", json={"collection": collection, "documents": documents}).status_code == 200
+        body = {"collection": collection, "query": "handbook", "prompt_prefix": "system"}
+        assert clients[tenant].post("/search", json=body).json()["prompt"].startswith(texts[tenant])
+    # Uses: at most 100,000 a report (a billion in one call was taken), counted for the tenant's prefix only.
+    refused = acme.post("/prefixes/system/uses", json={"count": 10**9})
+    assert refused.status_code == 422 and refused.json()["error"]["field"] == "count"
+    assert acme.post("/prefixes/system/uses", json={"count": 100_000}).status_code == 204
+    assert acme.get("/prefixes/system/stats").json()["num_uses"] == 100_001  # and the search's prompt
+    assert clients["globex"].get("/prefixes/system/stats").json()["num_uses"] == 1
+    # Reading prefixes and reporting uses is retrieval: an embed-only key may do neither.
+    assert clients["embedder"].get("/prefixes/acme--system").status_code == 403
+    assert clients["embedder"].post("/prefixes/acme--system/uses", json={"count": 1}).status_code == 403
+    # The operator (no tenant) sees the stored names.
+    assert {"acme--system", "globex--system"} <= {p["name"] for p in clients["ops"].get("/prefixes").json()}
+    for tenant in texts:
+        assert clients[f"{tenant}ops"].delete("/prefixes/system").status_code == 204
+
+
+def test_the_api_docs_load_nothing_from_another_origin(server):
+    page = httpx.get(server.url + "/docs")
+    assert page.status_code == 200 and page.headers["content-security-policy"] == UI_HEADERS["Content-Security-Policy"]
+    sources = re.findall(r'(?:src|href)="([^"]+)"', page.text)
+    assert sorted(sources) == ["docs/docs.js", "docs/swagger-ui-bundle.js", "docs/swagger-ui.css"]  # relative: this origin
+    assert "<script>" not in page.text  # no inline script: the CSP would refuse it
+    for source in sources:
+        asset = httpx.get(f"{server.url}/{source}")
+        assert asset.status_code == 200 and asset.headers["content-security-policy"] == page.headers["content-security-policy"]
+    start = httpx.get(server.url + "/docs/docs.js").text
+    assert '"openapi.json"' in start and "validatorUrl: null" in start and "http" not in start
+    assert httpx.get(server.url + "/openapi.json").json()["paths"]["/search/batch"]
+    # FastAPI's CDN pages are gone, so their paths are no longer open.
+    for path in ("/redoc", "/docs/oauth2-redirect"):
+        assert httpx.get(server.url + path).status_code == 401
 
 
 @pytest.mark.parametrize(

@@ -73,6 +73,29 @@ def test_a_body_over_the_default_limit_is_a_413_before_it_is_parsed(http):
     assert_alive(http)
 
 
+def compact(body) -> bytes:
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+@pytest.mark.parametrize(
+    "path, body, field, limit",
+    [
+        # 4M ids (16 MB, just under the body limit) were each validated before the 413 for more than max_batch.
+        ("/documents/get", {"collection": "c", "ids": ["a"] * 4_000_000}, "ids", "at most 16384 items"),
+        ("/tokenize", {"inputs": ["a"] * 40_000}, "inputs", "at most 16384 items"),
+        # /decode counted rows, not ids: 8M ids in one row were decoded (18 s, a 200).
+        ("/decode", {"ids": [1] * 8_000_000}, "ids", "over the limit of 1048576"),
+        ("/decode", {"ids": [[1] * 128] * 8_193}, "ids", "1048704 token ids"),
+        ("/decode", {"ids": [[]] * 100_000}, "ids", "100000 lists, over the limit of 16384"),
+    ],
+)
+def test_every_list_is_capped_by_the_schema_before_its_items_are_validated(http, path, body, field, limit):
+    response = post_raw(http, path, compact(body))
+    assert_4xx(response, 422, field)
+    assert limit in response.json()["error"]["message"]
+    assert_alive(http)
+
+
 @pytest.mark.parametrize("depth", [100, 10_000, 200_000])
 def test_deeply_nested_json_is_refused(http, depth):
     body = b'{"inputs": ' + b"[" * depth + b"]" * depth + b"}"

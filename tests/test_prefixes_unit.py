@@ -35,6 +35,7 @@ from ragcache.prefixes import (
     render_text,
     template_head,
 )
+from ragcache.prefixes.model import MAX_USES_PER_REPORT
 from ragcache.prefixes.policy import Schedule, WarmBudget, holds_warm, judge_residency, next_schedule
 from ragcache.prefixes.vllm_client import parse_prefix_cache_counters
 from ragcache.retrieval.results import SearchHit
@@ -501,6 +502,18 @@ def test_client_renders_locally_and_reports_uses_in_batches(service, clock):
     client.delete_prefix("rag")
     with pytest.raises(NotFoundError):
         client.get_prefix("rag")
+
+
+def test_client_reports_more_uses_than_one_report_takes_in_several(service, clock):
+    client = Client("http://ragcache.test", transport=transport_to(service), prefix_refresh_s=10, clock=clock)
+    client.register_prefix("rag", SYSTEM, TARGET)
+    for _ in range(MAX_USES_PER_REPORT + 1):
+        client.render("rag")
+    client.flush_uses()  # one report of 100,001 would be refused (422)
+    assert client.prefix_stats("rag")["num_uses"] == MAX_USES_PER_REPORT + 1
+    with pytest.raises(InvalidInputError, match=str(MAX_USES_PER_REPORT)) as refused:
+        client.report_uses("rag", MAX_USES_PER_REPORT + 1)
+    assert refused.value.field == "count"
 
 
 @pytest.mark.parametrize("name", ["x/../../stats?", "..", "a b", "ok\n", "x%2F..", ""])

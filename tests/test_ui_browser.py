@@ -176,6 +176,20 @@ def test_the_page_shows_what_stats_says_and_runs_a_search(page, server, tmp_path
     assert ADMIN_KEY not in page.content()
 
 
+def test_the_api_docs_render_from_this_origin_under_the_csp(page, server):
+    refusals: list[str] = []
+    page.on("console", lambda message: refusals.append(message.text) if "Content Security Policy" in message.text else None)
+    page.goto(server.url + "/docs")
+    # Swagger UI drew one block per operation of the schema, from this service's own files and schema.
+    page.wait_for_selector(".opblock", timeout=WAIT_S * 1000)
+    num_operations = sum(len(item) for item in httpx.get(server.url + "/openapi.json").json()["paths"].values())
+    wait_for(lambda: page.locator(".opblock").count() == num_operations, "every operation")
+    origin = urlsplit(server.url).netloc
+    assert page.requested and all(urlsplit(request.url).netloc == origin for request in page.requested)
+    assert {urlsplit(request.url).path for request in page.requested} >= {"/docs", "/docs/swagger-ui-bundle.js", "/openapi.json"}
+    assert not refusals, refusals  # nothing the page needs is refused by the CSP (no inline script or style)
+
+
 def run_search(page, query: str) -> None:
     page.fill("#collection", "notes")
     page.fill("#query", query)

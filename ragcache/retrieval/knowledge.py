@@ -23,7 +23,7 @@ import logging
 import secrets
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -326,13 +326,17 @@ class KnowledgeBase:
     def get_documents(self, collection: str, ids: Sequence[str]) -> list[Document]:
         """The documents with these ids, in the order asked (repeats folded); unknown ids are left out."""
         checked = check_ids(ids)
+        return in_order_asked(checked, [document for batch in self.document_batches(collection, checked) for document in batch])
+
+    def document_batches(self, collection: str, ids: Sequence[str]) -> Iterator[list[Document]]:
+        """``get_documents`` one Milvus call at a time (``BATCH_ROWS`` ids each, unknown ids left out), so that a
+        caller with a byte budget can stop reading as soon as it is spent."""
+        checked = check_ids(ids)
         meta = self._lookup(check_collection_name(collection))
-        found: dict[str, Document] = {}
         for start in range(0, len(checked), BATCH_ROWS):
             pks = [_pk(doc_id) for doc_id in checked[start : start + BATCH_ROWS]]
-            for row in self._call(meta, "get", meta.milvus_name, ids=pks, output_fields=["id", "text", "metadata"]):
-                found[row["id"]] = Document(row["id"], row["text"], row.get("metadata") or {})
-        return [found[doc_id] for doc_id in checked if doc_id in found]
+            rows = self._call(meta, "get", meta.milvus_name, ids=pks, output_fields=["id", "text", "metadata"])
+            yield [Document(row["id"], row["text"], row.get("metadata") or {}) for row in rows]
 
     def delete_documents(self, collection: str, ids: Sequence[str]) -> int:
         """Delete documents by id; returns how many existed (unknown ids are ignored)."""
@@ -363,14 +367,17 @@ class KnowledgeBase:
         filter: str | None = None,  # noqa: A002 - the public name of the parameter, as in the HTTP API
         options: SearchOptions | None = None,
         query_cache: EmbeddingCache | None = None,
+        with_text: bool = True,
     ) -> SearchResult:
         """The ``top_k`` documents nearest to ``query``, optionally filtered by a Milvus boolean expression
         (e.g. ``metadata["lang"] == "en"``) and ranked as ``options`` say (dense by default).
 
         ``cache`` is the space the collection's documents were embedded in; ``query_cache``, when given,
-        embeds the query instead: the same model under its query prompt (``ragcache.prompts``)."""
+        embeds the query instead: the same model under its query prompt (``ragcache.prompts``).
+        ``with_text``: as in ``search_many``."""
         return self.search_many(
-            collection, [query], cache=cache, top_k=top_k, filter=filter, options=options, query_cache=query_cache
+            collection, [query], cache=cache, top_k=top_k, filter=filter, options=options, query_cache=query_cache,
+            with_text=with_text,
         )[0]
 
     def search_many(
@@ -383,9 +390,14 @@ class KnowledgeBase:
         filter: str | None = None,  # noqa: A002 - the public name of the parameter, as in the HTTP API
         options: SearchOptions | None = None,
         query_cache: EmbeddingCache | None = None,
+        with_text: bool = True,
     ) -> list[SearchResult]:
         """``search`` for several queries at once: one embedding batch and one Milvus search per ranked list
-        for all of them; each query's result is cached on its own."""
+        for all of them; each query's result is cached on its own.
+
+        ``with_text=False`` leaves the documents' texts in Milvus (each hit's ``text`` is ""): most of a
+        result's bytes, when a caller wants ids, scores and metadata only. A result cached with its texts
+        still answers; one searched without them is not cached."""
         plan = self._plan(collection, queries, cache, query_cache, top_k, filter, options, self._lookup)
         assert plan is not None  # _lookup finds the collection or raises
         started = self._clock()
@@ -398,10 +410,11 @@ class KnowledgeBase:
                     results[index] = self._cached_result(cached, started, plan.options)
         fresh = [index for index, result in enumerate(results) if result is None]
         if fresh:
-            for index, result in zip(fresh, self._search_fresh(plan, fresh, started)):
+            for index, result in zip(fresh, self._search_fresh(plan, fresh, started, with_text)):
                 version = versions[index]
                 results[index] = dataclasses.replace(result, result_cache="off" if version is None else "miss")
-                if version is not None and self.results is not None and result.fallback is None:  # a degraded answer is not kept
+                # A degraded answer is not kept, nor one without its texts (a later caller may want them).
+                if version is not None and self.results is not None and result.fallback is None and with_text:
                     value = [[h.id, h.score, h.text, h.metadata] for h in result.hits]
                     self.results.put(plan.meta.uid, version, plan.query_keys[index], plan.params, value)
         return [result for result in results if result is not None]  # every one is set by now
@@ -452,7 +465,7 @@ class KnowledgeBase:
         params = json.dumps([top_k, expression, options.key()], sort_keys=True)
         return _Plan(meta, checked, query_keys, params, expression, top_k, options, query_cache)
 
-    def _search_fresh(self, plan: _Plan, fresh: list[int], started: float) -> list[SearchResult]:
+    def _search_fresh(self, plan: _Plan, fresh: list[int], started: float, with_text: bool) -> list[SearchResult]:
         """Search Milvus for the queries at ``fresh``: the keyword list first (so that its failure can turn
         the search dense before anything is embedded), then the query vectors and the dense list."""
         meta, options, texts = plan.meta, plan.options, [plan.queries[index] for index in fresh]
@@ -463,7 +476,7 @@ class KnowledgeBase:
         if options.uses_keyword:
             keyword_started = self._clock()
             try:
-                keyword = self._ranked(meta, SPARSE_FIELD, texts, limit, plan.expression, with_vectors)
+                keyword = self._ranked(meta, SPARSE_FIELD, texts, limit, plan.expression, with_vectors, with_text)
             except TierUnavailableError as exc:
                 fallback = f"keyword search failed, so dense search answered: {exc}"
                 log.warning("collection %r: %s", meta.name, fallback)
@@ -479,7 +492,7 @@ class KnowledgeBase:
         dense_started = self._clock()
         dense: list[_Ranked] = [_Ranked((), {})] * len(texts)
         if options.uses_dense and vectors is not None:
-            dense = self._ranked(meta, "vector", list(vectors), limit, plan.expression, with_vectors)
+            dense = self._ranked(meta, "vector", list(vectors), limit, plan.expression, with_vectors, with_text)
         finished = self._clock()
         search_s += finished - dense_started
         timings = SearchTimings(embed=_ms(dense_started - embed_started), search=_ms(search_s), total=_ms(finished - started))
@@ -506,11 +519,12 @@ class KnowledgeBase:
         return SearchResult(hits, None, SearchTimings(0.0, elapsed_ms, elapsed_ms), "hit", options.mode, None, groups)
 
     def _ranked(
-        self, meta: _Collection, field: str, data: list, limit: int, expression: str | None, with_vectors: bool
+        self, meta: _Collection, field: str, data: list, limit: int, expression: str | None, with_vectors: bool,
+        with_text: bool = True,
     ) -> list[_Ranked]:
         """One ranked list per query: the nearest rows of ``field`` (``vector``: cosine; the sparse field:
-        BM25 of the query's text), with their vectors when asked (for MMR)."""
-        output_fields = ["id", "text", "metadata", *(["vector"] if with_vectors else [])]
+        BM25 of the query's text), with their vectors when asked (for MMR), without their texts when not."""
+        output_fields = ["id", *(["text"] if with_text else []), "metadata", *(["vector"] if with_vectors else [])]
         arguments: dict[str, Any] = dict(data=data, anns_field=field, limit=limit, filter=expression or "", output_fields=output_fields)
         if field == SPARSE_FIELD:
             rows_per_query = self._keyword_search(meta, filter_given=expression is not None, **arguments)
@@ -520,7 +534,7 @@ class KnowledgeBase:
         ranked = []
         for rows in rows_per_query:
             hits = tuple(
-                SearchHit(row["entity"]["id"], float(row["distance"]), row["entity"]["text"], row["entity"].get("metadata") or {})
+                SearchHit(row["entity"]["id"], float(row["distance"]), row["entity"].get("text", ""), row["entity"].get("metadata") or {})
                 for row in rows
             )
             vectors = (
@@ -733,6 +747,12 @@ def _check_query_space(space: EmbeddingSpace, query_space: EmbeddingSpace) -> No
             f"the query is embedded in space {query_space.space_id} ({query_space.model}), which is not the "
             f"documents' space {space.space_id} ({space.model}) under another prompt: their vectors cannot be compared"
         )
+
+
+def in_order_asked(ids: Sequence[str], documents: Iterable[Document]) -> list[Document]:
+    """``documents`` in the order of ``ids`` (repeats folded); ids without a document are left out."""
+    found = {document.id: document for document in documents}
+    return [found[doc_id] for doc_id in dict.fromkeys(ids) if doc_id in found]
 
 
 def _pk(document_id: str) -> str:
