@@ -116,10 +116,12 @@ class UpstreamError(ComputeError):
     (a 400 or 413): the batcher then splits the batch to find them, as it does for a local model's failure;
     otherwise the upstream itself failed, and splitting would only multiply calls to a failing server."""
 
-    def __init__(self, model: str, message: str, *, per_text: bool = False) -> None:
+    def __init__(self, model: str, message: str, *, per_text: bool = False, status_code: int | None = None) -> None:
         super().__init__(f"model {model!r}: {message}")
         self.model = model
         self.per_text = per_text
+        self.detail = message  # the message without the model's name, for a caller that names the upstream itself
+        self.status_code = status_code  # the upstream's HTTP status, when it answered one
 
 
 class UpstreamUnavailableError(UpstreamError):

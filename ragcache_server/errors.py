@@ -29,6 +29,7 @@ from ragcache.errors import (
     UpstreamTimeoutError,
     UpstreamUnavailableError,
 )
+from ragcache.prefixes import TargetBadResponseError
 from ragcache_server.responses import JSONResponse
 
 log = logging.getLogger(__name__)
@@ -43,6 +44,7 @@ STATUS_BY_ERROR: list[tuple[type[Exception], int, str]] = [
     (UpstreamUnavailableError, 503, "upstream_unavailable"),
     (UpstreamTimeoutError, 504, "upstream_timeout"),
     (UpstreamBadResponseError, 502, "upstream_bad_response"),
+    (TargetBadResponseError, 502, "upstream_bad_response"),  # vLLM answered what it never sends
     # 503, not 429: the whole server is busy, whoever asks; 429 is one key over its own rate.
     (OverloadedError, 503, "overloaded"),
     (ComputeError, 500, "model_failed"),

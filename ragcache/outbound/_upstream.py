@@ -111,7 +111,7 @@ class Upstream:
         api_key: Secret | None = None,
         health: TierHealth | None = None,
         observer: CallObserver | None = None,
-        transport: httpx.BaseTransport | None = None,
+        transport: httpx.BaseTransport | httpx.Client | None = None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
         jitter: Callable[[], float] = random.random,
@@ -124,7 +124,10 @@ class Upstream:
         self._observer = observer
         self._clock, self._sleep, self._jitter = clock, sleep, jitter
         self._slots = threading.BoundedSemaphore(limits.concurrency)
-        self._http = httpx.Client(
+        # A caller's own client (the prefix registry's seam, shared with a benchmark's other calls) is used as it
+        # is and left open; without the socket clamp of ours its answer's deadline is checked at every chunk.
+        self._owns_http = not isinstance(transport, httpx.Client)
+        self._http = transport if isinstance(transport, httpx.Client) else httpx.Client(
             transport=transport or DeadlineTransport(limits.concurrency),
             follow_redirects=False,  # a redirect could carry the key to another host
             trust_env=False,  # no proxy from the environment sees the key
@@ -166,7 +169,8 @@ class Upstream:
             return value
 
     def close(self) -> None:
-        self._http.close()
+        if self._owns_http:
+            self._http.close()
 
     # ---- one attempt -------------------------------------------------------------------------------------
 
@@ -202,8 +206,8 @@ class Upstream:
             headers["Authorization"] = key.header()
         shown = redact_url(url)
         try:
-            with deadline_of_call(remaining), self._http.stream(method, url, content=content, headers=headers,
-                                                                timeout=timeout) as response:
+            with deadline_of_call(remaining), self._http.stream(method, url, content=content, headers=headers, timeout=timeout,
+                                                                follow_redirects=False) as response:
                 chunks, size = [], 0
                 for chunk in response.iter_bytes():
                     size += len(chunk)
@@ -233,14 +237,14 @@ class Upstream:
             callers_class = _CallersOwnUnavailable if status == 429 else _CallersOwnBadResponse
             if status not in CREDENTIAL_STATUSES:
                 said += f": {self._excerpt(body, url, caller_key)}"
-            return callers_class(self.name, said, per_text=status in PER_TEXT_STATUSES)
+            return callers_class(self.name, said, per_text=status in PER_TEXT_STATUSES, status_code=status)
         if status in RETRY_STATUSES:
             class_by_status = {429: UpstreamUnavailableError, 503: UpstreamUnavailableError, 504: UpstreamTimeoutError}
-            return _Retry(class_by_status.get(status, UpstreamBadResponseError)(self.name, said), wait_s)
+            return _Retry(class_by_status.get(status, UpstreamBadResponseError)(self.name, said, status_code=status), wait_s)
         if status in CREDENTIAL_STATUSES:
-            return UpstreamBadResponseError(self.name, f"{said}: it refused the credentials")
+            return UpstreamBadResponseError(self.name, f"{said}: it refused the credentials", status_code=status)
         said += f": {self._excerpt(body, url, caller_key)}"
-        return UpstreamBadResponseError(self.name, said, per_text=status in PER_TEXT_STATUSES)
+        return UpstreamBadResponseError(self.name, said, per_text=status in PER_TEXT_STATUSES, status_code=status)
 
     def _excerpt(self, body: bytes, url: str, caller_key: Secret | None) -> str:
         return self._masked(body[:MAX_ERROR_EXCERPT].decode("utf-8", "replace").strip(), url, caller_key)

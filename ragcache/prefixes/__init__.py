@@ -7,6 +7,8 @@ Errors (all under :class:`ragcache.errors.RagCacheError`):
     TierUnavailableError    the store (Redis or the local file) failed
     TargetUnavailableError  vLLM or an LMCache controller failed; the registry itself never lets it
                             escape from register/warm/tick (the target is reported down instead)
+    TargetBadResponseError  ... answering what vLLM never sends (a /tokenize without its count): register
+                            lets it escape, naming vLLM (the service answers 502)
 """
 
 from .config import PrefixRegistryConfig
@@ -28,7 +30,7 @@ from .model import (
 from .registry import PrefixRegistry
 from .store import FilePrefixStore, PrefixStore, RedisPrefixStore, make_store
 from .text import Chunk, assemble_prompt, find_volatile, render_messages, render_text, template_head
-from .vllm_client import TargetUnavailableError, VLLMClient
+from .vllm_client import TargetBadResponseError, TargetUnavailableError, VLLMClient
 
 __all__ = [
     "Chunk",
@@ -46,6 +48,7 @@ __all__ = [
     "RegistryStats",
     "Target",
     "TargetStats",
+    "TargetBadResponseError",
     "TargetUnavailableError",
     "VLLMClient",
     "VolatileSpan",

@@ -50,7 +50,7 @@ from .state import WarmState, summarize
 from .store import PrefixStore, make_store
 from .text import find_volatile, render_messages, render_text, template_head
 from .tokens import LocalTokenCounter
-from .vllm_client import CompletionUsage, PrefixCacheCounters, TargetUnavailableError, VLLMClient
+from .vllm_client import CompletionUsage, PrefixCacheCounters, TargetBadResponseError, TargetUnavailableError, VLLMClient
 
 __all__ = ["PrefixRegistry"]
 
@@ -117,12 +117,12 @@ class PrefixRegistry:
         Redis, leases and the warm budget are shared by every replica (:class:`~.lease.RedisWarmGate`)."""
         config = config or PrefixRegistryConfig()
         store = make_store(redis_client, config.file_path, config.redis_key)
-        http = http or httpx.Client(timeout=config.request_timeout_s)
         gate = None
         if redis_client is not None:
             gate = RedisWarmGate(redis_client, budget_per_minute=config.warm_budget_per_minute,
                                  lease_ttl_s=config.lease_ttl_s, key_prefix=config.redis_key)
-        return cls(store, VLLMClient(http), config, token_counter=LocalTokenCounter(), gate=gate)
+        vllm = VLLMClient(http, timeout_s=config.request_timeout_s)
+        return cls(store, vllm, config, token_counter=LocalTokenCounter(), gate=gate)
 
     # ----- registration -------------------------------------------------------------------------
 
@@ -181,6 +181,8 @@ class PrefixRegistry:
                 return counted
         try:
             return self._vllm.count_tokens(target, head)
+        except TargetBadResponseError:
+            raise  # not vLLM's answer (or not one it sends): the caller's to hear about (502), not to wait out
         except TargetUnavailableError as exc:
             log.info("cannot count tokens now (%s); filled in by the first warm", exc)
             return None
@@ -493,6 +495,7 @@ class PrefixRegistry:
         if self._thread is not None:
             self._thread.join(timeout=self.config.request_timeout_s + 5)
             self._thread = None
+        self._vllm.close()
 
     # ----- stats --------------------------------------------------------------------------------
 

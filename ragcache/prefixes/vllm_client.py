@@ -1,7 +1,11 @@
-"""The few calls the registry makes to vLLM (and an LMCache controller), over one ``httpx.Client``.
+"""The few calls the registry makes to vLLM (and an LMCache controller), through the one outbound helper
+(``ragcache.outbound.Upstream``: an overall deadline, a byte cap on each answer, no redirects, masking).
 
-Every transport or HTTP failure is converted here into :class:`TargetUnavailableError`, so the
-registry handles one error type; the ``httpx.Client`` is the test seam (``httpx.MockTransport``).
+Every failure is converted here into :class:`TargetUnavailableError`, so the registry handles one error type;
+an answer that is not what vLLM sends (malformed, missing a field, over the byte cap) is the subclass
+:class:`TargetBadResponseError`, which names vLLM (a 502 where it reaches a caller). The breaker is the
+registry's own, one per target (it schedules warms by its back-off), so the helper keeps none here. The
+``httpx.Client`` given is the test seam (``httpx.MockTransport``).
 """
 
 from __future__ import annotations
@@ -12,13 +16,19 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
-from ragcache.errors import RagCacheError
+from ragcache.errors import RagCacheError, UpstreamBadResponseError, UpstreamError
+from ragcache.outbound import CallLimits, Upstream
 
 from .model import PromptForm, Target
 
-__all__ = ["TargetUnavailableError", "CompletionUsage", "PrefixCacheCounters", "VLLMClient"]
+__all__ = ["TargetUnavailableError", "TargetBadResponseError", "CompletionUsage", "PrefixCacheCounters", "VLLMClient"]
+
+# The largest answer read from vLLM or LMCache: /tokenize of the longest prefix, or a /metrics exposition.
+MAX_ANSWER_BYTES = 16 * 1024 * 1024
+DEFAULT_TIMEOUT_S = 30.0
 
 
 class TargetUnavailableError(RagCacheError):
@@ -28,6 +38,11 @@ class TargetUnavailableError(RagCacheError):
         super().__init__(f"{url}: {message}")
         self.url = url
         self.status_code = status_code  # the HTTP status when the server answered one
+
+
+class TargetBadResponseError(TargetUnavailableError):
+    """vLLM (or an LMCache controller) answered, but not with what it sends: malformed, a field missing, or
+    more than ``MAX_ANSWER_BYTES``. Names vLLM; a request that needed the answer fails with 502."""
 
 
 @dataclass(frozen=True)
@@ -54,18 +69,24 @@ class PrefixCacheCounters:
 class VLLMClient:
     """Talks to vLLM's OpenAI-compatible server: one-token completions, /tokenize, /metrics."""
 
-    def __init__(self, http: httpx.Client, clock: Callable[[], float] = time.perf_counter) -> None:
-        self._http = http
+    def __init__(self, http: httpx.Client | None = None, clock: Callable[[], float] = time.perf_counter, *,
+                 timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+        self._upstream = Upstream("vLLM", CallLimits(timeout_s=timeout_s, connect_timeout_s=min(5.0, timeout_s)), transport=http)
         self._clock = clock
 
     def _post(self, url: str, body: dict[str, Any]) -> dict[str, Any]:
+        return self._call(url, body, parse=_json_object)
+
+    def _call(self, url: str, body: dict[str, Any] | None, parse: Callable[[bytes], Any]) -> Any:
+        """POST ``body`` (GET when None) through the outbound helper; its errors as this module's."""
         try:
-            response = self._http.post(url, json=body)
-            response.raise_for_status()
-            return response.json()
-        except (httpx.HTTPError, ValueError) as exc:
-            status = exc.response.status_code if isinstance(exc, httpx.HTTPStatusError) else None
-            raise TargetUnavailableError(url, f"{type(exc).__name__}: {exc}", status) from exc
+            if body is None:
+                return self._upstream.get(url, parse=parse, max_bytes=MAX_ANSWER_BYTES)
+            return self._upstream.post(url, body, parse=parse, max_bytes=MAX_ANSWER_BYTES)
+        except UpstreamError as exc:
+            if isinstance(exc, UpstreamBadResponseError) and exc.status_code is None:
+                raise TargetBadResponseError(url, f"vLLM: {exc.detail}") from exc
+            raise TargetUnavailableError(url, exc.detail, exc.status_code) from exc
 
     def complete_one(self, target: Target, text: str, form: PromptForm, priority: int | None = None) -> CompletionUsage:
         """Send ``text`` with ``max_tokens=1`` (at vLLM request ``priority`` when given) and report what
@@ -84,41 +105,67 @@ class VLLMClient:
             url = f"{target.base_url}/v1/completions"
             body["prompt"] = text
         start = self._clock()
-        data = self._post(url, body)
+        usage = self._call(url, body, parse=_usage)
         latency_s = self._clock() - start
-        usage = data.get("usage") or {}
         details = usage.get("prompt_tokens_details") or {}
-        return CompletionUsage(
-            num_prompt_tokens=int(usage.get("prompt_tokens") or 0),
-            num_cached_tokens=int(details.get("cached_tokens") or 0),
-            latency_s=latency_s,
-        )
+        if not isinstance(details, dict):
+            raise TargetBadResponseError(url, "vLLM's usage.prompt_tokens_details is not an object")
+        try:
+            return CompletionUsage(
+                num_prompt_tokens=int(usage.get("prompt_tokens") or 0),
+                num_cached_tokens=int(details.get("cached_tokens") or 0),
+                latency_s=latency_s,
+            )
+        except (TypeError, ValueError):
+            raise TargetBadResponseError(url, "vLLM's usage holds token counts that are not integers") from None
 
     def count_tokens(self, target: Target, text: str) -> int:
         """Token count of ``text`` by the target's own tokenizer, through vLLM's ``/tokenize``."""
-        data = self._post(f"{target.base_url}/tokenize", {"model": target.model, "prompt": text})
-        return int(data["count"])
+        return self._call(f"{target.base_url}/tokenize", {"model": target.model, "prompt": text}, parse=_token_count)
 
     def tokenize(self, target: Target, text: str) -> list[int]:
         """Token ids of ``text`` (what LMCache's pin API is keyed by)."""
-        data = self._post(f"{target.base_url}/tokenize", {"model": target.model, "prompt": text})
-        return [int(t) for t in data["tokens"]]
+        return self._call(f"{target.base_url}/tokenize", {"model": target.model, "prompt": text}, parse=_token_ids)
 
     def prefix_cache_counters(self, base_url: str) -> PrefixCacheCounters:
         """Scrape ``/metrics`` for ``vllm:prefix_cache_{queries,hits}_total`` and the block size."""
-        url = f"{base_url}/metrics"
-        try:
-            response = self._http.get(url)
-            response.raise_for_status()
-        except httpx.HTTPError as exc:
-            raise TargetUnavailableError(url, f"{type(exc).__name__}: {exc}") from exc
-        return parse_prefix_cache_counters(response.text)
+        return self._call(f"{base_url}/metrics", None, parse=lambda body: parse_prefix_cache_counters(body.decode("utf-8")))
 
     def lmcache_pin(self, controller_url: str, tokens: list[int], instance_id: str, location: str) -> int:
         """Ask an LMCache controller to pin the KV chunks of ``tokens``; returns the tokens it pinned."""
         body = {"tokens": tokens, "instance_id": instance_id, "location": location}
-        data = self._post(f"{controller_url.rstrip('/')}/pin", body)
-        return int(data.get("num_tokens", 0))
+        return int(self._post(f"{controller_url.rstrip('/')}/pin", body).get("num_tokens", 0))
+
+    def close(self) -> None:
+        self._upstream.close()
+
+
+def _json_object(body: bytes) -> dict[str, Any]:
+    answer = orjson.loads(body)
+    if not isinstance(answer, dict):
+        raise ValueError(f"expected a JSON object, got {type(answer).__name__}")
+    return answer
+
+
+def _usage(body: bytes) -> dict[str, Any]:
+    usage = _json_object(body).get("usage") or {}
+    if not isinstance(usage, dict):
+        raise ValueError("'usage' is not an object")
+    return usage
+
+
+def _token_count(body: bytes) -> int:
+    count = _json_object(body).get("count")
+    if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+        raise ValueError(f"/tokenize answered without a token count ('count': {count!r:.40})")
+    return count
+
+
+def _token_ids(body: bytes) -> list[int]:
+    tokens = _json_object(body).get("tokens")
+    if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
+        raise ValueError("/tokenize answered without a list of integer 'tokens'")
+    return tokens
 
 
 def parse_prefix_cache_counters(text: str) -> PrefixCacheCounters:
