@@ -60,6 +60,7 @@ from ragcache.errors import (
     ServiceError,
     ServiceUnavailableError,
 )
+from ragcache.outbound import retry_after_s
 from ragcache.prefixes.model import MAX_USES_PER_REPORT, Prefix, PromptForm, RegisterResult, Target, WarmOutcome, WarmResult, check_name
 from ragcache.prefixes.text import Chunk, assemble_prompt, render_messages, render_text
 from ragcache.redact import redact_text, redact_url
@@ -300,7 +301,7 @@ class _Operations:
         if not retryable or attempt >= self.retries:
             return None
         delay = self.backoff_s * 2**attempt
-        retry_after = _retry_after_s(outcome) if isinstance(outcome, httpx.Response) else None
+        retry_after = retry_after_s(outcome.headers) if isinstance(outcome, httpx.Response) else None
         if retry_after is None:
             return delay
         return max(delay, retry_after) if retry_after <= MAX_RETRY_AFTER_S else None
@@ -477,14 +478,6 @@ def _status_error(response: httpx.Response) -> RagCacheError:
         error = ServiceError(message)
     error.status_code = status  # type: ignore[union-attr]
     return error
-
-
-def _retry_after_s(response: httpx.Response) -> float | None:
-    """``Retry-After`` in seconds (the delay form; the HTTP-date form is not sent by ragcache), or None."""
-    try:
-        return max(0.0, float(response.headers["retry-after"]))
-    except (KeyError, ValueError):
-        return None
 
 
 def _error_details(response: httpx.Response) -> tuple[str, str | None]:

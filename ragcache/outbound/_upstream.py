@@ -10,7 +10,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import httpx
 import orjson
@@ -18,7 +18,9 @@ import orjson
 from ragcache.errors import UpstreamBadResponseError, UpstreamError, UpstreamTimeoutError, UpstreamUnavailableError
 from ragcache.outbound._transport import DeadlineTransport, deadline_of_call
 from ragcache.redact import redact_text, redact_url
-from ragcache.tiers.base import TierHealth
+
+if TYPE_CHECKING:  # the breaker is handed in; importing the levels here would pull torch into the HTTP client
+    from ragcache.tiers.base import TierHealth
 
 __all__ = ["CallLimits", "CallObserver", "Secret", "Upstream", "retry_after_s"]
 
