@@ -169,6 +169,14 @@ def test_a_callers_own_key_refused_or_rate_limited_fails_that_call_only():
         client.close()
 
 
+def test_an_answer_that_cannot_be_decoded_is_a_502_not_a_foreign_exception():
+    with LoopbackServer(Plan(Reply(200, b"not gzip at all", headers={"Content-Encoding": "gzip"}))) as server:
+        client = upstream()
+        with pytest.raises(UpstreamBadResponseError, match="cannot be decoded"):
+            client.post(server.url, {}, parse=as_json, max_bytes=1024)
+        client.close()
+
+
 def test_an_answer_parse_refuses_is_a_502_that_opens_the_breaker():
     def refuse(body: bytes):
         raise ValueError(f"not what was asked for: {body.decode()}")
