@@ -168,12 +168,19 @@ def _token_ids(body: bytes) -> list[int]:
     return tokens
 
 
+# The only series read here. vLLM's exposition is ~50 KB: parsing all of it cost ~14 ms of CPU a scrape (measured on
+# the 2-core development machine), which a due warm pays before it goes out; the few lines kept cost next to nothing.
+_SERIES = ("vllm:prefix_cache_queries", "vllm:prefix_cache_hits", "vllm:cache_config_info", "vllm:num_requests_running",
+           "vllm:num_requests_waiting")
+
+
 def parse_prefix_cache_counters(text: str) -> PrefixCacheCounters:
     """Pick the prefix-cache counters out of a Prometheus exposition (summing engines and models)."""
     queries = hits = 0.0
     block_size: int | None = None
     load: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
+    wanted = "\n".join(line for line in text.splitlines() if line.startswith(_SERIES))
+    for family in text_string_to_metric_families(wanted):
         for sample in family.samples:
             if sample.name == "vllm:prefix_cache_queries_total":
                 queries += sample.value
