@@ -20,10 +20,8 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future
-from concurrent.futures import TimeoutError as FutureTimeoutError
 from contextvars import ContextVar
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -50,15 +48,22 @@ class ComputeOutcome:
     peeked: list[int]
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class _Item:
-    """One text queued for the model, shared by every caller that asked for its key meanwhile."""
+    """One text queued for the model, shared by every caller that asked for its key meanwhile.
+
+    Its outcome is a row of a whole batch's vectors (``vectors[row]``), never a tensor of its own: a batch is
+    answered with one tensor, and each caller gathers its rows with one ``index_select`` per batch. No
+    synchronisation object per text either: every caller waits on the batcher's one ``_done`` condition."""
 
     key: str
     text: str
-    future: Future = field(default_factory=Future)
     num_waiters: int = 0
     taken: bool = False  # handed to the model: too late to drop
+    done: bool = False
+    vectors: torch.Tensor | None = None
+    row: int = 0
+    error: BaseException | None = None
 
 
 class ComputeBatcher:
@@ -87,7 +92,11 @@ class ComputeBatcher:
         self.num_refused = 0  # texts refused because the queue was full
         self._pending: list[_Item] = []
         self._in_flight: dict[str, _Item] = {}
-        self._cond = threading.Condition()
+        # One lock, two conditions: the worker waits for texts (``_cond``), callers for outcomes (``_done``), so
+        # a caller's notify always reaches the worker and a batch's end wakes only callers.
+        lock = threading.Lock()
+        self._cond = threading.Condition(lock)
+        self._done = threading.Condition(lock)
         self._closed = False
         self._worker = threading.Thread(target=self._run, name="ragcache-compute", daemon=True)
         self._worker.start()
@@ -140,13 +149,14 @@ class ComputeBatcher:
             self._num_callers += 1
             self._cond.notify()
         try:
-            return ComputeOutcome(torch.stack(self._wait(items, CALLER_GONE.get())), sorted(peeked))
-        except Exception:
+            failure = self._wait(items, CALLER_GONE.get())
+            if failure is None:
+                return ComputeOutcome(_gather(items), sorted(peeked))
             # Only those already done: the error is not held back for batches still being computed.
-            done = [i for i, item in enumerate(items) if _succeeded(item.future)]
+            done = [i for i, item in enumerate(items) if item.done and item.error is None]
             if keep is not None and done:
-                keep(done, torch.stack([items[i].future.result() for i in done]))
-            raise
+                keep(done, _gather([items[i] for i in done]))
+            raise failure
         finally:
             with self._cond:
                 self._num_callers -= 1
@@ -163,41 +173,39 @@ class ComputeBatcher:
         except RagCacheError:
             return {}  # the first level failing is a miss here as everywhere
         answered: dict[int, _Item] = {}
-        for offset, vector in zip(hits.index, hits.vectors):
-            item = _Item(keys[asked[offset]], "", taken=True)
-            item.future.set_result(vector)
-            answered[asked[offset]] = item
+        for row, offset in enumerate(hits.index):
+            answered[asked[offset]] = _Item(keys[asked[offset]], "", taken=True, done=True, vectors=hits.vectors, row=row)
         return answered
 
-    def _wait(self, items: list[_Item], gone: threading.Event | None) -> list[torch.Tensor]:
-        if gone is None:
-            return [item.future.result() for item in items]
-        results = []
-        for item in items:
+    def _wait(self, items: list[_Item], gone: threading.Event | None) -> BaseException | None:
+        """Until every item is done, or one has failed (returned: the first failure in the caller's order);
+        a caller that can go away looks every ``GONE_POLL_S`` whether it has."""
+        with self._done:
             while True:
-                try:
-                    results.append(item.future.result(timeout=GONE_POLL_S))
-                    break
-                except FutureTimeoutError:
-                    if gone.is_set():
-                        self._leave(items)
-                        raise RagCacheError("the caller stopped waiting for these texts") from None
-        return results
+                pending = False
+                for item in items:
+                    if item.error is not None:
+                        return item.error
+                    pending = pending or not item.done
+                if not pending:
+                    return None
+                if gone is not None and gone.is_set():
+                    self._leave(items)
+                    raise RagCacheError("the caller stopped waiting for these texts")
+                self._done.wait(GONE_POLL_S if gone is not None else None)
 
     def _leave(self, items: list[_Item]) -> None:
-        """A caller has gone: texts nobody else waits for, and not yet handed to the model, are dropped."""
-        with self._cond:
-            for item in items:
-                item.num_waiters -= 1
-            unwanted = [item for item in items if item.num_waiters == 0 and not item.taken and not item.future.done()]
-            if not unwanted:
-                return
-            dropped = set(unwanted)
-            self._pending = [item for item in self._pending if item not in dropped]
-            for item in dropped:
-                self._in_flight.pop(item.key, None)
-                item.future.cancel()
-            self.num_dropped += len(dropped)
+        """Under the lock: a caller has gone; texts nobody else waits for, not yet handed to the model, are dropped."""
+        for item in items:
+            item.num_waiters -= 1
+        unwanted = [item for item in items if item.num_waiters == 0 and not item.taken and not item.done]
+        if not unwanted:
+            return
+        dropped = set(unwanted)
+        self._pending = [item for item in self._pending if item not in dropped]
+        for item in dropped:
+            self._in_flight.pop(item.key, None)
+        self.num_dropped += len(dropped)
 
     def _take_batch(self) -> list[_Item] | None:
         with self._cond:
@@ -225,45 +233,53 @@ class ComputeBatcher:
                 outcome = self._encode_isolating([item.text for item in batch])
             except BaseException as exc:  # noqa: BLE001 - e.g. KeyboardInterrupt: no caller may wait forever
                 outcome = [exc] * len(batch)
-            self._store_first(batch, outcome)
+            self._settle(batch, outcome)
+
+    def _settle(self, batch: list[_Item], outcome: torch.Tensor | list) -> None:
+        """Give each item its outcome; the vectors reach the first level (``on_computed``) while their keys are
+        still in flight, and the keys leave the flight with their items done, under one lock."""
+        if isinstance(outcome, torch.Tensor):
+            for row, item in enumerate(batch):
+                item.vectors, item.row = outcome, row
+            stored_keys, stored = [item.key for item in batch], outcome
+        else:
             for item, result in zip(batch, outcome):
                 if isinstance(result, BaseException):
-                    item.future.set_exception(result)
+                    item.error = result
                 else:
-                    item.future.set_result(result)
-            with self._cond:
-                for item in batch:
-                    self._in_flight.pop(item.key, None)
+                    item.vectors = result.unsqueeze(0)
+            succeeded = [item for item in batch if item.error is None]
+            stored_keys = [item.key for item in succeeded]
+            stored = torch.cat([item.vectors for item in succeeded]) if succeeded else None  # type: ignore[misc]
+        if self._on_computed is not None and stored is not None:
+            try:
+                self._on_computed(stored_keys, stored)
+            except Exception:  # noqa: BLE001 - a level that fails to store is a later miss, never a lost answer
+                log.exception("storing %d computed vectors in the first level failed", len(stored_keys))
+        with self._done:
+            for item in batch:
+                item.done = True
+                self._in_flight.pop(item.key, None)
+            self._done.notify_all()
 
-    def _store_first(self, batch: list[_Item], outcome: list) -> None:
-        """Hand computed vectors to ``on_computed`` (the first level) while their keys are still in flight."""
-        if self._on_computed is None:
-            return
-        done = [(item.key, result) for item, result in zip(batch, outcome) if not isinstance(result, BaseException)]
-        if not done:
-            return
-        try:
-            self._on_computed([key for key, _ in done], torch.stack([vector for _, vector in done]))
-        except Exception:  # noqa: BLE001 - a level that fails to store is a later miss, never a lost answer
-            log.exception("storing %d computed vectors in the first level failed", len(done))
-
-    def _encode_isolating(self, texts: list[str]) -> list:
-        """A vector or an exception per text. A failed batch is split in halves and each half encoded again,
-        so a text the model cannot take (or a batch too big for memory) fails only the texts that fail alone,
-        not every request that happened to share its batch.
+    def _encode_isolating(self, texts: list[str]) -> torch.Tensor | list:
+        """The batch's vectors (one tensor), or when encoding failed, a vector or an exception per text. A
+        failed batch is split in halves and each half encoded again, so a text the model cannot take (or a
+        batch too big for memory) fails only the texts that fail alone, not every request that happened to
+        share its batch.
 
         Two failures are not split: a remote model's own failure (``UpstreamError`` that is not ``per_text``:
         down, timed out, garbled), where halving would only send a failing server more calls; and a remote
         model's partial answer (``PartialEncodeError``), whose texts already carry their own outcome."""
         try:
-            return list(self._encode(texts))
+            return self._encode(texts)
         except PartialEncodeError as exc:
             return self._isolate_failed(texts, exc.outcome)
         except Exception as exc:  # noqa: BLE001 - converted, then handed to the waiting callers
             if len(texts) == 1 or not _is_per_text(exc):
                 return [_as_compute_error(exc)] * len(texts)
         middle = len(texts) // 2
-        return self._encode_isolating(texts[:middle]) + self._encode_isolating(texts[middle:])
+        return _per_text(self._encode_isolating(texts[:middle])) + _per_text(self._encode_isolating(texts[middle:]))
 
     def _isolate_failed(self, texts: list[str], outcome: list) -> list:
         """Keep a partial answer's vectors and errors; encode again, isolating, the texts of failed upstream
@@ -271,7 +287,7 @@ class ComputeBatcher:
         outcome = [_as_compute_error(result) if isinstance(result, Exception) else result for result in outcome]
         again = [i for i, result in enumerate(outcome) if isinstance(result, Exception) and _is_per_text(result)]
         if 1 < len(again) < len(texts):
-            for i, result in zip(again, self._encode_isolating([texts[i] for i in again])):
+            for i, result in zip(again, _per_text(self._encode_isolating([texts[i] for i in again]))):
                 outcome[i] = result
         return outcome
 
@@ -283,8 +299,32 @@ class ComputeBatcher:
         self._worker.join(timeout=60)
 
 
-def _succeeded(future: Future) -> bool:
-    return future.done() and not future.cancelled() and future.exception() is None
+def _per_text(outcome: torch.Tensor | list) -> list:
+    """A batch outcome as a vector or an exception per text."""
+    return list(outcome) if isinstance(outcome, torch.Tensor) else outcome
+
+
+def _gather(items: list[_Item]) -> torch.Tensor:
+    """The items' vectors stacked in order: one ``index_select`` per batch they came from."""
+    sources: dict[int, tuple[torch.Tensor, list[int], list[int]]] = {}
+    for position, item in enumerate(items):
+        source = sources.get(id(item.vectors))
+        if source is None:
+            source = sources[id(item.vectors)] = (item.vectors, [], [])  # type: ignore[assignment]
+        source[1].append(position)
+        source[2].append(item.row)
+    if len(sources) == 1:
+        vectors, _, rows = next(iter(sources.values()))
+        return vectors.index_select(0, torch.tensor(rows, device=vectors.device))
+    first = next(iter(sources.values()))[0]
+    dtype = first.dtype
+    for vectors, _, _ in sources.values():
+        dtype = torch.promote_types(dtype, vectors.dtype)
+    gathered = torch.empty((len(items), first.shape[1]), dtype=dtype, device=first.device)
+    for vectors, positions, rows in sources.values():
+        gathered[torch.tensor(positions, device=first.device)] = vectors.index_select(
+            0, torch.tensor(rows, device=vectors.device)).to(gathered.device, dtype)
+    return gathered
 
 
 def _is_per_text(exc: Exception) -> bool:

@@ -95,11 +95,25 @@ def decode_values(values: Sequence[bytes | None], dtype: torch.dtype, dim: int) 
     return valid, vectors, corrupt
 
 
+# KEYS: the keys; ARGV[1]: TTL in seconds (0: none); ARGV[i + 1]: the value of KEYS[i].
+_SET_MANY = """
+local ttl = tonumber(ARGV[1])
+for i, key in ipairs(KEYS) do
+    if ttl > 0 then
+        redis.call('SET', key, ARGV[i + 1], 'EX', ttl)
+    else
+        redis.call('SET', key, ARGV[i + 1])
+    end
+end
+return #KEYS
+"""
+
+
 class RedisTier:
     """Vectors of one embedding space in Redis, with a TTL per entry.
 
     ``get_many`` is one round trip per chunk of ``chunk_size`` keys (MGET, or a pipeline of GETEX when the
-    TTL is refreshed on hit); ``put_many`` is one pipeline of SET ... EX per chunk. With a Redis Cluster
+    TTL is refreshed on hit); ``put_many`` is one script call per chunk (a SET ... EX per key, run by the server). With a Redis Cluster
     client it is one round trip per node per chunk: keys hash to slots all over the cluster, so one MGET
     would fail with CROSSSLOT; one MGET (and one SET) per key go in one pipeline per node, every
     node's written before any is read (``ragcache.storage.cluster_pipeline``: a failing node costs one timeout).
@@ -125,6 +139,10 @@ class RedisTier:
         self.chunk_size = chunk_size
         self.num_corrupt = 0
         self._is_cluster = is_cluster(client)
+        # On one server a chunk is stored by one command: a pipeline of a SET per key cost the client more CPU
+        # packing and parsing than anything else on the miss path (``ragcache bench overhead``). A cluster
+        # spreads keys over slots, and a script's keys must share one: there, one SET per key, per node.
+        self._set_many = None if self._is_cluster else client.register_script(_SET_MANY)
 
     def get_many(self, keys: Sequence[str]) -> TierHits:
         try:
@@ -155,12 +173,15 @@ class RedisTier:
 
     def put_many(self, keys: Sequence[str], vectors: torch.Tensor) -> None:
         rows = _as_le_bytes(vectors.to(self.dtype))
-        expiry = ("EX", self.ttl_s) if self.ttl_s is not None else ()
         try:
             for start in range(0, len(keys), self.chunk_size):
-                chunk = zip(keys[start : start + self.chunk_size], rows[start : start + self.chunk_size])
-                commands = [("SET", key, encode_value(row.tobytes(), self.dtype, self.dim), *expiry) for key, row in chunk]
-                cluster_pipeline.execute_any(self.client, commands)
+                chunk_keys = keys[start : start + self.chunk_size]
+                values = [encode_value(row.tobytes(), self.dtype, self.dim) for row in rows[start : start + self.chunk_size]]
+                if self._set_many is not None:
+                    self._set_many(keys=chunk_keys, args=[self.ttl_s or 0, *values])
+                else:
+                    expiry = ("EX", self.ttl_s) if self.ttl_s is not None else ()
+                    cluster_pipeline.execute_any(self.client, [("SET", key, value, *expiry) for key, value in zip(chunk_keys, values)])
         except REDIS_ERRORS as exc:
             raise TierUnavailableError(self.name, f"Redis failed: {exc}") from exc
 
