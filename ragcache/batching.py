@@ -238,19 +238,21 @@ class ComputeBatcher:
     def _settle(self, batch: list[_Item], outcome: torch.Tensor | list) -> None:
         """Give each item its outcome; the vectors reach the first level (``on_computed``) while their keys are
         still in flight, and the keys leave the flight with their items done, under one lock."""
+        stored: torch.Tensor | None = None
         if isinstance(outcome, torch.Tensor):
             for row, item in enumerate(batch):
                 item.vectors, item.row = outcome, row
             stored_keys, stored = [item.key for item in batch], outcome
         else:
+            rows = []
             for item, result in zip(batch, outcome):
                 if isinstance(result, BaseException):
                     item.error = result
                 else:
                     item.vectors = result.unsqueeze(0)
-            succeeded = [item for item in batch if item.error is None]
-            stored_keys = [item.key for item in succeeded]
-            stored = torch.cat([item.vectors for item in succeeded]) if succeeded else None  # type: ignore[misc]
+                    rows.append(item.vectors)
+            stored_keys = [item.key for item in batch if item.error is None]
+            stored = torch.cat(rows) if rows else None
         if self._on_computed is not None and stored is not None:
             try:
                 self._on_computed(stored_keys, stored)
@@ -308,9 +310,8 @@ def _gather(items: list[_Item]) -> torch.Tensor:
     """The items' vectors stacked in order: one ``index_select`` per batch they came from."""
     sources: dict[int, tuple[torch.Tensor, list[int], list[int]]] = {}
     for position, item in enumerate(items):
-        source = sources.get(id(item.vectors))
-        if source is None:
-            source = sources[id(item.vectors)] = (item.vectors, [], [])  # type: ignore[assignment]
+        assert item.vectors is not None  # done without an error
+        source = sources.setdefault(id(item.vectors), (item.vectors, [], []))
         source[1].append(position)
         source[2].append(item.row)
     if len(sources) == 1:
