@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from ragcache.errors import ComputeError, ModelOutOfMemoryError, OverloadedError, PartialEncodeError, RagCacheError, UpstreamError
+from ragcache.keys import KeyList
 from ragcache.tiers.base import TierHits
 
 __all__ = ["CALLER_GONE", "ComputeBatcher", "ComputeOutcome"]
@@ -169,7 +170,7 @@ class ComputeBatcher:
         if not asked:
             return {}
         try:
-            hits = self._peek([keys[position] for position in asked])
+            hits = self._peek(keys.take(asked) if isinstance(keys, KeyList) else [keys[position] for position in asked])
         except RagCacheError:
             return {}  # the first level failing is a miss here as everywhere
         answered: dict[int, _Item] = {}

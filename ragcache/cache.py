@@ -18,7 +18,7 @@ import torch
 from ragcache.batching import ComputeBatcher
 from ragcache.errors import ConfigError, InvalidInputError, TierUnavailableError
 from ragcache.flight import Flight
-from ragcache.keys import EmbeddingSpace, Generation
+from ragcache.keys import EmbeddingSpace, Generation, KeyList
 from ragcache.stats import CacheStats, LatencyHistogram, LevelRecorder
 from ragcache.tiers.base import Tier, TierHealth, TierHits
 from ragcache.tokens import TokenCounter
@@ -28,7 +28,7 @@ from ragcache.writeback import WriteBehind
 if TYPE_CHECKING:
     from opentelemetry.trace import Tracer
 
-__all__ = ["CacheNamespace", "EmbeddingCache", "EmbedResult", "Encoder", "NamespaceStats"]
+__all__ = ["CacheNamespace", "EmbeddingCache", "EmbedResult", "Encoder", "NamespaceStats", "Probe"]
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +62,20 @@ class EmbedResult:
         """How many inputs each level served (duplicates inside a request count each time)."""
         counts = np.bincount(self.levels, minlength=len(self.level_names))
         return {name: int(count) for name, count in zip(self.level_names, counts)}
+
+
+@dataclass(frozen=True)
+class Probe:
+    """Where a resident probe (``EmbeddingCache.probe``) stopped when L1 did not hold every text: the request's
+    space, prepared texts and keys (hashed once) and what L1 held. ``embed_detailed(..., probe=)`` continues
+    from it instead of preparing, hashing and asking L1 again."""
+
+    space: EmbeddingSpace
+    texts: list[str]
+    keys: KeyList
+    first: TierHits
+    started: float
+    namespace: str | None
 
 
 class EmbeddingCache:
@@ -171,30 +185,37 @@ class EmbeddingCache:
         return self.embed_detailed(texts, normalize=normalize, as_tensor=as_tensor, namespace=namespace).vectors
 
     def embed_resident(self, texts: Sequence[str], *, normalize: bool = False, namespace: str | None = None) -> EmbedResult | None:
-        """The result when the first level (L1) holds every text, else None with nothing recorded.
+        """The result when the first level (L1) holds every text, else None with nothing recorded."""
+        outcome = self.probe(texts, normalize=normalize, namespace=namespace)
+        return outcome if isinstance(outcome, EmbedResult) else None
+
+    def probe(self, texts: Sequence[str], *, normalize: bool = False, namespace: str | None = None) -> EmbedResult | Probe:
+        """The result when the first level (L1) holds every text; else, with nothing recorded, where the probe
+        stopped, for ``embed_detailed(..., probe=)`` to continue from.
 
         Never blocks on I/O or the model, so an event loop may call it directly and hand only the
         remaining requests to a worker thread.
         """
         if self._tracer is None:
-            return self._embed_resident(texts, normalize=normalize, namespace=namespace)
+            return self._probe(texts, normalize=normalize, namespace=namespace)
         started_ns = time.time_ns()
-        result = self._embed_resident(texts, normalize=normalize, namespace=namespace)
+        result = self._probe(texts, normalize=normalize, namespace=namespace)
         # A span only when L1 answered: a probe that finds a text missing leaves it to embed_detailed's span.
-        if result is not None:
+        if isinstance(result, EmbedResult):
             attributes = {"ragcache.num_texts": len(texts), "ragcache.resident": True, **_served_attributes(result)}
             self._tracer.start_span("ragcache.embed", attributes=attributes, start_time=started_ns).end()
         return result
 
-    def _embed_resident(self, texts: Sequence[str], *, normalize: bool, namespace: str | None) -> EmbedResult | None:
+    def _probe(self, texts: Sequence[str], *, normalize: bool, namespace: str | None) -> EmbedResult | Probe:
         if isinstance(texts, str) or not isinstance(texts, Sequence):
             raise InvalidInputError("texts must be a list of strings", field="inputs")
         started = self._clock()
         space = self.space_in(namespace)
-        keys = space.keys(space.prepare(texts))
+        prepared = space.prepare(texts)
+        keys = space.keys(prepared)
         hits = self.tiers[0].get_many(keys)
         if len(hits.index) != len(keys):
-            return None
+            return Probe(space, prepared, keys, hits, started, namespace)
         latency_s = self._clock() - started
         self._recorders[0].record(hits=len(keys), misses=0, latency_s=latency_s)
         self._record_request(namespace, hits=len(keys), misses=0, latency_s=latency_s)
@@ -204,31 +225,38 @@ class EmbeddingCache:
         return EmbedResult(_to_numpy(vectors), np.zeros(len(keys), dtype=np.int8), self.level_names)
 
     def embed_detailed(self, texts: Sequence[str], *, normalize: bool = False, as_tensor: bool = False,
-                       namespace: str | None = None) -> EmbedResult:
-        """Like ``embed``, plus the level that served each input."""
+                       namespace: str | None = None, probe: Probe | None = None) -> EmbedResult:
+        """Like ``embed``, plus the level that served each input. ``probe``: this request's resident probe
+        (``probe``, for the same texts and namespace), continued from where it stopped."""
         with self._calls_lock:
             self._num_calls_in_progress += 1
         try:
             if self._tracer is None:
-                return self._embed_detailed(texts, normalize=normalize, as_tensor=as_tensor, namespace=namespace)
+                return self._embed_detailed(texts, normalize=normalize, as_tensor=as_tensor, namespace=namespace, probe=probe)
             attributes: dict[str, str | int] = {"ragcache.num_texts": len(texts), "ragcache.model": self.space.model}
             with self._tracer.start_as_current_span("ragcache.embed", attributes=attributes) as current:
-                result = self._embed_detailed(texts, normalize=normalize, as_tensor=as_tensor, namespace=namespace)
+                result = self._embed_detailed(texts, normalize=normalize, as_tensor=as_tensor, namespace=namespace, probe=probe)
                 current.set_attributes(_served_attributes(result))
                 return result
         finally:
             with self._calls_lock:
                 self._num_calls_in_progress -= 1
 
-    def _embed_detailed(self, texts: Sequence[str], *, normalize: bool, as_tensor: bool, namespace: str | None) -> EmbedResult:
-        if isinstance(texts, str) or not isinstance(texts, Sequence):
-            raise InvalidInputError("texts must be a list of strings", field="inputs")
-        # The space is taken once: every key this request reads or writes is of one generation, so vectors
-        # computed while a drift switch happens are written under the generation they were computed for.
-        space = self.space_in(namespace)
-        prepared = space.prepare(texts)
-        keys = space.keys(prepared)
-        started = self._clock()
+    def _embed_detailed(self, texts: Sequence[str], *, normalize: bool, as_tensor: bool, namespace: str | None,
+                        probe: Probe | None) -> EmbedResult:
+        if probe is not None:
+            if probe.namespace != namespace or len(probe.keys) != len(texts):
+                raise InvalidInputError("probe: not this request's (another namespace or other texts)", field="inputs")
+            space, prepared, keys, started = probe.space, probe.texts, probe.keys, probe.started
+        else:
+            if isinstance(texts, str) or not isinstance(texts, Sequence):
+                raise InvalidInputError("texts must be a list of strings", field="inputs")
+            # The space is taken once: every key this request reads or writes is of one generation, so vectors
+            # computed while a drift switch happens are written under the generation they were computed for.
+            space = self.space_in(namespace)
+            prepared = space.prepare(texts)
+            keys = space.keys(prepared)
+            started = self._clock()
         # Each distinct key is looked up and computed once, however often it repeats in the request. Most
         # requests repeat nothing: one dict.fromkeys tells, and the per-key bookkeeping is skipped.
         inverse: list[int] | None = None
@@ -236,8 +264,13 @@ class EmbeddingCache:
         if len(dict.fromkeys(keys)) != len(keys):
             key_to_unique: dict[str, int] = {}
             inverse = [key_to_unique.setdefault(key, len(key_to_unique)) for key in keys]
-            unique_keys = list(key_to_unique)
-            unique_texts = _first_texts(keys, prepared, key_to_unique)
+            first_positions: list[int] = []
+            for position, unique in enumerate(inverse):
+                if unique == len(first_positions):  # the first time this key comes
+                    first_positions.append(position)
+            unique_keys = keys.take(first_positions)
+            unique_texts = [prepared[position] for position in first_positions]
+            probe = None  # its L1 hits are per input, the walk's per distinct key
 
         vectors = None
         levels = np.full(len(unique_keys), len(self.tiers), dtype=np.int8)
@@ -246,7 +279,12 @@ class EmbeddingCache:
         for position in range(len(self.tiers)):
             if not len(missing):
                 break
-            hits = self._lookup(position, asked)
+            if position == 0 and probe is not None:
+                hits = probe.first  # L1 was asked on the event loop: its answer is this walk's first step
+                self._recorders[0].record(hits=len(hits.index), misses=len(asked) - len(hits.index),
+                                          latency_s=self._clock() - started)
+            else:
+                hits = self._lookup(position, asked)
             if not hits.index:
                 continue
             found = missing[hits.index]
@@ -259,12 +297,12 @@ class EmbeddingCache:
                     vectors = torch.empty((len(unique_keys), self.space.dim), dtype=self.dtype, device=self.device)
                 vectors.index_copy_(0, torch.from_numpy(found).to(self.device), hits.vectors.to(self.device, self.dtype))
             if position:
-                self._write_up(position, asked if len(found) == len(asked) else [asked[i] for i in hits.index], hits.vectors)
+                self._write_up(position, asked if len(found) == len(asked) else asked.take(hits.index), hits.vectors)
             # A boolean mask, not np.setdiff1d: that sorts, and costs ~50 us on 32 keys.
             still = np.ones(len(missing), dtype=bool)
             still[hits.index] = False
             missing = missing[still]
-            asked = [asked[i] for i in np.flatnonzero(still).tolist()]
+            asked = asked.take(np.flatnonzero(still))
         if vectors is None:
             vectors = torch.empty((len(unique_keys), self.space.dim), dtype=self.dtype, device=self.device)
         num_computed = 0
@@ -284,13 +322,13 @@ class EmbeddingCache:
             vectors = torch.nn.functional.normalize(vectors.float(), dim=-1).to(self.dtype)
         return EmbedResult(vectors if as_tensor else _to_numpy(vectors), levels, self.level_names)
 
-    def _compute_into(self, vectors: torch.Tensor, levels: np.ndarray, positions: np.ndarray, unique_keys: list[str],
+    def _compute_into(self, vectors: torch.Tensor, levels: np.ndarray, positions: np.ndarray, unique_keys: KeyList,
                       unique_texts: list[str], *, num_sync: int = 1) -> int:
         """Compute the keys at ``positions`` into ``vectors`` and write them up; returns how many were computed.
 
         The batcher has already stored computed vectors in L1 (``_store_first``), so the write-up starts at L2.
         A key another caller's computation put into L1 meanwhile comes back as an L1 hit (``peeked``)."""
-        keys = [unique_keys[i] for i in positions]
+        keys = unique_keys.take(positions)
 
         def keep(done: list[int], done_vectors: torch.Tensor) -> None:
             self._write_up(len(self.tiers), [keys[i] for i in done], done_vectors, num_sync=num_sync, first=1)
@@ -303,7 +341,7 @@ class EmbeddingCache:
             levels[positions[outcome.peeked]] = 0
             computed = np.ones(len(positions), dtype=bool)
             computed[outcome.peeked] = False
-            keys = [key for key, was_computed in zip(keys, computed) if was_computed]
+            keys = keys.take(np.flatnonzero(computed))
             if keys:
                 self._write_up(len(self.tiers), keys, outcome.vectors[torch.from_numpy(computed)], num_sync=num_sync, first=1)
             return len(keys)
@@ -319,7 +357,7 @@ class EmbeddingCache:
         return self.tiers[0].get_many(keys)
 
     def _compute_once_across_processes(
-        self, vectors: torch.Tensor, levels: np.ndarray, missing: np.ndarray, unique_keys: list[str], unique_texts: list[str]
+        self, vectors: torch.Tensor, levels: np.ndarray, missing: np.ndarray, unique_keys: KeyList, unique_texts: list[str]
     ) -> int:
         """Compute the missing keys this process wins, wait for the others' vectors, compute what never came.
 
@@ -509,13 +547,6 @@ def _served_attributes(result: EmbedResult) -> dict[str, int]:
     return {f"ragcache.served.{name}": count for name, count in result.served.items()}
 
 
-def _first_texts(keys: list[str], texts: list[str], key_to_unique: dict[str, int]) -> list[str]:
-    unique_texts: list[str] = [""] * len(key_to_unique)
-    for key, text in zip(keys, texts):
-        unique_texts[key_to_unique[key]] = text
-    return unique_texts
-
-
 def _to_numpy(vectors: torch.Tensor) -> np.ndarray:
     # numpy has no bfloat16: those vectors widen to float32, which is exact.
     if vectors.dtype == torch.bfloat16:
@@ -549,11 +580,15 @@ class CacheNamespace:
     def embed(self, texts: Sequence[str], *, normalize: bool = False, as_tensor: bool = False) -> np.ndarray | torch.Tensor:
         return self.cache.embed(texts, normalize=normalize, as_tensor=as_tensor, namespace=self.name)
 
-    def embed_detailed(self, texts: Sequence[str], *, normalize: bool = False, as_tensor: bool = False) -> EmbedResult:
-        return self.cache.embed_detailed(texts, normalize=normalize, as_tensor=as_tensor, namespace=self.name)
+    def embed_detailed(self, texts: Sequence[str], *, normalize: bool = False, as_tensor: bool = False,
+                       probe: Probe | None = None) -> EmbedResult:
+        return self.cache.embed_detailed(texts, normalize=normalize, as_tensor=as_tensor, namespace=self.name, probe=probe)
 
     def embed_resident(self, texts: Sequence[str], *, normalize: bool = False) -> EmbedResult | None:
         return self.cache.embed_resident(texts, normalize=normalize, namespace=self.name)
+
+    def probe(self, texts: Sequence[str], *, normalize: bool = False) -> EmbedResult | Probe:
+        return self.cache.probe(texts, normalize=normalize, namespace=self.name)
 
     def close(self) -> None:
         """Nothing of its own to close (closing the cache would close it for every namespace)."""

@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import json
 import unicodedata
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, fields
 
+import numpy as np
 import xxhash
 
 from ragcache.errors import InvalidInputError, InvalidTextError
 
-__all__ = ["DTYPES", "EmbeddingSpace", "Generation", "text_hash", "text_hashes"]
+__all__ = ["DTYPES", "EmbeddingSpace", "Generation", "KeyList", "key_digests", "text_hash", "text_hashes"]
 
 KEY_PREFIX = "rc"
 DTYPES = ("float32", "float16", "bfloat16")
@@ -92,10 +93,50 @@ class EmbeddingSpace:
             return list(texts)
         return [unicodedata.normalize(self.text_normalization, text) for text in texts]  # type: ignore[arg-type]
 
-    def keys(self, texts: Sequence[str]) -> list[str]:
+    def keys(self, texts: Sequence[str]) -> KeyList:
         """One key per text, in order. Texts must already be ``prepare``d."""
         prefix = f"{KEY_PREFIX}:{self.space_id}:"
-        return [prefix + digest for digest in text_hashes(texts)]
+        return KeyList([prefix + digest for digest in text_hashes(texts)])
+
+
+class KeyList(list):
+    """A request's keys (strings, as the shared levels store them), with their L1 digests made at most once.
+
+    The walk hands the same keys to every level and to the model batcher; L1 identifies a key by a digest of
+    it (``ragcache.tiers.lru_index``). Made once per request and carried through the walk (``take`` keeps the
+    rows of a subset), a key is hashed once however many times L1 is asked about it (probe, lookup, peek, store).
+    """
+
+    __slots__ = ("_digests",)
+
+    def __init__(self, keys: Iterable[str] = (), digests: np.ndarray | None = None):
+        super().__init__(keys)
+        self._digests = digests
+
+    def digests(self) -> np.ndarray:
+        """``[n, 2]`` uint64: the keys' xxh3-128 digests (``key_digests``), computed on first use."""
+        if self._digests is None:
+            self._digests = _digests_of(self)
+        return self._digests
+
+    def take(self, positions: Sequence[int] | np.ndarray) -> KeyList:
+        """The keys at ``positions``, in that order, with their digests if they were made."""
+        index = positions.tolist() if isinstance(positions, np.ndarray) else positions
+        digests = None if self._digests is None else self._digests[np.asarray(index, dtype=np.intp)]
+        return KeyList([self[i] for i in index], digests)
+
+
+def key_digests(keys: Sequence[str]) -> np.ndarray:
+    """The xxh3-128 digests of ``keys`` as an ``[n, 2]`` uint64 array (two words; L1 probes from the second).
+    A ``KeyList`` keeps its own, made once."""
+    return keys.digests() if isinstance(keys, KeyList) else _digests_of(keys)
+
+
+def _digests_of(keys: Sequence[str]) -> np.ndarray:
+    digest = xxhash.xxh3_128_digest
+    joined = b"".join([digest(key.encode("utf-8", "surrogatepass")) for key in keys])
+    # Native byte order, no copy: which word is "high" does not matter as long as it is always the same.
+    return np.frombuffer(joined, dtype=np.uint64).reshape(len(keys), 2)
 
 
 class Generation:

@@ -51,10 +51,12 @@ async def embed_through_cache(
 ) -> EmbedResult:
     # All in L1 (the common case for repeated texts): answer on the event loop, no thread hop. Only when
     # truncating: a cached vector says nothing about whether its text would pass the length check.
+    probe = None
     if truncate:
-        resident = cache.embed_resident(texts, normalize=normalize)
-        if resident is not None:
-            return resident
+        outcome = cache.probe(texts, normalize=normalize)
+        if isinstance(outcome, EmbedResult):
+            return outcome
+        probe = outcome  # the walk continues from it: the texts are hashed and L1 asked once per request
 
     def work() -> EmbedResult:
         if not truncate:
@@ -65,7 +67,7 @@ async def embed_through_cache(
             except InvalidInputError as exc:
                 raise HTTPError(413, str(exc), field=exc.field) from exc
         with scope(texts):  # a remote model's pass-through: the caller's own key for their misses
-            return cache.embed_detailed(texts, normalize=normalize)
+            return cache.embed_detailed(texts, normalize=normalize, probe=probe)
 
     # The cache blocks (Redis, Milvus, the model): it runs in a worker thread, off the event loop. At the
     # request deadline the thread is abandoned, not awaited; what it computes still lands in the cache.

@@ -20,7 +20,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-import xxhash
+
+from ragcache.keys import key_digests
 
 __all__ = ["LruIndex", "digests"]
 
@@ -30,11 +31,9 @@ _LOG_FACTOR = 2  # log capacity in rows: compaction runs at most once per num_ro
 
 
 def digests(keys: Sequence[str]) -> np.ndarray:
-    """The xxh3-128 digests of ``keys`` as an ``[n, 2]`` uint64 array (two words; probing starts from the second)."""
-    digest = xxhash.xxh3_128_digest
-    joined = b"".join([digest(key.encode("utf-8", "surrogatepass")) for key in keys])
-    # Native byte order, no copy: which word is "high" does not matter as long as it is always the same.
-    return np.frombuffer(joined, dtype=np.uint64).reshape(len(keys), 2)
+    """The xxh3-128 digests of ``keys`` as an ``[n, 2]`` uint64 array (two words; probing starts from the second);
+    a request's ``KeyList`` hands over the ones it made."""
+    return key_digests(keys)
 
 
 class LruIndex:
