@@ -185,9 +185,10 @@ class ComputeBatcher:
             while True:
                 pending = False
                 for item in items:
-                    if item.error is not None:
+                    if not item.done:  # its outcome may be half written until the batch is settled
+                        pending = True
+                    elif item.error is not None:
                         return item.error
-                    pending = pending or not item.done
                 if not pending:
                     return None
                 if gone is not None and gone.is_set():
