@@ -12,6 +12,9 @@ serve` starts it (embedded Redis; Milvus Lite in the default configuration), and
 - **Throughput**: texts/s through ragcache against texts/s straight to the upstream, the two measured in
   alternating blocks of fresh texts, so drift in the machine's load falls on both.
 - **Hits**: the same 32 texts again (all from L1), JSON and base64.
+- **Each level on its own** (in this process, no HTTP): the CPU of writing a text to it (the client's and, for
+  Redis and Milvus Lite, their server process's) and the memory (L1, Redis) or disk (Milvus Lite) of an entry,
+  for docs/capacity.md.
 
 Every text sent in a miss block is new to every level (checked from the response headers: nothing may be served
 by a level in a miss block); a block where that does not hold invalidates the figure instead of passing it.
@@ -22,14 +25,22 @@ from __future__ import annotations
 import asyncio
 import os
 import statistics
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import redis
+import torch
 
+from ragcache.storage.embedded_redis import EmbeddedRedis
+from ragcache.storage.stores import open_milvus
+from ragcache.tiers.memory import MemoryTier
+from ragcache.tiers.milvus import MilvusTier
+from ragcache.tiers.redis import RedisTier
 from ragcache_bench.context import BenchContext
-from ragcache_bench.report import BenchResult, Target
+from ragcache_bench.report import BenchResult, Target, plausible
 from ragcache_testing.instant import InstantUpstream
 from ragcache_testing.service import ServiceProcess
 
@@ -37,6 +48,10 @@ __all__ = ["bench_overhead", "process_tree_cpu_s"]
 
 CLIENTS = 8
 TEXTS_PER_REQUEST = 32
+DIM = 384
+# A ratio of texts/s through ragcache to texts/s straight to the upstream, for traffic every text of which ragcache
+# must send upstream, cannot honestly be above 1: above this, the machine's load moved between the blocks.
+MAX_PLAUSIBLE = 1.1
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -177,7 +192,8 @@ def bench_overhead(ctx: BenchContext) -> BenchResult:
                        target=Target("<=", 0.10 if l3 else 0.05), goal="22.1",
                        requires={"every text computed (no level served one)": all_missed})
             result.add(f"miss: texts/s through ragcache / straight to the upstream, {label}", round(ratio, 3), "x",
-                       target=Target(">=", 0.5), goal="22.3", requires={"every text computed (no level served one)": all_missed},
+                       target=Target(">=", 0.5), goal="22.3",
+                       requires={"every text computed (no level served one)": all_missed, **plausible(ratio, MAX_PLAUSIBLE)},
                        note=f"{statistics.median(c.texts_per_s for c in cached):,.0f} vs "
                             f"{statistics.median(d.texts_per_s for d in direct):,.0f} texts/s")
             if not l3:
@@ -190,5 +206,54 @@ def bench_overhead(ctx: BenchContext) -> BenchResult:
                 "direct": [vars(block) for block in direct], "cached": [vars(block) for block in cached],
                 "hits": {encoding: vars(block) for encoding, block in hits.items()},
             }
+    details["levels"] = _levels(result, num_texts=4096 if ctx.quick else 16384)
     result.details = details
     return result
+
+
+def _levels(result: BenchResult, num_texts: int) -> dict:
+    """Each level alone: CPU per text written (client + server process) and memory or disk per entry."""
+    keys = [f"rc:capacity:{time.time_ns()}:{i}" for i in range(num_texts)]
+    vectors = torch.randn(num_texts, DIM)
+    chunks = [(keys[start : start + TEXTS_PER_REQUEST], vectors[start : start + TEXTS_PER_REQUEST])
+              for start in range(0, num_texts, TEXTS_PER_REQUEST)]
+    figures: dict = {}
+    l1 = MemoryTier(num_texts * DIM * 4, DIM, torch.float32)
+    started = time.process_time()
+    for chunk_keys, chunk in chunks:
+        l1.put_many(chunk_keys, chunk)
+    index_bytes = sum(array.nbytes for array in vars(l1._index).values() if hasattr(array, "nbytes"))
+    figures["L1"] = {"write_ms_per_text": 1000 * (time.process_time() - started) / num_texts,
+                     "bytes_per_entry": (l1.slab_bytes + index_bytes) / l1.num_rows}
+    server = EmbeddedRedis()
+    try:
+        client = redis.Redis.from_url(server.url)
+        l2 = RedisTier(client, dim=DIM, dtype=torch.float32)
+        memory_before = client.info("memory")["used_memory"]
+        cpu_before = process_tree_cpu_s(os.getpid())  # this process and its children: the Redis server among them
+        for chunk_keys, chunk in chunks:
+            l2.put_many(chunk_keys, chunk)
+        cpu_s = process_tree_cpu_s(os.getpid()) - cpu_before
+        figures["L2"] = {"write_ms_per_text": 1000 * cpu_s / num_texts,
+                         "bytes_per_entry": (client.info("memory")["used_memory"] - memory_before) / num_texts}
+        client.close()
+    finally:
+        server.stop()
+    with tempfile.TemporaryDirectory() as folder:
+        milvus = open_milvus(str(Path(folder) / "l3.db"))
+        l3 = MilvusTier(milvus, space_id="capacity", dim=DIM, dtype=torch.float32)
+        l3.get_many(keys[:1])  # creates and loads the collection outside the timing
+        cpu_before = process_tree_cpu_s(os.getpid())
+        # Milvus Lite's own write-behind gathers writes for l3_write_linger_ms; 256 rows a call is about what it sends.
+        for start in range(0, num_texts, 256):
+            l3.put_many(keys[start : start + 256], vectors[start : start + 256])
+        cpu_s = process_tree_cpu_s(os.getpid()) - cpu_before
+        milvus.close()
+        disk = sum(path.stat().st_size for path in Path(folder).rglob("*") if path.is_file())
+        figures["L3 (Milvus Lite)"] = {"write_ms_per_text": 1000 * cpu_s / num_texts, "bytes_per_entry": disk / num_texts}
+    for level, figure in figures.items():
+        result.add(f"{level}: CPU to write one text", round(figure["write_ms_per_text"], 4), "ms", goal="22.6",
+                   note=f"{num_texts:,} texts of {DIM} float32")
+        result.add(f"{level}: {'disk' if 'Milvus' in level else 'memory'} per entry", round(figure["bytes_per_entry"]), "B",
+                   goal="22.6")
+    return figures
