@@ -72,11 +72,13 @@ BENCHMARKS: dict[str, Benchmark] = {
                   "in front of a real upstream (Infinity) vs the upstream alone: hot, all-miss, tokens saved"),
         Benchmark("compute", "ragcache_bench.compute", "bench_compute",
                   "computed texts/s: torch, ONNX, ONNX-int8 vs fastembed and Infinity, side by side (14.2, 14.3)"),
+        Benchmark("ray", "ragcache_bench.ray", "bench_ray",
+                  "bulk embedding on a 2-node Ray cluster: 1 vs 2 actors; computed texts vs a plain Ray Data pipeline (23)"),
     )
 }
 # Left out of `bench all`: they need an extra environment (the Infinity venv, `make infinity-env`; compute also
-# `make fastembed-env`).
-NOT_IN_ALL = ("providers", "compute")
+# `make fastembed-env`; ray the ray extra, `make ray-env`).
+NOT_IN_ALL = ("providers", "compute", "ray")
 
 
 def add_bench_commands(subparsers) -> argparse.ArgumentParser:
