@@ -37,7 +37,7 @@ from ragcache_testing.service import ServiceProcess, served
 
 __all__ = ["bench_cold"]
 
-BLOCK = 10  # requests per block: 6 pairs in a full run, 3 in a quick one
+BLOCK = 10  # requests per block: 64 pairs in a full run (20,480 texts), 3 in a quick one
 WARM_UP = 8  # requests of unseen passages through each system before the stream
 # Most the service can be faster than the floor computing the same texts before the figure says more about the
 # machine's load than about the cache (a quick run on a loaded machine once read 1.87x).
@@ -46,7 +46,7 @@ MAX_PLAUSIBLE = 1.1
 
 def bench_cold(ctx: BenchContext) -> BenchResult:
     result = BenchResult("cold", "cold Zipf stream through the service vs MGET + encode misses + SET")
-    num_batches = ctx.sizes.race_batches
+    num_batches = ctx.sizes.cold_batches
     batches = [ctx.batch(i) for i in range(num_batches)]
     distinct = len({text for batch in batches for text in batch})
     texts = sum(len(batch) for batch in batches)

@@ -35,6 +35,7 @@ class Sizes:
 
     stream_batches: int  # Zipf stream length, in requests of 32
     race_batches: int  # stream prefix every system runs in the side-by-side Zipf race
+    cold_batches: int  # stream prefix of ``bench cold`` (full: 20,480 texts, so L3's steady-state cost is inside)
     bare_batches: int  # batches timed for the bare model's texts/s
     repeats: int  # timed repeats behind each median
     l2_keys: int
@@ -47,8 +48,8 @@ class Sizes:
     @classmethod
     def for_mode(cls, quick: bool) -> Sizes:
         if quick:
-            return cls(200, 30, 6, 5, 1000, (10_000, 100_000, 1_000_000), (10_000, 100_000), 6.0, 100_000, 8)
-        return cls(1000, 60, 16, 9, 1000, (10_000, 100_000, 1_000_000), (10_000, 100_000, 1_000_000), 15.0, 100_000, 20)
+            return cls(200, 30, 30, 6, 5, 1000, (10_000, 100_000, 1_000_000), (10_000, 100_000), 6.0, 100_000, 8)
+        return cls(1000, 60, 640, 16, 9, 1000, (10_000, 100_000, 1_000_000), (10_000, 100_000, 1_000_000), 15.0, 100_000, 20)
 
 
 class BenchContext:
