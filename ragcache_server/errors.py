@@ -29,7 +29,7 @@ from ragcache.errors import (
     UpstreamTimeoutError,
     UpstreamUnavailableError,
 )
-from ragcache.prefixes import TargetBadResponseError
+from ragcache.prefixes import TargetBadResponseError, TargetUnavailableError
 from ragcache_server.responses import JSONResponse
 
 log = logging.getLogger(__name__)
@@ -51,9 +51,9 @@ STATUS_BY_ERROR: list[tuple[type[Exception], int, str]] = [
     (ConfigError, 500, "server_config"),
     (RagCacheError, 500, "internal"),
 ]
-# Failures the service expects in operation (an upstream or a level down, refused, slow, or its breaker open;
-# the queue full): one log line each, no traceback, since their message says all there is to know.
-EXPECTED_ERRORS: tuple[type[Exception], ...] = (UpstreamError, TierUnavailableError, OverloadedError)
+# Failures the service expects in operation (an upstream, vLLM or a level down, refused, slow, answering garbage,
+# or its breaker open; the queue full): one log line each, no traceback, since their message says all there is to know.
+EXPECTED_ERRORS: tuple[type[Exception], ...] = (UpstreamError, TargetUnavailableError, TierUnavailableError, OverloadedError)
 # Tracebacks of unexpected failures: at most this many per window, so a failing path cannot fill the disk.
 TRACEBACKS_PER_WINDOW = 10
 TRACEBACK_WINDOW_S = 60.0

@@ -38,13 +38,14 @@ def service(vllm, tmp_path_factory):
 
 
 @pytest.mark.parametrize("answer", sorted(TOKENIZE_ANSWERS))
-def test_a_tokenize_answer_vllm_never_sends_is_a_502_naming_vllm(service, vllm, answer):
+def test_a_tokenize_answer_vllm_never_sends_is_a_502_naming_vllm(service, vllm, answer, caplog):
     spec = {"name": f"bad-tokenize-{answer}", "text": "You answer from the context only.\n", "pinned": False,
             "target": {"base_url": vllm.url, "model": answer}}
     response = httpx.post(f"{service.url}/prefixes", json=spec, timeout=30)
     assert response.status_code == 502, response.text
     error = response.json()["error"]
     assert error["type"] == "upstream_bad_response" and "vLLM" in error["message"] and "/tokenize" in error["message"]
+    assert "POST /prefixes failed" in caplog.text and not any(record.exc_info for record in caplog.records)  # one line
 
 
 def test_the_client_refuses_a_malformed_completion_usage_naming_vllm(vllm):

@@ -74,9 +74,6 @@ class VLLMClient:
         self._upstream = Upstream("vLLM", CallLimits(timeout_s=timeout_s, connect_timeout_s=min(5.0, timeout_s)), transport=http)
         self._clock = clock
 
-    def _post(self, url: str, body: dict[str, Any]) -> dict[str, Any]:
-        return self._call(url, body, parse=_json_object)
-
     def _call(self, url: str, body: dict[str, Any] | None, parse: Callable[[bytes], Any]) -> Any:
         """POST ``body`` (GET when None) through the outbound helper; its errors as this module's."""
         try:
@@ -134,7 +131,7 @@ class VLLMClient:
     def lmcache_pin(self, controller_url: str, tokens: list[int], instance_id: str, location: str) -> int:
         """Ask an LMCache controller to pin the KV chunks of ``tokens``; returns the tokens it pinned."""
         body = {"tokens": tokens, "instance_id": instance_id, "location": location}
-        return int(self._post(f"{controller_url.rstrip('/')}/pin", body).get("num_tokens", 0))
+        return self._call(f"{controller_url.rstrip('/')}/pin", body, parse=_pinned_tokens)
 
     def close(self) -> None:
         self._upstream.close()
@@ -159,6 +156,10 @@ def _token_count(body: bytes) -> int:
     if isinstance(count, bool) or not isinstance(count, int) or count < 0:
         raise ValueError(f"/tokenize answered without a token count ('count': {count!r:.40})")
     return count
+
+
+def _pinned_tokens(body: bytes) -> int:
+    return int(_json_object(body).get("num_tokens", 0))
 
 
 def _token_ids(body: bytes) -> list[int]:
