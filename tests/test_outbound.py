@@ -169,11 +169,15 @@ def test_a_callers_own_key_refused_or_rate_limited_fails_that_call_only():
         client.close()
 
 
-def test_an_answer_that_cannot_be_decoded_is_a_502_not_a_foreign_exception():
-    with LoopbackServer(Plan(Reply(200, b"not gzip at all", headers={"Content-Encoding": "gzip"}))) as server:
+def test_an_answer_in_an_encoding_not_asked_for_is_never_decompressed():
+    import gzip
+
+    bomb = gzip.compress(b"0" * (64 << 20))  # 64 MiB of zeros in about 64 KiB
+    with LoopbackServer(Plan(Reply(200, bomb, headers={"Content-Encoding": "gzip"}))) as server:
         client = upstream()
-        with pytest.raises(UpstreamBadResponseError, match="cannot be decoded"):
-            client.post(server.url, {}, parse=as_json, max_bytes=1024)
+        with pytest.raises(UpstreamBadResponseError, match="not usable"):
+            client.post(server.url, {}, parse=as_json, max_bytes=1 << 20)
+        assert server.received[0].headers["accept-encoding"] == "identity"
         client.close()
 
 

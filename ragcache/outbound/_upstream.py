@@ -233,8 +233,6 @@ class Upstream:
         except httpx.TimeoutException as exc:
             late = f"no answer from {shown} within {self.limits.timeout_s:g} s ({type(exc).__name__})"
             raise _Retry(UpstreamTimeoutError(self.name, late)) from None
-        except httpx.DecodingError:
-            raise UpstreamBadResponseError(self.name, f"the answer of {shown} cannot be decoded (its Content-Encoding)") from None
         except httpx.RequestError as exc:  # refused, reset or dropped: the request may not have been handled
             raise _Retry(UpstreamUnavailableError(self.name, f"{shown} cannot be reached: {type(exc).__name__}")) from None
 
