@@ -58,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
             sub.add_argument("--ray", nargs="?", const="auto", default=None, metavar="ADDRESS",
                              help="embed and upsert from a Ray cluster's actors, straight into the stores of the settings "
                                   "(RAGCACHE_*; not through --url); ADDRESS as ray.init takes it (default: auto; docs/ray.md)")
+            sub.add_argument("--actors", type=int, default=None, help="with --ray: actors in the pool (default: sized from the cluster)")
         elif name == "search":
             sub.add_argument("query")
             sub.add_argument("--collection", required=True)
@@ -169,6 +170,8 @@ def run_ingest(args) -> int:
 
     if args.scope is not None and not args.sync:
         raise RagCacheError("--scope limits what --sync deletes: use it with --sync")
+    if args.actors is not None and args.ray is None:
+        raise RagCacheError("--actors sizes the pool of --ray: use it with --ray")
     if args.ray is not None:
         return run_ray_ingest(args)
     documents = iter_documents(args.path, max_chars=args.chunk_chars)
@@ -206,7 +209,7 @@ def run_ray_ingest(args) -> int:
     ray.init(address=args.ray, log_to_driver=False)
     try:
         report = ingest_path(args.path, args.collection, chunk_chars=args.chunk_chars, settings=Settings.load(), sync=args.sync,
-                             scope=args.scope, batch_size=args.batch, quiet=args.quiet)
+                             scope=args.scope, num_actors=args.actors, batch_size=args.batch, quiet=args.quiet)
     finally:
         ray.shutdown()
     print(

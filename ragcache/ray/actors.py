@@ -96,6 +96,9 @@ class CachedEmbedder:
         batch[LEVEL_COLUMN] = np.array(result.level_names, dtype=object)[levels]
         if self._remote:
             batch[TOKENS_COLUMN] = np.array(self.cache.tokenizer.count_tokens(texts), dtype=np.int64)
+        # Before the batch counts as done: Ray ends the actors with the pipeline, without a close, and a vector
+        # still queued for L3 would be lost (to be computed again by the next run).
+        self.cache.flush()
         return batch
 
     def __del__(self) -> None:
@@ -138,6 +141,7 @@ class DocumentWriter:
             repeats = served[self.cache.level_names[-1]] - num_computed
             served[self.cache.level_names[-1]] = num_computed
             served[self.cache.level_names[0]] = served.get(self.cache.level_names[0], 0) + repeats
+        self.cache.flush()  # as CachedEmbedder does: a batch that returned has its vectors in L2 and L3
         if self.after_batch is not None:
             self.after_batch()
         return {
