@@ -25,7 +25,13 @@ from pathlib import Path
 
 __all__ = ["PERLFAQ_DIR", "PYTHON_FAQ_DIR", "FaqSet", "build_faq_sets", "parse_pod", "parse_rst", "perlfaq", "python_faq"]
 
-PERLFAQ_DIR = Path("/usr/share/perl/5.36.0/pod")
+def _perl_pod_dir() -> Path:
+    """Where perl-doc put the pods: /usr/share/perl/<version>/pod (5.36.0 on Debian 12)."""
+    found = sorted(Path("/usr/share/perl").glob("*/pod/perlfaq1.pod"))
+    return found[-1].parent if found else Path("/usr/share/perl/5.36.0/pod")
+
+
+PERLFAQ_DIR = _perl_pod_dir()
 PYTHON_FAQ_DIR = Path("/usr/share/doc/python3.11/html/_sources/faq")
 MIN_ANSWER_WORDS = 10
 
