@@ -21,7 +21,7 @@ import numpy as np
 from ragcache.build import build_cache, drift_monitor, load_encoder
 from ragcache.cache import EmbeddingCache, EmbedResult
 from ragcache.errors import ConfigError
-from ragcache.providers import load_models, open_remote_encoder
+from ragcache.providers import RemoteEncoder, load_models, open_remote_encoder
 from ragcache.retrieval.documents import Document
 from ragcache.retrieval.knowledge import KnowledgeBase
 from ragcache.settings import Settings
@@ -85,7 +85,7 @@ class CachedEmbedder:
         self.text_column = text_column
         self.output_column = output_column
         self.cache, self._stores = open_model_cache(settings, model)
-        self._remote = hasattr(self.cache.encoder, "max_batch")  # a RemoteEncoder; a local model has no upstream
+        self._remote = isinstance(self.cache.encoder, RemoteEncoder)  # a local model has no upstream to save tokens of
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         texts = [str(text) for text in batch[self.text_column]]

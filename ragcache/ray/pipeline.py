@@ -96,8 +96,9 @@ def ingest_dataset(ds: Dataset, collection: str, *, model: str | None = None, se
     rows, sent = [], set()
     with progress_bar(desc=f"ingest -> {collection} (ray)", unit="doc", quiet=quiet) as progress:
         for row in written.iter_rows():
+            row = dict(row)
+            sent.update(json.loads(row.pop("ids")))
             rows.append({**row, "served": json.loads(row["served"])})
-            sent.update(json.loads(row["ids"]))
             progress.update(int(row["num_received"]))
     deleted = _delete_unsent(settings, collection, sent, scope) if sync else 0
     return IngestReport.of(collection, rows, deleted=deleted, wall_s=time.perf_counter() - started)
