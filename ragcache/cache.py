@@ -16,14 +16,14 @@ import numpy as np
 import torch
 
 from ragcache.batching import ComputeBatcher
-from ragcache.errors import ConfigError, InvalidInputError, TierUnavailableError
+from ragcache.errors import ConfigError, InvalidInputError
 from ragcache.flight import Flight
 from ragcache.keys import EmbeddingSpace, Generation, KeyList
 from ragcache.stats import CacheStats, LatencyHistogram, LevelRecorder
-from ragcache.tiers.base import Tier, TierHealth, TierHits
+from ragcache.tiers.base import Tier, TierHits
+from ragcache.tiers.levels import Levels
 from ragcache.tokens import TokenCounter
 from ragcache.tracing import span
-from ragcache.writeback import WriteBehind
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Tracer
@@ -33,10 +33,6 @@ __all__ = ["CacheNamespace", "EmbeddingCache", "EmbedResult", "Encoder", "Namesp
 log = logging.getLogger(__name__)
 
 COMPUTE = "compute"
-# Where single flight across processes publishes and waiting replicas look: the first level after L1 (L2).
-SHARED = 1
-# What a level may report of itself in ``level_states`` (attributes of the tier, when it has them).
-_TIER_FIGURES = ("num_corrupt", "used_bytes", "capacity_bytes")
 
 
 class Encoder(Protocol):
@@ -107,18 +103,18 @@ class EmbeddingCache:
         tracer: Tracer | None = None,
         write_linger_s: Mapping[int, float] | None = None,
     ):
-        if flight is not None and len(tiers) < 2:
-            raise ConfigError("single flight across processes needs a shared level (L2) after L1 to publish vectors in")
         self.encoder = encoder
         self.generation = generation if generation is not None else Generation()
         self._space = dataclasses.replace(encoder.space, generation=self.generation.value)
-        self.tiers = list(tiers)
-        self.level_names = tuple(tier.name for tier in self.tiers) + (COMPUTE,)
         self.device = torch.device(device)
         self.dtype = getattr(torch, self.space.dtype)
+        self.levels = Levels(tiers, dim=self.space.dim, dtype=self.dtype, write_behind=write_behind,
+                             write_linger_s=write_linger_s, window_s=window_s, clock=clock, tracer=tracer)
+        self._shared = self.levels.shared
+        if flight is not None and self._shared is None:
+            raise ConfigError("single flight across processes needs a shared level (L2) after L1 to publish vectors in")
+        self.level_names = self.levels.names + (COMPUTE,)
         self._clock = clock
-        self._health = [TierHealth() for _ in self.tiers]
-        self._recorders = [LevelRecorder(tier.name, window_s=window_s) for tier in self.tiers]
         self._requests = LevelRecorder("cache", window_s=window_s)
         self._window_s = window_s
         # Per key namespace (a tenant's, ``namespace()``): its space at each generation, and its own counters.
@@ -130,19 +126,18 @@ class EmbeddingCache:
         self._calls_lock = threading.Lock()
         self._batcher = ComputeBatcher(
             encoder.encode, max_batch=compute_max_batch, max_wait_s=compute_max_wait_s, max_pending=compute_max_pending,
-            on_computed=self._store_first if self.tiers else None, peek=self._peek_first if self.tiers else None,
+            on_computed=self._store_first if len(self.levels) else None, peek=self._peek_first if len(self.levels) else None,
             calls_in_progress=lambda: self._num_calls_in_progress,
         )
-        # One writer per level below L1, so that a slow level never holds back another's writes; each gathers
-        # writes for its ``write_linger_s`` (level position -> seconds; absent: 0) into one call.
-        lingers = write_linger_s or {}
-        self._write_behind = {
-            position: WriteBehind(self._store, linger_s=lingers.get(position, 0.0)) for position in range(1, len(self.tiers))
-        } if write_behind else {}
         self._on_close = on_close
         self._flight = flight
         self._closed = False
         self._tracer = tracer  # None: no spans, no tracing work (ragcache.tracing)
+
+    @property
+    def tiers(self) -> list[Tier]:
+        """The levels' tiers, fastest first."""
+        return self.levels.tiers
 
     @property
     def space(self) -> EmbeddingSpace:
@@ -213,11 +208,11 @@ class EmbeddingCache:
         space = self.space_in(namespace)
         prepared = space.prepare(texts)
         keys = space.keys(prepared)
-        hits = self.tiers[0].get_many(keys)
+        hits = self.levels.first.get_many(keys)
         if len(hits.index) != len(keys):
             return Probe(space, prepared, keys, hits, started, namespace)
         latency_s = self._clock() - started
-        self._recorders[0].record(hits=len(keys), misses=0, latency_s=latency_s)
+        self.levels.record(0, hits=len(keys), misses=0, latency_s=latency_s, traced=False)
         self._record_request(namespace, hits=len(keys), misses=0, latency_s=latency_s)
         vectors = hits.vectors
         if normalize:
@@ -273,18 +268,17 @@ class EmbeddingCache:
             probe = None  # its L1 hits are per input, the walk's per distinct key
 
         vectors = None
-        levels = np.full(len(unique_keys), len(self.tiers), dtype=np.int8)
+        levels = np.full(len(unique_keys), len(self.levels), dtype=np.int8)
         missing = np.arange(len(unique_keys))
         asked = unique_keys  # the keys at ``missing``, in order: what the next level is asked for
-        for position in range(len(self.tiers)):
+        for position in range(len(self.levels)):
             if not len(missing):
                 break
             if position == 0 and probe is not None:
                 hits = probe.first  # L1 was asked on the event loop: its answer is this walk's first step
-                self._recorders[0].record(hits=len(hits.index), misses=len(asked) - len(hits.index),
-                                          latency_s=self._clock() - started)
+                self.levels.record(0, hits=len(hits.index), misses=len(asked) - len(hits.index), latency_s=self._clock() - started)
             else:
-                hits = self._lookup(position, asked)
+                hits = self.levels.lookup(position, asked)
             if not hits.index:
                 continue
             found = missing[hits.index]
@@ -297,7 +291,7 @@ class EmbeddingCache:
                     vectors = torch.empty((len(unique_keys), self.space.dim), dtype=self.dtype, device=self.device)
                 vectors.index_copy_(0, torch.from_numpy(found).to(self.device), hits.vectors.to(self.device, self.dtype))
             if position:
-                self._write_up(position, asked if len(found) == len(asked) else asked.take(hits.index), hits.vectors)
+                self.levels.write_up(position, asked if len(found) == len(asked) else asked.take(hits.index), hits.vectors)
             # A boolean mask, not np.setdiff1d: that sorts, and costs ~50 us on 32 keys.
             still = np.ones(len(missing), dtype=bool)
             still[hits.index] = False
@@ -331,7 +325,7 @@ class EmbeddingCache:
         keys = unique_keys.take(positions)
 
         def keep(done: list[int], done_vectors: torch.Tensor) -> None:
-            self._write_up(len(self.tiers), [keys[i] for i in done], done_vectors, num_sync=num_sync, first=1)
+            self.levels.write_up(len(self.levels), [keys[i] for i in done], done_vectors, num_sync=num_sync, first=1)
 
         # The span covers this caller's wait: the batcher may add other callers' texts to the model call.
         with span(self._tracer, "ragcache.compute", {"ragcache.num_texts": len(keys)}):
@@ -343,136 +337,61 @@ class EmbeddingCache:
             computed[outcome.peeked] = False
             keys = keys.take(np.flatnonzero(computed))
             if keys:
-                self._write_up(len(self.tiers), keys, outcome.vectors[torch.from_numpy(computed)], num_sync=num_sync, first=1)
+                self.levels.write_up(len(self.levels), keys, outcome.vectors[torch.from_numpy(computed)], num_sync=num_sync, first=1)
             return len(keys)
-        self._write_up(len(self.tiers), keys, outcome.vectors, num_sync=num_sync, first=1)
+        self.levels.write_up(len(self.levels), keys, outcome.vectors, num_sync=num_sync, first=1)
         return len(positions)
 
     def _store_first(self, keys: list[str], vectors: torch.Tensor) -> None:
         """The batcher's hand-off: computed vectors into L1 while their keys are still in flight."""
-        self._store(0, keys, vectors.to(self.device, self.dtype))
+        self.levels.store(0, keys, vectors.to(self.device, self.dtype))
 
     def _peek_first(self, keys: list[str]) -> TierHits:
         """The batcher's second look, for a key no longer in flight: uncounted (the walk counted its miss)."""
-        return self.tiers[0].get_many(keys)
+        return self.levels.first.get_many(keys)
 
     def _compute_once_across_processes(
         self, vectors: torch.Tensor, levels: np.ndarray, missing: np.ndarray, unique_keys: KeyList, unique_texts: list[str]
     ) -> int:
         """Compute the missing keys this process wins, wait for the others' vectors, compute what never came.
 
-        Computed vectors go to L2 synchronously (``num_sync=SHARED + 1``) before the claim is released, so a
-        waiting replica finds them there. Won keys are computed *before* waiting: two replicas that each won
+        Computed vectors go to the shared level (L2) synchronously before the claim is released, so a waiting
+        replica finds them there. Won keys are computed *before* waiting: two replicas that each won
         what the other waits for then never wait on each other.
         """
-        assert self._flight is not None, "called only with single flight on"
+        assert self._flight is not None and self._shared is not None, "called only with single flight on"
+        shared = self._shared
         won = np.array(self._flight.claim([unique_keys[i] for i in missing]), dtype=bool)
         mine, theirs = missing[won], missing[~won]
         num_computed = 0
         if len(mine):
             try:
-                num_computed += self._compute_into(vectors, levels, mine, unique_keys, unique_texts, num_sync=SHARED + 1)
+                num_computed += self._compute_into(vectors, levels, mine, unique_keys, unique_texts, num_sync=shared + 1)
             finally:
                 self._flight.release([unique_keys[i] for i in mine])
         if len(theirs):
-            found = self._flight.wait([unique_keys[i] for i in theirs], self._peek_shared)
+            found = self._flight.wait([unique_keys[i] for i in theirs], lambda keys: self.levels.peek(shared, keys))
             if found:
                 offsets = sorted(found)
                 arrived, arrived_vectors = theirs[offsets], torch.stack([found[o] for o in offsets])
                 vectors.index_copy_(0, torch.from_numpy(arrived).to(self.device), arrived_vectors.to(self.device, self.dtype))
-                levels[arrived] = SHARED
-                self._write_up(SHARED, [unique_keys[i] for i in arrived], arrived_vectors)
+                levels[arrived] = shared
+                self.levels.write_up(shared, [unique_keys[i] for i in arrived], arrived_vectors)
             never = np.array([i for o, i in enumerate(theirs) if o not in found], dtype=missing.dtype)
             if len(never):
-                num_computed += self._compute_into(vectors, levels, never, unique_keys, unique_texts, num_sync=SHARED + 1)
+                num_computed += self._compute_into(vectors, levels, never, unique_keys, unique_texts, num_sync=shared + 1)
         return num_computed
-
-    def _peek_shared(self, keys: Sequence[str]) -> TierHits:
-        """L2 lookups while waiting on another replica: uncounted (the walk counted the miss), a failure a miss."""
-        if not self._health[SHARED].should_try():
-            return TierHits.none(self.space.dim, self.dtype)
-        try:
-            return self.tiers[SHARED].get_many(keys)
-        except TierUnavailableError as exc:
-            self._note_failure(SHARED, exc)
-            return TierHits.none(self.space.dim, self.dtype)
-
-    def _lookup(self, position: int, keys: list[str]) -> TierHits:
-        if self._tracer is None:
-            return self._lookup_level(position, keys)
-        attributes: dict[str, str | int] = {"ragcache.level": self.tiers[position].name, "ragcache.num_keys": len(keys)}
-        with self._tracer.start_as_current_span("ragcache.lookup", attributes=attributes) as current:
-            hits = self._lookup_level(position, keys)
-            current.set_attributes({"ragcache.num_hits": len(hits.index), "ragcache.level_down": self._health[position].is_down})
-            return hits
-
-    def _lookup_level(self, position: int, keys: list[str]) -> TierHits:
-        tier, health, recorder = self.tiers[position], self._health[position], self._recorders[position]
-        if not health.should_try():
-            recorder.record(hits=0, misses=len(keys), errors=len(keys))
-            return TierHits.none(self.space.dim, self.dtype)
-        started = self._clock()
-        try:
-            hits = tier.get_many(keys)
-        except TierUnavailableError as exc:
-            self._note_failure(position, exc)
-            recorder.record(hits=0, misses=len(keys), errors=len(keys), latency_s=self._clock() - started)
-            return TierHits.none(self.space.dim, self.dtype)
-        self._note_success(position)
-        recorder.record(hits=len(hits.index), misses=len(keys) - len(hits.index), latency_s=self._clock() - started)
-        return hits
-
-    # ---- the write path ------------------------------------------------------------------------------
-
-    def _write_up(self, below: int, keys: list[str], vectors: torch.Tensor, *, num_sync: int = 1, first: int = 0) -> None:
-        """Store vectors found at level ``below`` (or computed) in every level above it from ``first``; the
-        first ``num_sync`` levels before returning, the others behind."""
-        for position in range(first, below):
-            if position < num_sync or position not in self._write_behind:
-                self._store(position, keys, vectors)
-            else:
-                self._write_behind[position].submit(position, keys, vectors)
-
-    def _store(self, position: int, keys: Sequence[str], vectors: torch.Tensor) -> None:
-        health = self._health[position]
-        if not health.should_try():
-            return
-        try:
-            self.tiers[position].put_many(keys, vectors)
-        except TierUnavailableError as exc:
-            self._note_failure(position, exc)
-        else:
-            self._note_success(position)
-
-    def _note_failure(self, position: int, exc: TierUnavailableError) -> None:
-        if self._health[position].record_failure(exc):
-            log.warning("%s is down, serving without it and retrying with back-off: %s", self.tiers[position].name, exc)
-
-    def _note_success(self, position: int) -> None:
-        if self._health[position].record_success():
-            log.warning("%s is back", self.tiers[position].name)
 
     # ---- state -----------------------------------------------------------------------------------------
 
     def level_states(self) -> dict[str, dict]:
-        """Per level: up or down, the last error while down, outages so far, and the figures the level keeps
-        of itself (``num_corrupt`` values dropped; ``used_bytes`` against ``capacity_bytes`` for L1)."""
-        return {
-            tier.name: {
-                "up": not health.is_down,
-                "last_error": health.last_error if health.is_down else None,
-                "num_outages": health.num_outages,
-                "num_failures": health.num_failures,  # failed tries in the current outage (probes, not skips)
-                "down_for_s": health.down_for_s(),
-                **{name: getattr(tier, name) for name in _TIER_FIGURES if hasattr(tier, name)},
-            }
-            for tier, health in zip(self.tiers, self._health)
-        }
+        """Per level: up or down, the last error while down, outages, and the figures it keeps (``Levels.states``)."""
+        return self.levels.states()
 
     @property
     def pending_writes(self) -> int:
         """Writes accepted for the lower levels (L2/L3) and not yet stored: the write-behind's backlog."""
-        return sum(writer.num_pending for writer in self._write_behind.values())
+        return self.levels.pending_writes
 
     def stats(self, *, recent: bool = False) -> CacheStats:
         """Hit rates and latencies since start, or over the recent window (``window_s``)."""
@@ -490,7 +409,7 @@ class EmbeddingCache:
             texts_computed=overall.misses,
             compute_s=encoder_stats.compute_s,
             compute_s_saved=overall.hits * encoder_stats.seconds_per_text,
-            levels=tuple(recorder.snapshot(recent=recent) for recorder in self._recorders),
+            levels=self.levels.snapshots(recent=recent),
         )
 
     def _record_request(self, namespace: str | None, *, hits: int, misses: int, latency_s: float) -> None:
@@ -515,13 +434,11 @@ class EmbeddingCache:
 
     def latency_histograms(self) -> dict[str, LatencyHistogram]:
         """Per level, and for whole requests (``"request"``), every batch lookup's latency since start."""
-        histograms = {recorder.level: recorder.histogram() for recorder in self._recorders}
-        return {**histograms, "request": self._requests.histogram()}
+        return {**self.levels.histograms(), "request": self._requests.histogram()}
 
     def flush(self) -> None:
         """Wait until every write queued for the lower levels has been stored."""
-        for writer in self._write_behind.values():
-            writer.flush()
+        self.levels.flush()
 
     def close(self) -> None:
         """Compute what is pending, flush queued writes, and release what this cache started."""
@@ -529,10 +446,7 @@ class EmbeddingCache:
             return
         self._closed = True
         self._batcher.close()
-        for writer in self._write_behind.values():
-            writer.close()
-        for tier in self.tiers:
-            tier.close()
+        self.levels.close()
         if self._on_close is not None:
             self._on_close()
 

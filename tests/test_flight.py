@@ -196,7 +196,10 @@ class ScriptedFlight:
 
 
 class RecordingTier:
-    """A real level that records its writes; ``before_get`` runs before each lookup (another replica acting)."""
+    """A real level that records its writes; ``before_get`` runs before each lookup (another replica acting).
+    It stands for the level replicas share (Redis): ``shared``."""
+
+    shared = True
 
     def __init__(self, tier, name, events, before_get=lambda: None):
         self.tier, self.name, self.events, self.before_get = tier, name, events, before_get

@@ -33,7 +33,11 @@ class TierHits:
 
 @runtime_checkable
 class Tier(Protocol):
-    """A cache level. Remote levels raise ``TierUnavailableError`` when they fail; the cache makes it a miss."""
+    """A cache level. Remote levels raise ``TierUnavailableError`` when they fail; the cache makes it a miss.
+
+    A level every process of a fleet sees (Redis, a Milvus server) says so with ``shared = True``: the first
+    such level below L1 is where single flight across processes publishes vectors (``ragcache.tiers.levels``).
+    """
 
     name: str
 

@@ -64,6 +64,7 @@ class MilvusTier:
     """
 
     name = "L3"
+    shared = True  # every process of a fleet sees it (single flight publishes here: ragcache.tiers.levels)
 
     def __init__(
         self,

@@ -120,6 +120,7 @@ class RedisTier:
     """
 
     name = "L2"
+    shared = True  # every process of a fleet sees it (single flight publishes here: ragcache.tiers.levels)
 
     def __init__(
         self,
