@@ -162,8 +162,9 @@ def missing_extra(benchmarks: list[Benchmark]) -> str | None:
     if not missing:
         return None
     modules = ", ".join(sorted({module for found in missing.values() for module in found}))
-    return (f"{', '.join(missing)} race the peer caches of ragcache's `bench` extra, and {modules} "
-            f"is not installed: {BENCH_EXTRA_HINT}")
+    verb = "races" if len(missing) == 1 else "race"
+    return (f"{', '.join(missing)} {verb} the peer caches of ragcache's `bench` extra, which is not installed "
+            f"(missing: {modules}): {BENCH_EXTRA_HINT}")
 
 
 def exit_status(results: list) -> int:
