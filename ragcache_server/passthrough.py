@@ -7,8 +7,8 @@ API keys configured, ``Authorization`` carries the ragcache key, which never lea
 The trade-off (docs/providers.md): the cache is shared. A miss is computed with the key of the caller who
 missed it, and the vector then serves every caller as a hit, paid for by whoever missed it first. A key
 the upstream refuses or rate-limits fails only that caller's misses (a 4xx for it, 429 included, is not
-retried and does not open the model's breaker), and a caller needs no valid provider key at all to be served hits: pass-through decides who pays, not who may
-use the service (that is what ragcache's own API keys are for).
+retried and does not open the model's breaker), and a caller needs no valid provider key at all to be served
+hits: pass-through decides who pays, not who may use the service (that is what ragcache's own API keys are for).
 """
 
 from __future__ import annotations
