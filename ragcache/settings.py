@@ -120,6 +120,14 @@ class Settings(BaseSettings):
         description="the deployment's vLLM replicas (base URLs): a prefix whose target is one of them is kept warm on all")
     prefix_lease_ttl_s: float = Field(
         10.0, gt=0, description="with Redis: how long a dead replica's warm leases outlive it before another takes over")
+    prefix_warm_priority: int = Field(
+        1_000_000, description="vLLM request priority of warms (larger: later, under vLLM's --scheduling-policy priority; "
+        "0: as users')")
+    prefix_warm_max_waiting: int = Field(
+        0, ge=0, description="a due warm waits while vLLM's /metrics reports more requests waiting than this")
+    prefix_warm_max_running: int | None = Field(
+        None, ge=0, description="a due warm waits while vLLM reports more requests running (0: strict idle); unset: no limit")
+    prefix_warm_max_defer_s: float = Field(5.0, ge=0, description="longest a due warm waits for vLLM to calm down")
 
     # -- the service ---------------------------------------------------------------------------------------
     host: str = Field("127.0.0.1", description="address `ragcache serve` binds (beyond loopback only with API keys)")

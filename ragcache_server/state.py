@@ -90,6 +90,10 @@ class ServiceState:
                 max_rewarm_interval_s=settings.prefix_max_rewarm_interval_s,
                 endpoints=tuple(settings.prefix_vllm_endpoints),
                 lease_ttl_s=settings.prefix_lease_ttl_s,
+                warm_priority=settings.prefix_warm_priority,
+                warm_max_waiting=settings.prefix_warm_max_waiting,
+                warm_max_running=settings.prefix_warm_max_running,
+                warm_max_defer_s=settings.prefix_warm_max_defer_s,
             ),
             redis_client=stores.redis,  # type: ignore[arg-type]
         )
