@@ -15,6 +15,7 @@ spans are dropped (a slow collector never holds requests up), and each export ha
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -85,7 +86,9 @@ def _exporter(kind: str, endpoint: str | None) -> SpanExporter:
         if kind == "console":
             from opentelemetry.sdk.trace.export import ConsoleSpanExporter
 
-            return ConsoleSpanExporter()
+            # The stream of now: ConsoleSpanExporter's default is sys.stdout as it was when OpenTelemetry was first
+            # imported, which a process that redirects its output later (a test's capture) no longer writes to.
+            return ConsoleSpanExporter(out=sys.stdout)
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     except ImportError as exc:
         raise ConfigError(f"RAGCACHE_TRACING={kind} needs the OpenTelemetry SDK and exporter: pip install 'ragcache[tracing]'") from exc
