@@ -29,10 +29,11 @@ OUTAGE_S = 4.0
 
 
 class Ingester:
-    """One client adding 4 new documents per request until stopped; remembers which ids got a 2xx."""
+    """One client adding 4 new documents per request until stopped; remembers which ids it sent and which got a 2xx."""
 
     def __init__(self, url: str):
         self.client = httpx.Client(base_url=url, timeout=60)
+        self.sent: list[str] = []
         self.acknowledged: list[str] = []
         self.statuses: list[tuple[float, int, str]] = []
         self._stop = threading.Event()
@@ -45,6 +46,7 @@ class Ingester:
             number += 4
             documents = [{"id": doc_id, "text": f"document {doc_id} about cache levels"} for doc_id in ids]
             started = time.monotonic()
+            self.sent.extend(ids)
             response = self.client.post("/documents", json={"collection": COLLECTION, "documents": documents})
             self.statuses.append((started, response.status_code, response.text[:300]))
             if response.is_success:
@@ -105,7 +107,7 @@ def test_milvus_stopped_and_restarted_under_load(tmp_path):
                 time.sleep(1.0)
             outcomes = load.stop()
             count = client.get("/collections").json()["collections"][0]["num_documents"]
-        found = stored_ids(milvus.url, ingester.acknowledged)
+        found = stored_ids(milvus.url, ingester.sent)
     finally:
         milvus.stop()
 
@@ -120,7 +122,7 @@ def test_milvus_stopped_and_restarted_under_load(tmp_path):
           f"({embeds_down.num_requests} while down: p50 {embeds_down.latency_p50_ms} ms, max {embeds_down.latency_max_ms} ms); "
           f"/search {len(searches)} ({len(searches_down)} while down: {sum(o.status == 503 for o in searches_down)} x 503); "
           f"ingest {len(ingester.statuses)} requests ({len(ingests_down)} while down: {sum(s[1] == 503 for s in ingests_down)} x 503), "
-          f"{len(ingester.acknowledged)} documents acknowledged, {len(found)} of them found, collection holds {count}; "
+          f"{len(ingester.acknowledged)} documents acknowledged, {len(found)} of those sent stored, collection holds {count}; "
           f"/search back {search_back_s:.2f} s and ingest back {ingest_back_s - restarted_at:.2f} s after the restart")
     assert embeds and all(o.ok for o in embeds), summarize(embeds).first_errors
     assert all(o.status in (200, 503) for o in searches), summarize(searches).first_errors
@@ -129,8 +131,11 @@ def test_milvus_stopped_and_restarted_under_load(tmp_path):
     assert any(o.status == 503 for o in searches_down) and any(s[1] == 503 for s in ingests_down)
     assert all('"type":"unavailable"' in text.replace(" ", "") and "Milvus" in text for text in unavailable)
     assert search_back_s is not None and ingest_back_s is not None
-    assert found == set(ingester.acknowledged)  # nothing acknowledged was lost
-    assert count == len(seed) + len(ingester.acknowledged)
+    assert set(ingester.acknowledged) <= found  # nothing acknowledged was lost
+    # A request cut off by the stop may have been stored although its answer was a 503 (Milvus took the insert,
+    # then went away before it answered): the client's retry with the same ids is an upsert. So the collection holds
+    # the seed and what was stored of what was sent, nothing else.
+    assert count == len(seed) + len(found)
 
 
 def test_l3_rows_of_another_dimension_are_never_served_counted_and_replaced(milvus_client):
