@@ -1,10 +1,10 @@
 # Debian packages the test suite runs as real programs (a fresh machine of this kind has none of them):
-#   docker-compose  validates every compose file in docker/ (tests/test_docker.py)
-#   chromium        the headless browser that loads the /ui dashboard (tests/test_ui_browser.py)
+#   docker-compose  validates every compose file in docker/ (tests/app/test_docker.py)
+#   chromium        the headless browser that loads the /ui dashboard (tests/server/test_ui_browser.py)
 #   wordnet-base    labelled retrieval data nobody here wrote (ragcache bench retrieval, the second set)
 #   perl-doc        perlfaq: questions and the answers people wrote for them (ragcache bench retrieval)
 #   python3.11-doc  the Python FAQ's sources: the same kind of set (ragcache bench retrieval)
-#   prometheus      its promtool checks /metrics and the compose stacks' Prometheus config (tests/test_observability.py)
+#   prometheus      its promtool checks /metrics and the compose stacks' Prometheus config (tests/server/test_observability.py)
 # As root (CI, the development machine) they are installed with apt-get; otherwise make stops and says
 # the one command to run. The check is a dpkg query, so a machine that has them pays nothing.
 SYSTEM_PACKAGES := docker-compose chromium wordnet-base perl-doc python3.11-doc prometheus

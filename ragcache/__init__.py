@@ -29,14 +29,14 @@ from ragcache.errors import (
 __version__ = "0.1.0"
 
 _LAZY = {
-    "EmbeddingCache": "ragcache.cache",
-    "EmbedResult": "ragcache.cache",
-    "EmbeddingSpace": "ragcache.keys",
-    "text_hash": "ragcache.keys",
+    "EmbeddingCache": "ragcache.core.cache",
+    "EmbedResult": "ragcache.core.cache",
+    "EmbeddingSpace": "ragcache.core.keys",
+    "text_hash": "ragcache.core.keys",
     "Settings": "ragcache.settings",
     "Stores": "ragcache.storage.stores",
-    "CacheStats": "ragcache.stats",
-    "LevelStats": "ragcache.stats",
+    "CacheStats": "ragcache.core.stats",
+    "LevelStats": "ragcache.core.stats",
     "build_cache": "ragcache.build",
     "load_encoder": "ragcache.build",
     "open_cache": "ragcache.build",
@@ -72,11 +72,11 @@ def __getattr__(name: str):
 
 if TYPE_CHECKING:
     from ragcache.build import build_cache, load_encoder, open_cache
-    from ragcache.cache import EmbeddingCache, EmbedResult
     from ragcache.client import AsyncClient, Client
-    from ragcache.keys import EmbeddingSpace, text_hash
+    from ragcache.core.cache import EmbeddingCache, EmbedResult
+    from ragcache.core.keys import EmbeddingSpace, text_hash
+    from ragcache.core.stats import CacheStats, LevelStats
     from ragcache.retrieval.knowledge import KnowledgeBase
     from ragcache.retrieval.ranking import SearchOptions
     from ragcache.settings import Settings
-    from ragcache.stats import CacheStats, LevelStats
     from ragcache.storage.stores import Stores

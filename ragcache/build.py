@@ -6,16 +6,16 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from ragcache.cache import EmbeddingCache
-from ragcache.drift import DriftGuard, DriftMonitor
+from ragcache.core.cache import EmbeddingCache
+from ragcache.core.flight import RedisFlight
+from ragcache.core.keys import Generation
 from ragcache.errors import ConfigError
-from ragcache.fingerprints import Fingerprints
-from ragcache.flight import RedisFlight
-from ragcache.keys import Generation
-from ragcache.providers import RemoteEncoder, load_models, open_remote_encoder
+from ragcache.models.drift import DriftGuard, DriftMonitor
+from ragcache.models.fingerprints import Fingerprints
+from ragcache.models.local import TORCH_DTYPES, ModelEncoder
+from ragcache.models.remote import RemoteEncoder, load_models, open_remote_encoder
 from ragcache.settings import Settings
 from ragcache.storage.stores import Stores
-from ragcache.tiers.compute import TORCH_DTYPES, ModelEncoder
 from ragcache.tiers.memory import MemoryTier
 from ragcache.tiers.milvus import MilvusTier
 from ragcache.tiers.milvus_budget import L3Budget
@@ -41,7 +41,7 @@ def load_encoder(settings: Settings, model: str | None = None) -> ModelEncoder:
         batch_size=settings.compute_batch_size,
     )
     if backend != "torch":
-        from ragcache.tiers.onnx import OnnxEncoder  # onnxruntime is imported only when asked for
+        from ragcache.models.onnx import OnnxEncoder  # onnxruntime is imported only when asked for
 
         return OnnxEncoder(name, backend=backend, cache_dir=settings.data_dir / "onnx", **shared)
     return ModelEncoder(name, device=settings.device, **shared)
@@ -119,7 +119,7 @@ def build_cache(
 
 
 def drift_monitor(settings: Settings, stores: Stores, caches: dict[str, EmbeddingCache]) -> DriftMonitor:
-    """The drift check of every model (``ragcache.drift``), fingerprints kept in L2 and L3; not started.
+    """The drift check of every model (``ragcache.models.drift``), fingerprints kept in L2 and L3; not started.
 
     With ``drift_check`` off it checks nothing (every cache stays at the generation it has)."""
     fingerprints = Fingerprints.of(stores.redis, stores.milvus)

@@ -11,7 +11,7 @@
     ├── ComputeError                   the model failed on some texts; only the requests holding them fail
     │   ├── ModelOutOfMemoryError      ... because it ran out of memory (worth retrying, or sending less)
     │   ├── PartialEncodeError         some texts of a call got vectors, others an error (``outcome``)
-    │   └── UpstreamError              a remote model (ragcache.providers) failed; names the model, never
+    │   └── UpstreamError              a remote model (ragcache.models.remote) failed; names the model, never
     │       │                          its key or the credentials in its URL
     │       ├── UpstreamUnavailableError   refused, unreachable, rate-limited past the retries, breaker open (503)
     │       ├── UpstreamTimeoutError       no answer within the model's timeout (504)

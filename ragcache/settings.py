@@ -13,7 +13,7 @@ from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from ragcache.errors import ConfigError
-from ragcache.redact import redact_url
+from ragcache.observe.redact import redact_url
 
 __all__ = ["MAX_BATCH_CEILING", "Settings"]
 
@@ -67,7 +67,7 @@ class Settings(BaseSettings):
     milvus_timeout_s: float = Field(
         5.0, gt=0, description="deadline of every Milvus call (L3 and the knowledge base); slower counts as an outage"
     )
-    # Credentials apart from the URI, never printed (repr=False); a URI is only ever shown redacted (ragcache.redact).
+    # Credentials apart from the URI, never printed (repr=False); a URI is only ever shown redacted (ragcache.observe.redact).
     milvus_user: str | None = Field(None, repr=False, description="Milvus user (with milvus_password)")
     milvus_password: str | None = Field(None, repr=False, description="Milvus password")
     milvus_token: str | None = Field(None, repr=False, description="Milvus token ('user:password' or an API key); wins over user/password")
@@ -136,7 +136,7 @@ class Settings(BaseSettings):
     truncate: bool = Field(True, description="truncate over-long texts; false: reject them with 413")
     stats_window_s: float = Field(300.0, gt=0, description="seconds covered by the recent figures of /stats")
     tracing: Literal["off", "otlp", "console"] = Field(
-        "off", description="OpenTelemetry spans per request, level lookup and model call (ragcache.tracing)")
+        "off", description="OpenTelemetry spans per request, level lookup and model call (ragcache.observe.tracing)")
     tracing_endpoint: str | None = Field(
         None, description="OTLP/HTTP traces URL, e.g. http://collector:4318/v1/traces; unset: the OTEL_EXPORTER_OTLP_* default")
     # repr=False: a key never shows in a repr of the settings, a log line or a traceback.
@@ -166,7 +166,7 @@ class Settings(BaseSettings):
     )
     malloc_retain_bytes: int = Field(
         128 * 1024 * 1024, ge=0,
-        description="freed memory glibc keeps for reuse, not faulted in again per request (ragcache.allocator); 0: glibc's defaults",
+        description="freed memory glibc keeps for reuse, not faulted in again per request (ragcache.app.allocator); 0: glibc's defaults",
     )
 
     def __repr_args__(self):

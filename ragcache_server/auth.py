@@ -45,7 +45,7 @@ FAILED_AUTH_BURST = 30
 FAILED_AUTH_PER_S = 2.0
 
 # Every route of the app, by method and path template. A route missing here needs ``admin`` (a new route
-# is closed until someone decides otherwise); tests/test_access.py checks that every route is listed.
+# is closed until someone decides otherwise); tests/server/test_access.py checks that every route is listed.
 ROUTE_SCOPES: dict[tuple[str, str], str] = {
     ("POST", "/embed"): "embed",
     ("POST", "/"): "embed",  # text-embeddings-inference's root route: /embed

@@ -8,7 +8,7 @@ from functools import partial
 from fastapi import Request
 from prometheus_client import CollectorRegistry
 
-from ragcache.cache import EmbeddingCache
+from ragcache.core.cache import EmbeddingCache
 from ragcache.prefixes.registry import PrefixRegistry
 from ragcache_server.auth import principal_of
 from ragcache_server.errors import HTTPError
@@ -32,7 +32,7 @@ def metrics_registry_of(request: Request) -> CollectorRegistry:
 
 
 def cache_of(request: Request, model: str | None, prompt_name: str | None = None, *, optional: bool = False) -> EmbeddingCache:
-    """The cache this caller embeds through: the model's (under a named prompt, ``ragcache.prompts``), or its
+    """The cache this caller embeds through: the model's (under a named prompt, ``ragcache.models.prompts``), or its
     tenant's own namespace of it. An unknown ``prompt_name`` is a 422, or with ``optional`` no prompt."""
     return request.app.state.tenant_caches.cache_for(model, principal_of(request).tenant, prompt_name, optional=optional)
 

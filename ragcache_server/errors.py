@@ -40,7 +40,7 @@ STATUS_BY_ERROR: list[tuple[type[Exception], int, str]] = [
     (ConflictError, 409, "conflict"),
     (TierUnavailableError, 503, "unavailable"),
     (ModelOutOfMemoryError, 503, "model_out_of_memory"),
-    # A remote model (ragcache.providers): the gateway statuses, the message naming the model.
+    # A remote model (ragcache.models.remote): the gateway statuses, the message naming the model.
     (UpstreamUnavailableError, 503, "upstream_unavailable"),
     (UpstreamTimeoutError, 504, "upstream_timeout"),
     (UpstreamBadResponseError, 502, "upstream_bad_response"),

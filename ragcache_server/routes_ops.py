@@ -11,9 +11,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.responses import Response
 
 import ragcache
-from ragcache.drift import DriftState
-from ragcache.providers.stats import upstream_figures
-from ragcache.redact import redact_url
+from ragcache.models.drift import DriftState
+from ragcache.models.remote.stats import upstream_figures
+from ragcache.observe.redact import redact_url
 from ragcache_server.auth import principal_of
 from ragcache_server.deps import metrics_registry_of, state_of
 from ragcache_server.responses import JSONResponse
@@ -37,7 +37,7 @@ async def stats(request: Request) -> JSONResponse:
             # Each tenant's key namespace (tenant_cache_namespaces): its share of the figures above.
             "namespaces": _namespaces_of(cache),
             **_upstream_of(cache),
-            # The model under each named prompt used so far (ragcache.prompts): a space and cache of its own.
+            # The model under each named prompt used so far (ragcache.models.prompts): a space and cache of its own.
             "prompts": {
                 prompt_name: {
                     "space": prompted.space.describe(),
@@ -105,7 +105,7 @@ def _drift_states(state: ServiceState) -> dict[str, DriftState]:
 
 
 def _drift_of(state: ServiceState) -> dict[str, dict]:
-    """Each model's drift check, for /stats (``ragcache.drift.DriftState`` plus its status)."""
+    """Each model's drift check, for /stats (``ragcache.models.drift.DriftState`` plus its status)."""
     return {name: {**asdict(s), "status": s.status} for name, s in _drift_states(state).items()}
 
 
@@ -144,7 +144,7 @@ def _admin_info(state: ServiceState, models: list[dict]) -> dict:
             "truncate": state.settings.truncate,
             "l1_bytes": state.settings.l1_bytes,
             "redis": "embedded" if state.stores.embedded_redis else ("off" if state.stores.redis is None else "external"),
-            # Redacted: a URI may carry a user and password (ragcache.redact).
+            # Redacted: a URI may carry a user and password (ragcache.observe.redact).
             "milvus": redact_url(uri) if (uri := state.settings.resolved_milvus_uri) else "off",
         },
         "versions": {

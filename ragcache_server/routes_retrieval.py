@@ -13,8 +13,8 @@ from urllib.parse import quote
 from fastapi import APIRouter, Request
 
 from ragcache.errors import InvalidInputError, TierUnavailableError
+from ragcache.models.prompts import DOCUMENT, QUERY
 from ragcache.prefixes import Prefix, PrefixRegistry, assemble_prompt, render_text
-from ragcache.prompts import DOCUMENT, QUERY
 from ragcache.rerank.scores import RerankCache
 from ragcache.rerank.stage import rerank_result
 from ragcache.retrieval.documents import check_collection_name

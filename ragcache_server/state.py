@@ -7,18 +7,18 @@ import threading
 from dataclasses import dataclass, field
 
 from ragcache.build import build_cache, drift_monitor, load_encoder, load_remote_encoders
-from ragcache.cache import EmbeddingCache
-from ragcache.drift import DriftMonitor
+from ragcache.core.cache import EmbeddingCache
 from ragcache.errors import ConfigError, InvalidInputError, NotFoundError
+from ragcache.models.drift import DriftMonitor
+from ragcache.models.local import PACKAGED_MODEL
+from ragcache.models.prompts import PromptedEncoder, known_prompts
+from ragcache.models.remote import load_models
 from ragcache.prefixes import PrefixRegistry, PrefixRegistryConfig
-from ragcache.prompts import PromptedEncoder, known_prompts
-from ragcache.providers import load_models
 from ragcache.rerank.build import build_rerankers, score_cache
 from ragcache.rerank.scores import RerankCache
 from ragcache.retrieval.knowledge import KnowledgeBase
 from ragcache.settings import Settings
 from ragcache.storage.stores import Stores
-from ragcache.tiers.compute import PACKAGED_MODEL
 
 log = logging.getLogger(__name__)
 
@@ -35,13 +35,13 @@ class ServiceState:
     prefixes: PrefixRegistry
     rerankers: dict[str, RerankCache] = field(default_factory=dict)  # served name -> reranker behind its cache
     drift: DriftMonitor | None = None
-    # (model, prompt name) -> the model's cache under that named prompt (ragcache.prompts), made on first use
+    # (model, prompt name) -> the model's cache under that named prompt (ragcache.models.prompts), made on first use
     prompted: dict[tuple[str, str], EmbeddingCache] = field(default_factory=dict)
     _prompted_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @classmethod
     def open(cls, settings: Settings) -> ServiceState:
-        # Remote models (ragcache.providers) may have named prompts too: prepended to each text they send.
+        # Remote models (ragcache.models.remote) may have named prompts too: prepended to each text they send.
         served = [*settings.models, *(model.name for model in load_models(settings.models_json, settings.models_file))]
         unknown = sorted(set(settings.model_prompts) - set(served))
         if unknown:

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import cast
 
-from ragcache.cache import EmbeddingCache
+from ragcache.core.cache import EmbeddingCache
 from ragcache.errors import ConflictError, InvalidInputError, NotFoundError
 from ragcache.prefixes.model import check_name
 from ragcache_server.state import ServiceState

@@ -7,8 +7,8 @@ from collections import OrderedDict
 
 from fastapi import Request
 
-from ragcache.cache import EmbeddingCache
-from ragcache.keys import text_hashes
+from ragcache.core.cache import EmbeddingCache
+from ragcache.core.keys import text_hashes
 
 
 class TokenCounts:

@@ -7,7 +7,7 @@ and about 111 s of model work nobody waited for). Here a slot is held from the m
 thread until that thread has finished, so at most ``max_threads`` run, abandoned or not; a request waiting
 for a slot waits on the event loop, costs no thread, and is answered 504 at its deadline like any other.
 
-An abandoned call is also told its caller has gone (``ragcache.batching.CALLER_GONE``): texts it queued for
+An abandoned call is also told its caller has gone (``ragcache.core.batching.CALLER_GONE``): texts it queued for
 the model that no other caller waits for are taken out of the queue rather than computed for nobody.
 """
 
@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 import anyio
 from anyio import to_thread
 
-from ragcache.batching import CALLER_GONE
+from ragcache.core.batching import CALLER_GONE
 
 __all__ = ["WorkerPool", "current_pool", "DEFAULT_MAX_THREADS"]
 

@@ -100,7 +100,7 @@ def milvus_client(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def encoder():
-    from ragcache.tiers.compute import ModelEncoder
+    from ragcache.models.local import ModelEncoder
 
     return ModelEncoder()
 

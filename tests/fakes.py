@@ -10,8 +10,8 @@ from collections.abc import Sequence
 import torch
 import xxhash
 
-from ragcache.keys import EmbeddingSpace
-from ragcache.tiers.compute import EncoderStats
+from ragcache.core.keys import EmbeddingSpace
+from ragcache.models.local import EncoderStats
 
 
 class HashEncoder:
@@ -58,7 +58,7 @@ class SwappableEncoder(HashEncoder):
         self.entered = threading.Event()
 
     def encode(self, texts: Sequence[str]) -> torch.Tensor:
-        from ragcache.drift import CANARY_TEXTS
+        from ragcache.models.drift import CANARY_TEXTS
 
         version = self.version  # the model that computes this call, taken when it starts
         if self.hold is not None and not set(texts) <= set(CANARY_TEXTS):

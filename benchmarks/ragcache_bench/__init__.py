@@ -177,7 +177,7 @@ def run_benchmarks(names: list[str], *, quick: bool, out: Path, seed: int = 0, c
     """Run benchmarks in one process (one model, one Redis), print each table as it finishes, the whole
     table at the end, and write ``<out>/<name>.json`` per benchmark plus ``<out>/all.json`` for several.
     A progress bar over the benchmarks goes to stderr (``quiet`` turns it off)."""
-    from ragcache.progress import progress_bar
+    from ragcache.observe.progress import progress_bar
     from ragcache_bench.context import BenchContext
     from ragcache_bench.report import BenchResult, format_table, machine_info, summary_line, write_json
 

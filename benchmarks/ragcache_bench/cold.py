@@ -30,7 +30,7 @@ import time
 import numpy as np
 import orjson
 
-from ragcache.processes import poll_until
+from ragcache.storage.processes import poll_until
 from ragcache_bench.context import BATCH_SIZE, BenchContext
 from ragcache_bench.overhead import process_tree_cpu_s
 from ragcache_bench.report import BenchResult, Target, median, plausible

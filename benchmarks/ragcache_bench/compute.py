@@ -60,8 +60,8 @@ REPEATED_TARGET = 10.0  # a repeated request from L1 against a server that recom
 
 
 def bench_compute(ctx: BenchContext) -> BenchResult:
-    from ragcache.tiers.compute import ModelEncoder
-    from ragcache.tiers.onnx import OnnxEncoder
+    from ragcache.models.local import ModelEncoder
+    from ragcache.models.onnx import OnnxEncoder
 
     result = BenchResult("compute", "computed texts/s: torch, ONNX, ONNX-int8 vs fastembed and Infinity (14.2, 14.3)")
     num_batches, repeats = (8, 3) if ctx.quick else (32, 5)
@@ -179,7 +179,7 @@ class _FastembedWorker:
         return np.frombuffer(base64.b64decode(answer["data"]), dtype="<f4").reshape(answer["shape"])
 
     def close(self) -> None:
-        from ragcache.processes import stop_process
+        from ragcache.storage.processes import stop_process
 
         if self.process.stdin is not None:
             self.process.stdin.close()

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ragcache.processes import poll_until
+from ragcache.storage.processes import poll_until
 from ragcache_bench.corpus import Corpus, ZipfStream, build_corpus, zipf_stream
 
 __all__ = ["BenchContext", "CountingEncoder", "RecordingEncoder", "Sizes"]
@@ -196,7 +196,7 @@ class RecordingEncoder:
     where the time of computing is measured."""
 
     def __init__(self, context: BenchContext):
-        from ragcache.tiers.compute import EncoderStats
+        from ragcache.models.local import EncoderStats
 
         self._context = context
         self._stats_type = EncoderStats

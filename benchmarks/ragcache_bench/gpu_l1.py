@@ -24,8 +24,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from ragcache.cache import EmbeddingCache
-from ragcache.keys import EmbeddingSpace
+from ragcache.core.cache import EmbeddingCache
+from ragcache.core.keys import EmbeddingSpace
 from ragcache.tiers.memory import MemoryTier, resolve_device
 from ragcache_bench import add_gpu_l1_arguments
 from ragcache_bench.report import write_json
@@ -139,7 +139,7 @@ def check_handoff(dtype_name: str, device: torch.device, num_keys: int = 1_000, 
 def check_and_time(device: torch.device, *, sizes=SIZES, dtypes=DTYPES, num_entries: int = 100_000, dim: int = 384,
                    repeats: int = 50, quiet: bool = True) -> tuple[list[dict], list[LookupTiming]]:
     """Every check (raising AssertionError on the first failure) and the timing table."""
-    from ragcache.progress import progress_bar
+    from ragcache.observe.progress import progress_bar
 
     handoffs, timings = [], []
     with progress_bar(desc="gpu-l1", unit="dtype", total=len(dtypes), quiet=quiet) as bar:

@@ -386,7 +386,7 @@ class Runner:
 
     def phase(self, configurations: tuple[str, ...], *, quiet: bool) -> None:
         """Every level: ``rounds`` rounds of one block per configuration, the order rotating by round."""
-        from ragcache.progress import progress_bar
+        from ragcache.observe.progress import progress_bar
 
         total = len(self.config.concurrency) * self.config.rounds * len(configurations)
         with progress_bar(desc="kv " + " / ".join(configurations), unit="block", total=total, quiet=quiet) as bar:

@@ -247,7 +247,7 @@ def run_load(*, duration_s: float, clients: int, l1_bytes: int, num_documents: i
 def _sample_rss(process, duration_s: float, interval_s: float = 5.0, quiet: bool = True) -> list[int]:
     """The process's resident bytes every ``interval_s`` for ``duration_s``: growth that flattens is caches
     filling; growth that keeps its slope to the end would be a leak. A progress bar counts the seconds."""
-    from ragcache.progress import progress_bar
+    from ragcache.observe.progress import progress_bar
 
     samples, started = [], time.monotonic()
     deadline = started + duration_s

@@ -97,7 +97,7 @@ def run_side_by_side(registry: PrefixRegistry, http: httpx.Client, target: Targe
     prefix after each (the order alternating by round), and report each, plus vLLM's own token-level hit rate over
     the run (its /metrics counters; churn and warms included). A user request hits when every full block of it
     that lies inside its prefix came from the cache. A progress bar (stderr) counts the rounds unless ``quiet``."""
-    from ragcache.progress import progress_bar
+    from ragcache.observe.progress import progress_bar
 
     rng = random.Random(churn.seed)
     names = {True: "bench-pinned", False: "bench-unpinned"}

@@ -24,7 +24,7 @@ import numpy as np
 import orjson
 import xxhash
 
-from ragcache.processes import free_port, stop_process, wait_healthy
+from ragcache.storage.processes import free_port, stop_process, wait_healthy
 
 __all__ = ["InstantUpstream", "MODEL", "serve"]
 

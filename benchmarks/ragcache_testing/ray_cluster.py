@@ -23,7 +23,7 @@ from pathlib import Path
 import psutil
 import redis
 
-from ragcache.processes import free_port
+from ragcache.storage.processes import free_port
 
 __all__ = ["KillOnce", "RayCluster"]
 

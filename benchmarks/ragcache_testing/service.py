@@ -13,7 +13,7 @@ from pathlib import Path
 
 import httpx
 
-from ragcache.processes import free_port, stop_process, wait_healthy
+from ragcache.storage.processes import free_port, stop_process, wait_healthy
 
 __all__ = ["ServiceProcess", "served", "LEVELS"]
 
@@ -52,7 +52,7 @@ class ServiceProcess:
         self._log = self.log_path.open("wb")
         # `ragcache serve`'s uvicorn settings, with the app that adds the bench's floor route (benchmarks/ragcache_bench/floor_app.py).
         serve = (
-            "import uvicorn; from ragcache.cli import SERVE_OPTIONS; "
+            "import uvicorn; from ragcache.app.cli import SERVE_OPTIONS; "
             "uvicorn.run('ragcache_bench.floor_app:create_bench_app', factory=True, host='127.0.0.1', "
             f"port={self.port}, workers=1, log_level={log_level!r}, **SERVE_OPTIONS)"
         )

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ragcache.processes import HttpServerProcess
+from ragcache.storage.processes import HttpServerProcess
 
 __all__ = ["VLLMServerConfig", "VLLMServer"]
 

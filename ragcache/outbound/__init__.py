@@ -8,7 +8,7 @@
 What every call gets, whoever makes it: an overall deadline that every socket operation keeps (a trickling
 upstream is cut off at it, not after each read), a byte cap on the answer (streamed, aborted past it), no
 redirects and no proxy from the environment, retries of 429/5xx/dropped connections within the deadline
-(``Retry-After`` honoured), the breaker (``ragcache.tiers.base.TierHealth``; a timeout opens it like a
+(``Retry-After`` honoured), the breaker (``ragcache.core.tier.TierHealth``; a timeout opens it like a
 refusal), and masking: no key or URL credential appears in an error or log line, and a 401/403 body is
 never quoted. Failures are the ``UpstreamError`` family of ``ragcache.errors``.
 """

@@ -16,11 +16,11 @@ import httpx
 import orjson
 
 from ragcache.errors import UpstreamBadResponseError, UpstreamError, UpstreamTimeoutError, UpstreamUnavailableError
+from ragcache.observe.redact import redact_text, redact_url
 from ragcache.outbound._transport import DeadlineTransport, deadline_of_call
-from ragcache.redact import redact_text, redact_url
 
 if TYPE_CHECKING:  # the breaker is handed in; importing the levels here would pull torch into the HTTP client
-    from ragcache.tiers.base import TierHealth
+    from ragcache.core.health import TierHealth
 
 __all__ = ["CallLimits", "CallObserver", "Secret", "Upstream", "retry_after_s"]
 
@@ -36,7 +36,7 @@ MAX_ERROR_EXCERPT = 200
 
 
 class Secret(Protocol):
-    """A key that does not print (``ragcache.providers.ApiKey``): the header that carries it, and a scrubber."""
+    """A key that does not print (``ragcache.models.remote.ApiKey``): the header that carries it, and a scrubber."""
 
     def header(self) -> str: ...
 
@@ -44,7 +44,7 @@ class Secret(Protocol):
 
 
 class CallObserver(Protocol):
-    """What a caller counts (``ragcache.providers.stats.UpstreamRecorder`` is one)."""
+    """What a caller counts (``ragcache.models.remote.stats.UpstreamRecorder`` is one)."""
 
     def attempt(self, latency_s: float) -> None: ...
 

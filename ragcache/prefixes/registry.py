@@ -25,8 +25,8 @@ from typing import Any
 import httpx
 import redis
 
+from ragcache.core.health import TierHealth
 from ragcache.errors import InvalidInputError, NotFoundError, TierUnavailableError
-from ragcache.tiers.base import TierHealth
 
 from .config import PrefixRegistryConfig
 from .lease import LocalWarmGate, RedisWarmGate, WarmGate

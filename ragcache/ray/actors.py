@@ -3,7 +3,7 @@
 Every actor has its own L1 and shares the rest with every other actor and every service replica: L2 in the
 Redis (or Redis Cluster) of ``settings.redis_url``, L3 and the knowledge base in the Milvus server of
 ``settings.milvus_uri``, and the single-flight locks in that same Redis, so a text several actors miss at
-once is computed by one of them (``ragcache.flight``). The cache is the one ``open_cache`` builds from the
+once is computed by one of them (``ragcache.core.flight``). The cache is the one ``open_cache`` builds from the
 same settings, so a vector here is bit for bit the one ``/embed`` serves for the same text and space.
 
 Nothing here imports Ray: the classes are plain callables, which Ray pickles to the actors.
@@ -19,9 +19,9 @@ from typing import Any
 import numpy as np
 
 from ragcache.build import build_cache, drift_monitor, load_encoder
-from ragcache.cache import EmbeddingCache, EmbedResult
+from ragcache.core.cache import EmbeddingCache, EmbedResult
 from ragcache.errors import ConfigError
-from ragcache.providers import RemoteEncoder, load_models, open_remote_encoder
+from ragcache.models.remote import RemoteEncoder, load_models, open_remote_encoder
 from ragcache.retrieval.documents import Document
 from ragcache.retrieval.knowledge import KnowledgeBase
 from ragcache.settings import Settings

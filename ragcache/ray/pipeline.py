@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ragcache.errors import NotFoundError
-from ragcache.progress import progress_bar
-from ragcache.providers import load_models
+from ragcache.models.remote import load_models
+from ragcache.observe.progress import progress_bar
 from ragcache.ray.actors import LEVEL_COLUMN, TOKENS_COLUMN, CachedEmbedder, DocumentWriter
 from ragcache.ray.plan import ActorPlan, plan_actors
 from ragcache.ray.reports import EmbedReport, EmbedTally, IngestReport

@@ -13,7 +13,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from ragcache.keys import EmbeddingSpace
+from ragcache.core.keys import EmbeddingSpace
 
 __all__ = ["Reranker", "RerankHit", "RerankResult", "score_space"]
 

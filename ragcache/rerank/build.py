@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ragcache.cache import EmbeddingCache
+from ragcache.core.cache import EmbeddingCache
 from ragcache.errors import ConfigError
 from ragcache.rerank.base import Reranker
 from ragcache.rerank.local import CrossEncoderReranker

@@ -10,8 +10,8 @@ import numpy as np
 import torch
 
 from ragcache.errors import ConfigError
+from ragcache.models.local import fingerprint_folder, fingerprint_weights
 from ragcache.rerank.base import score_space
-from ragcache.tiers.compute import fingerprint_folder, fingerprint_weights
 from ragcache.tiers.memory import resolve_device
 
 __all__ = ["CrossEncoderReranker"]

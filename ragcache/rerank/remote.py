@@ -22,10 +22,10 @@ from urllib.parse import urlsplit
 import numpy as np
 import orjson
 
+from ragcache.core.health import TierHealth
+from ragcache.models.remote.credentials import ApiKey
 from ragcache.outbound import CallLimits, Upstream
-from ragcache.providers.credentials import ApiKey
 from ragcache.rerank.base import score_space
-from ragcache.tiers.base import TierHealth
 
 __all__ = ["RemoteReranker", "RERANK_APIS", "DEFAULT_MAX_ANSWER_BYTES"]
 

@@ -18,10 +18,10 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from ragcache.cache import EmbeddingCache
+from ragcache.core.cache import EmbeddingCache
 from ragcache.errors import InvalidInputError
+from ragcache.models.local import EncoderStats
 from ragcache.rerank.base import Reranker, RerankHit, RerankResult
-from ragcache.tiers.compute import EncoderStats
 
 __all__ = ["RerankCache", "PairEncoder", "pair_text"]
 

@@ -22,7 +22,7 @@ def build_tiny_cross_encoder(folder: str | Path, *, seed: int = 0, hidden_size: 
     import torch
     from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
 
-    from ragcache.tiers.compute import PACKAGED_MODEL, resolve_model_path
+    from ragcache.models.local import PACKAGED_MODEL, resolve_model_path
 
     folder = Path(folder)
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(PACKAGED_MODEL), local_files_only=True)

@@ -31,9 +31,10 @@ import numpy as np
 import xxhash
 from pymilvus import DataType, MilvusClient
 
-from ragcache.cache import EmbeddingCache
+from ragcache.core.cache import EmbeddingCache
+from ragcache.core.health import TierHealth
+from ragcache.core.keys import EmbeddingSpace
 from ragcache.errors import ConflictError, InvalidInputError, NotFoundError, RagCacheError, TierUnavailableError
-from ragcache.keys import EmbeddingSpace
 from ragcache.retrieval.documents import (
     CONTENT_HASH_LENGTH,
     MAX_ID_BYTES,
@@ -54,8 +55,7 @@ from ragcache.retrieval.ranking import SearchOptions, finish, fuse, group_hits
 from ragcache.retrieval.result_cache import DEFAULT_MAX_VALUE_BYTES, ResultCache
 from ragcache.retrieval.results import CollectionInfo, IngestResult, SearchHit, SearchResult, SearchTimings
 from ragcache.retrieval.sync import MAX_LISTED_IDS, SyncOptions, source_expression, sources_of
-from ragcache.tiers.base import TierHealth
-from ragcache.tiers.milvus import is_milvus_outage, milvus_error_message, milvus_failures
+from ragcache.storage.milvus_errors import is_milvus_outage, milvus_error_message, milvus_failures
 
 __all__ = ["KnowledgeBase", "CollectionInfo", "IngestResult", "SearchHit", "SearchOptions", "SearchResult", "SearchTimings"]
 
@@ -373,7 +373,7 @@ class KnowledgeBase:
         (e.g. ``metadata["lang"] == "en"``) and ranked as ``options`` say (dense by default).
 
         ``cache`` is the space the collection's documents were embedded in; ``query_cache``, when given,
-        embeds the query instead: the same model under its query prompt (``ragcache.prompts``).
+        embeds the query instead: the same model under its query prompt (``ragcache.models.prompts``).
         ``with_text``: as in ``search_many``."""
         return self.search_many(
             collection, [query], cache=cache, top_k=top_k, filter=filter, options=options, query_cache=query_cache,

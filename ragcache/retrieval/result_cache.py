@@ -37,9 +37,9 @@ import redis.asyncio
 import xxhash
 from redis.cluster import RedisCluster
 
+from ragcache.core.health import TierHealth
 from ragcache.errors import TierUnavailableError
 from ragcache.storage.redis_client import REDIS_ERRORS, asyncio_twin
-from ragcache.tiers.base import TierHealth
 
 __all__ = ["ResultCache"]
 

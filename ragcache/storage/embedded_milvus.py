@@ -15,8 +15,8 @@ import subprocess
 from pathlib import Path
 
 from ragcache.errors import TierUnavailableError
-from ragcache.processes import ProcessExited, poll_until, stop_process
 from ragcache.storage.embedded_redis import free_port
+from ragcache.storage.processes import ProcessExited, poll_until, stop_process
 
 __all__ = ["MilvusLiteServer"]
 

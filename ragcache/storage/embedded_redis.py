@@ -15,7 +15,7 @@ from pathlib import Path
 import redis
 
 from ragcache.errors import ConfigError, TierUnavailableError
-from ragcache.processes import ProcessExited, free_port, poll_until, stop_process
+from ragcache.storage.processes import ProcessExited, free_port, poll_until, stop_process
 
 __all__ = ["EVICTION_POLICY", "EmbeddedRedis", "find_redis_server", "free_port"]
 

@@ -17,8 +17,8 @@ from collections.abc import Callable
 import redis
 
 from ragcache.errors import ConfigError, TierUnavailableError
-from ragcache.processes import poll_until
 from ragcache.storage.embedded_redis import EmbeddedRedis, free_port
+from ragcache.storage.processes import poll_until
 
 __all__ = ["EmbeddedRedisCluster", "NUM_SLOTS"]
 

@@ -26,7 +26,7 @@ from redis.exceptions import ClusterDownError, RedisClusterException, SlotNotCov
 from redis.retry import Retry
 
 from ragcache.errors import ConfigError
-from ragcache.redact import redact_text, redact_url
+from ragcache.observe.redact import redact_text, redact_url
 
 __all__ = ["REDIS_ERRORS", "open_redis", "asyncio_twin", "is_cluster", "split_urls"]
 

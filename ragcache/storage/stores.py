@@ -15,12 +15,12 @@ from pymilvus import MilvusClient
 from redis.cluster import RedisCluster
 
 from ragcache.errors import ConfigError, TierUnavailableError
-from ragcache.redact import redact_text, redact_url
+from ragcache.observe.redact import redact_text, redact_url
+from ragcache.observe.tracing import Tracing
 from ragcache.settings import Settings
 from ragcache.storage.embedded_redis import EmbeddedRedis
+from ragcache.storage.milvus_errors import milvus_failures
 from ragcache.storage.redis_client import open_redis
-from ragcache.tiers.milvus import milvus_failures
-from ragcache.tracing import Tracing
 
 __all__ = ["MilvusConnection", "Stores", "connect_milvus", "open_milvus"]
 
@@ -144,7 +144,8 @@ class Stores:
 
     @classmethod
     def open(cls, settings: Settings) -> Stores:
-        tracing = Tracing.from_settings(settings)  # first: a missing SDK stops the start before anything opens
+        # First: a missing SDK stops the start before anything opens.
+        tracing = Tracing.configured(settings.tracing, settings.tracing_endpoint)
         embedded = None
         redis_client = None
         if settings.l2_enabled:

@@ -1,8 +1,8 @@
-"""The cache levels, fastest first: L1 memory (device slab), L2 Redis, L3 Milvus; compute is the last step."""
+"""The cache levels, fastest first: L1 memory (device slab), L2 Redis, L3 Milvus. Each answers the
+``ragcache.core.tier.Tier`` protocol; the walk over them is ``ragcache.core.levels``; compute is ``ragcache.models``."""
 
-from ragcache.tiers.base import Tier, TierHealth, TierHits
 from ragcache.tiers.memory import MemoryTier
 from ragcache.tiers.milvus import MilvusTier
 from ragcache.tiers.redis import RedisTier
 
-__all__ = ["Tier", "TierHits", "TierHealth", "MemoryTier", "RedisTier", "MilvusTier"]
+__all__ = ["MemoryTier", "RedisTier", "MilvusTier"]

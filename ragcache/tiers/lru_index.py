@@ -6,7 +6,7 @@ entries that made a 32-key lookup cost about 2.2x what it costs at 10k. Here a b
 together with numpy gathers, whose independent loads the CPU overlaps, so the cost hardly grows with size.
 
 - Keys are identified by the xxh3-128 digest of the key string, as two uint64 words: a collision is as
-  likely as one of the text hashes keys are built from (ragcache.keys), which nothing relies on either.
+  likely as one of the text hashes keys are built from (ragcache.core.keys), which nothing relies on either.
 - The map is open addressing with linear probing over a power-of-two table, live keys at most half of it;
   deleted slots are tombstones, and the table is rebuilt when live plus deleted pass 3/4.
 - Recency is exact: each use stamps the row with the next tick and appends (tick, row) to a log. The log
@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ragcache.keys import key_digests
+from ragcache.core.keys import key_digests
 
 __all__ = ["LruIndex", "digests"]
 

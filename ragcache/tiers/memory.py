@@ -8,8 +8,8 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from ragcache.core.tier import TierHits
 from ragcache.errors import ConfigError, InvalidInputError
-from ragcache.tiers.base import TierHits
 from ragcache.tiers.lru_index import LruIndex, digests
 
 __all__ = ["MemoryTier", "resolve_device"]

@@ -10,51 +10,21 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
-import grpc
 import numpy as np
 import torch
 from pymilvus import DataType, MilvusClient
-from pymilvus.exceptions import ConnectError, MilvusException, MilvusUnavailableException
 
+from ragcache.core.tier import TierHits
 from ragcache.errors import TierUnavailableError
-from ragcache.tiers.base import TierHits
+from ragcache.storage.milvus_errors import milvus_error_message, milvus_failures
 from ragcache.tiers.milvus_budget import WRITTEN_AT, BudgetKeeper, L3Budget
 
-__all__ = ["MilvusTier", "is_milvus_outage", "milvus_error_message", "milvus_failures"]
+__all__ = ["MilvusTier"]
 
 TEXT_HASH_LENGTH = 32
 MAX_ROWS_PER_CALL = 2000
 
 log = logging.getLogger(__name__)
-
-# What a failing Milvus raises through pymilvus, and nothing else: MilvusException (a status from the server,
-# a connection pymilvus gave up on, its retry deadline passed) and grpc's errors, which pymilvus lets escape
-# unconverted (DEADLINE_EXCEEDED when a call's ``timeout`` passes, UNAVAILABLE on a dropped connection;
-# FutureTimeoutError while a channel waits to be ready). A bug in ragcache (a TypeError, a KeyError) is
-# not one of them: it propagates, rather than showing as "store unavailable".
-milvus_failures: tuple[type[BaseException], ...] = (MilvusException, grpc.RpcError, grpc.FutureTimeoutError)
-
-
-def is_milvus_outage(exc: BaseException) -> bool:
-    """Whether ``exc`` means Milvus did not answer (timed out, unreachable, connection lost), as opposed to an
-    answer that is an error (a status from the server: it is up, and only this request failed)."""
-    if isinstance(exc, (grpc.RpcError, grpc.FutureTimeoutError, MilvusUnavailableException, ConnectError)):
-        return True
-    # pymilvus' retry loop wraps the grpc error it gave up on, keeping grpc's status code as the code.
-    return isinstance(exc, MilvusException) and isinstance(exc.code, grpc.StatusCode)
-
-
-def milvus_error_message(exc: BaseException) -> str:
-    """One line for a Milvus failure: grpc's own text spans several lines and names its internal classes."""
-    if isinstance(exc, grpc.RpcError) and callable(getattr(exc, "code", None)):
-        code = exc.code()
-        if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-            return "no answer within the deadline (milvus_timeout_s)"
-        return f"{code.name}: {exc.details()}" if callable(getattr(exc, "details", None)) else code.name
-    if isinstance(exc, grpc.FutureTimeoutError):
-        return "no connection within the deadline (milvus_timeout_s)"
-    return str(getattr(exc, "message", None) or exc).strip()
-
 
 class MilvusTier:
     """Vectors of one space in the Milvus collection ``rc_<space_id>``, created and loaded on first use.
@@ -64,7 +34,7 @@ class MilvusTier:
     """
 
     name = "L3"
-    shared = True  # every process of a fleet sees it (single flight publishes here: ragcache.tiers.levels)
+    shared = True  # every process of a fleet sees it (single flight publishes here: ragcache.core.levels)
 
     def __init__(
         self,

@@ -20,10 +20,10 @@ import torch
 import xxhash
 from redis.cluster import RedisCluster
 
+from ragcache.core.tier import TierHits
 from ragcache.errors import TierUnavailableError
 from ragcache.storage import cluster_pipeline
 from ragcache.storage.redis_client import REDIS_ERRORS, is_cluster
-from ragcache.tiers.base import TierHits
 
 __all__ = ["RedisTier", "encode_value", "decode_values"]
 
@@ -120,7 +120,7 @@ class RedisTier:
     """
 
     name = "L2"
-    shared = True  # every process of a fleet sees it (single flight publishes here: ragcache.tiers.levels)
+    shared = True  # every process of a fleet sees it (single flight publishes here: ragcache.core.levels)
 
     def __init__(
         self,

@@ -2,7 +2,7 @@
 
 A key is ``rc:<space_id>:<text_hash>``, so the key itself says which space's store it belongs to. Routing by
 it, rather than by the space the cache uses now, means a write always lands with the space it was computed
-under: after a model-drift switch (``ragcache.drift``), a late write of the old generation goes to the old
+under: after a model-drift switch (``ragcache.models.drift``), a late write of the old generation goes to the old
 generation's collection, never the new one's.
 """
 
@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from ragcache.tiers.base import Tier, TierHits
+from ragcache.core.tier import Tier, TierHits
 
 __all__ = ["PerSpaceTier"]
 

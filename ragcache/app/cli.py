@@ -1,0 +1,324 @@
+"""The command line: ``ragcache serve | ingest | search | stats | config | milvus-server | bench``."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from itertools import islice
+from typing import Any
+
+from ragcache.errors import ConfigError, RagCacheError
+
+DEFAULT_URL = "http://127.0.0.1:8000"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not hasattr(args, "run"):
+        parser.print_help()
+        return 2
+    try:
+        outcome = args.run(args)
+    except RagCacheError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    # Benchmarks return their figures (already printed as a table); only an int is an exit status.
+    return outcome if isinstance(outcome, int) else 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ragcache", description=__doc__)
+    commands = parser.add_subparsers(title="commands")
+
+    serve = commands.add_parser("serve", help="start the HTTP service")
+    serve.add_argument("--host", default=None, help="default: RAGCACHE_HOST or 127.0.0.1")
+    serve.add_argument("--port", type=int, default=None, help="default: RAGCACHE_PORT or 8000")
+    serve.add_argument("--workers", type=int, default=1)
+    serve.add_argument("--config", help="settings file (RAGCACHE_* lines, dotenv form)")
+    serve.add_argument("--log-level", default="info")
+    serve.add_argument("--insecure", action="store_true", help="allow a non-loopback address without API keys")
+    serve.set_defaults(run=run_serve)
+
+    for name, help_text in [("ingest", "add files to a collection"), ("search", "search a collection"),
+                            ("rerank", "score texts against a query with the server's reranker"),
+                            ("stats", "hit rates per level as a table (--watch: live)")]:
+        sub = commands.add_parser(name, help=help_text)
+        sub.add_argument("--url", default=os.environ.get("RAGCACHE_URL", DEFAULT_URL), help="the service's base URL")
+        sub.add_argument("--api-key", default=os.environ.get("RAGCACHE_API_KEY"))
+        if name == "ingest":
+            sub.add_argument("path", help="a .txt/.md/.rst/.jsonl file, or a folder of them")
+            sub.add_argument("--collection", required=True)
+            sub.add_argument("--chunk-chars", type=int, default=1200)
+            sub.add_argument("--batch", type=int, default=256, help="documents per request")
+            sub.add_argument("--sync", action="store_true", help="then delete the documents this run did not send (admin key)")
+            sub.add_argument("--scope", default=None, help="with --sync: a filter limiting what may be deleted")
+            sub.add_argument("--quiet", action="store_true", help="no progress bar")
+            sub.add_argument("--ray", nargs="?", const="auto", default=None, metavar="ADDRESS",
+                             help="embed and upsert from a Ray cluster's actors, straight into the stores of the settings "
+                                  "(RAGCACHE_*; not through --url); ADDRESS as ray.init takes it (default: auto; docs/ray.md)")
+            sub.add_argument("--actors", type=int, default=None, help="with --ray: actors in the pool (default: sized from the cluster)")
+        elif name == "search":
+            sub.add_argument("query")
+            sub.add_argument("--collection", required=True)
+            sub.add_argument("--top-k", type=int, default=5)
+            sub.add_argument("--filter", default=None)
+            _add_search_options(sub)
+            sub.add_argument("--rerank", action="store_true", help="reorder the top-k hits with the server's reranker")
+            sub.add_argument("--rerank-top-n", type=int, default=None, help="hits kept after reranking (default: top-k)")
+            sub.add_argument("--rerank-model", default=None, help="a served reranker (default: the server's first)")
+        elif name == "rerank":
+            sub.add_argument("query")
+            sub.add_argument("texts", nargs="+", help="the texts to score")
+            sub.add_argument("--top-n", type=int, default=None, help="print the best n only")
+            sub.add_argument("--model", default=None, help="a served reranker (default: the server's first)")
+        elif name == "stats":
+            sub.add_argument("--watch", action="store_true", help="refresh in place: live hit rates per level")
+            sub.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes (with --watch)")
+            sub.add_argument("--count", type=int, default=None, help="stop after this many refreshes (with --watch)")
+        sub.set_defaults(run=globals()[f"run_{name}"])
+
+    config = commands.add_parser("config", help="the settings as this process resolves them, or their reference")
+    config.add_argument("--config", help="settings file (RAGCACHE_* lines, dotenv form)")
+    config.add_argument("--markdown", action="store_true", help="print the reference table of every setting")
+    config.add_argument("--readme", metavar="PATH", help="rewrite the reference table between the markers in PATH")
+    config.set_defaults(run=run_config)
+
+    milvus = commands.add_parser("milvus-server", help="serve a Milvus Lite database to many processes (replicas) on loopback")
+    milvus.add_argument("--db", required=True, help="the database file (.db), created when absent")
+    milvus.add_argument("--port", type=int, default=19530)
+    milvus.set_defaults(run=run_milvus_server)
+
+    try:
+        from ragcache_bench import add_bench_commands
+    except ImportError:
+        pass
+    else:
+        add_bench_commands(commands)
+    return parser
+
+
+SERVE_OPTIONS: dict[str, Any] = {
+    "timeout_graceful_shutdown": 30,
+    # uvicorn's default (5 s) closes idle keep-alive connections so soon that a client (or a load balancer,
+    # whose idle timeout is often 60 s) reusing one at that instant gets a reset; the server must outlast them.
+    "timeout_keep_alive": 75,
+}
+
+
+def run_serve(args) -> int:
+    import uvicorn
+
+    from ragcache.settings import Settings
+
+    if args.config:
+        os.environ["RAGCACHE_SETTINGS_FILE"] = args.config  # read again by each worker's app factory
+    if args.insecure:
+        os.environ["RAGCACHE_INSECURE"] = "true"  # read again by each worker's app factory
+    settings = Settings.load(args.config)
+    host = args.host or settings.host
+    refusal = settings.bind_refusal(host)
+    if refusal:
+        raise ConfigError(refusal)
+    if args.workers > 1 and (settings.redis_url is None or settings.resolved_milvus_uri and settings.resolved_milvus_uri.endswith(".db")):
+        raise RagCacheError(
+            "--workers > 1 needs shared stores: set RAGCACHE_REDIS_URL to a Redis server and RAGCACHE_MILVUS_URI "
+            "to a Milvus server (an embedded Redis and Milvus Lite belong to one process)"
+        )
+    uvicorn.run(
+        "ragcache_server.app:app_from_environment",
+        factory=True,
+        host=host,
+        port=args.port or settings.port,
+        workers=args.workers,
+        log_level=args.log_level,
+        **SERVE_OPTIONS,
+    )
+    return 0
+
+
+def run_milvus_server(args) -> int:
+    """Milvus Lite on 127.0.0.1:PORT until Ctrl-C or SIGTERM; replicas set RAGCACHE_MILVUS_URI to its URL."""
+    import signal
+
+    from ragcache.storage.embedded_milvus import MilvusLiteServer
+
+    if not args.db.endswith(".db"):
+        raise ConfigError(f"--db {args.db!r}: a Milvus Lite database is a path ending in .db")
+    # SIGTERM (docker stop, systemd) ends the wait below like Ctrl-C, so the child milvus is stopped too.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    server = MilvusLiteServer(args.db, port=args.port)
+    print(f"Milvus Lite serving {server.db_path} at {server.url} (set RAGCACHE_MILVUS_URI={server.url})", flush=True)
+    try:
+        return server.process.wait()  # type: ignore[union-attr]
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        server.stop()
+
+
+def _client(args):
+    from ragcache.client import Client
+
+    return Client(args.url, api_key=args.api_key)
+
+
+def run_ingest(args) -> int:
+    from ragcache.observe.progress import progress_bar
+    from ragcache.retrieval.ingest import iter_documents
+
+    if args.scope is not None and not args.sync:
+        raise RagCacheError("--scope limits what --sync deletes: use it with --sync")
+    if args.actors is not None and args.ray is None:
+        raise RagCacheError("--actors sizes the pool of --ray: use it with --ray")
+    if args.ray is not None:
+        return run_ray_ingest(args)
+    documents = iter_documents(args.path, max_chars=args.chunk_chars)
+    totals = dict.fromkeys(["received", "unchanged", "replaced", "added", "deleted", "computed"], 0)
+    sent: set[str] = set()
+    with _client(args) as client, progress_bar(unit="doc", desc=f"ingest -> {args.collection}", quiet=args.quiet) as progress:
+        while batch := list(islice(documents, args.batch)):
+            result = client.add_documents(args.collection, batch)
+            sent.update(document["id"] for document in batch)
+            for name, count in [("received", result.num_received), ("unchanged", result.num_unchanged),
+                                ("replaced", result.num_replaced), ("added", result.num_inserted), ("computed", result.num_computed)]:
+                totals[name] += count
+            progress.update(len(batch))
+        if args.sync:
+            # Across many requests, "gone from the source" is every listed id that no batch sent.
+            gone = [doc_id for doc_id in client.list_ids(args.collection, args.scope) if doc_id not in sent]
+            for start in range(0, len(gone), args.batch):
+                totals["deleted"] += client.delete_documents(args.collection, gone[start : start + args.batch])
+    print(
+        f"{totals['received']} documents in {args.collection!r}: {totals['unchanged']} unchanged, {totals['replaced']} replaced, "
+        f"{totals['added']} added, {totals['deleted']} deleted ({totals['computed']} embeddings computed, the rest from cache)"
+    )
+    return 0
+
+
+def run_ray_ingest(args) -> int:
+    """``ingest --ray``: the actors of a Ray cluster embed through the shared cache and upsert (ragcache.ray)."""
+    try:
+        import ray
+    except ImportError as exc:
+        raise RagCacheError("--ray needs the ray extra: pip install 'ragcache[ray]'") from exc
+    from ragcache.ray import ingest_path
+    from ragcache.settings import Settings
+
+    ray.init(address=args.ray, log_to_driver=False)
+    try:
+        report = ingest_path(args.path, args.collection, chunk_chars=args.chunk_chars, settings=Settings.load(), sync=args.sync,
+                             scope=args.scope, num_actors=args.actors, batch_size=args.batch, quiet=args.quiet)
+    finally:
+        ray.shutdown()
+    print(
+        f"{report.received} documents in {args.collection!r}: {report.unchanged} unchanged, {report.replaced} replaced, "
+        f"{report.added} added, {report.deleted} deleted ({report.computed} embeddings computed, the rest from cache)"
+    )
+    return 0
+
+
+def _add_search_options(sub) -> None:
+    sub.add_argument("--mode", choices=["dense", "keyword", "hybrid"], default="dense")
+    sub.add_argument("--fusion", choices=["rrf", "weighted"], default="rrf", help="how hybrid fuses the two rankings")
+    sub.add_argument("--rrf-k", type=int, default=60)
+    sub.add_argument("--dense-weight", type=float, default=0.5, help="weighted fusion: the dense share")
+    sub.add_argument("--offset", type=int, default=0, help="hits (or groups) to skip: paging")
+    sub.add_argument("--score-threshold", type=float, default=None)
+    sub.add_argument("--mmr-lambda", type=float, default=None, help="MMR diversity (1: relevance only)")
+    sub.add_argument("--group-by-source", action="store_true", help="at most --group-size hits per source file")
+    sub.add_argument("--group-size", type=int, default=1)
+
+
+def run_search(args) -> int:
+    from ragcache.retrieval.ranking import SearchOptions
+
+    options = SearchOptions(
+        mode=args.mode, fusion=args.fusion, rrf_k=args.rrf_k, dense_weight=args.dense_weight, offset=args.offset,
+        score_threshold=args.score_threshold, mmr_lambda=args.mmr_lambda, group_by_source=args.group_by_source,
+        group_size=args.group_size,
+    )
+    rerank = {"top_n": args.rerank_top_n, "model": args.rerank_model} if args.rerank else None
+    if not args.rerank and (args.rerank_top_n is not None or args.rerank_model is not None):
+        raise RagCacheError("--rerank-top-n and --rerank-model go with --rerank")
+    with _client(args) as client:
+        result = client.search(args.query, collection=args.collection, top_k=args.top_k, filter=args.filter, options=options, rerank=rerank)
+    _print_hits(result, args.offset)
+    if result.fallback:
+        print(f"warning: {result.fallback}")
+    if result.rerank_fallback:
+        print(f"warning: {result.rerank_fallback}")
+    elif result.reranked_by:
+        print(f"(reranked by {result.reranked_by} in {result.timings_ms.rerank:.1f} ms)")
+    print(f"({len(result.hits)} hits, {result.mode}; query embedding from {result.embedding_level}; {result.timings_ms.total:.1f} ms)")
+    return 0
+
+
+def _print_hits(result, offset: int) -> None:
+    """One line a hit, numbered from ``offset + 1``; grouped by source under a numbered line a source."""
+    def line(hit) -> str:
+        return f"{hit.score:.4f}  {hit.id}  {' '.join(hit.text.split())[:100]}"
+
+    if result.groups is None:
+        for rank, hit in enumerate(result.hits, start=offset + 1):
+            print(f"{rank:>2}. {line(hit)}")
+        return
+    by_id = {hit.id: hit for hit in result.hits}
+    for rank, group in enumerate(result.groups, start=offset + 1):
+        print(f"{rank:>2}. {group.source}")
+        for doc_id in group.ids:
+            print(f"      {line(by_id[doc_id])}")
+
+
+def run_rerank(args) -> int:
+    with _client(args) as client:
+        result = client.rerank(args.query, args.texts, top_n=args.top_n, model=args.model)
+    for rank, hit in enumerate(result.hits, start=1):
+        print(f"{rank:>2}. {hit.score:.4f}  [{hit.index}]  {' '.join(args.texts[hit.index].split())[:100]}")
+    print(f"(reranked by {result.model}; {result.num_cached} of {len(args.texts)} scores from cache)")
+    return 0
+
+
+def run_stats(args) -> int:
+    from ragcache.app.stats_view import render_stats, watch_stats
+
+    if args.interval <= 0 or (args.count is not None and args.count < 1):
+        raise RagCacheError("--interval must be > 0 and --count >= 1")
+    with _client(args) as client:
+        if not args.watch:
+            print(render_stats(client.stats()))
+            return 0
+        try:
+            watch_stats(client.stats, interval_s=args.interval, count=args.count, out=sys.stdout, title=f"ragcache {args.url}")
+        except KeyboardInterrupt:
+            pass  # Ctrl-C is how a watch ends
+    return 0
+
+
+def run_config(args) -> int:
+    from pathlib import Path
+
+    from ragcache.app.config_docs import effective_env_lines, markdown_table, replace_section
+    from ragcache.settings import Settings
+
+    if args.readme:
+        path = Path(args.readme)
+        try:
+            path.write_text(replace_section(path.read_text(encoding="utf-8"), markdown_table()), encoding="utf-8")
+        except OSError as exc:
+            raise RagCacheError(f"cannot update {path}: {exc}") from exc
+        print(f"configuration reference in {path} regenerated")
+    elif args.markdown:
+        print(markdown_table(), end="")
+    else:
+        try:
+            settings = Settings.load(args.config)
+        except ValueError as exc:  # pydantic's ValidationError: a RAGCACHE_* value that does not parse
+            raise RagCacheError(f"invalid settings: {exc}") from exc
+        print("\n".join(effective_env_lines(settings)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,349 @@
+"""Single-flight, cross-request batching in front of the model.
+
+Concurrent misses for one key share one computation; misses from concurrent callers are gathered into one
+model batch. A worker thread takes whatever is pending the moment the model is free, so batches grow under
+load. It waits at most ``max_wait_s`` for a batch to fill, and only while another caller may still join:
+given ``calls_in_progress`` (the owner's calls that may reach the model), not when every one of them is
+already waiting here, so a lone request (a sequential client, a cold stream) never waits for company.
+
+A result is forgotten here as soon as it is handed out: every repeat is answered by a level of the cache,
+counted and inside its budget, never by a memory of this batcher's own. What closes the hand-off window (a
+caller that missed L1, then spent milliseconds on L2 and L3, while another caller's computation of the same
+key ended): the worker stores a batch's vectors in the first level (``on_computed``) *before* it takes
+their keys out of flight, and a caller asking for a key no longer in flight looks in that level once more
+(``peek``), under the same lock. A key is thus either still in flight, or already in L1 (unless evicted
+since), and a hit found there is reported as an L1 hit, never as a computation.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from contextvars import ContextVar
+from dataclasses import dataclass
+
+import torch
+
+from ragcache.core.keys import KeyList
+from ragcache.core.tier import TierHits
+from ragcache.errors import ComputeError, ModelOutOfMemoryError, OverloadedError, PartialEncodeError, RagCacheError, UpstreamError
+
+__all__ = ["CALLER_GONE", "ComputeBatcher", "ComputeOutcome"]
+
+log = logging.getLogger(__name__)
+
+# Set, in the thread that calls ``compute``, by a caller that may stop waiting: the service sets it when a
+# request is answered 504 at its deadline (ragcache_server/workers.py). The texts of that call which no other
+# caller waits for are then taken out of the queue instead of computed for nobody.
+CALLER_GONE: ContextVar[threading.Event | None] = ContextVar("ragcache_caller_gone", default=None)
+# How often a caller that can go away looks whether it has: the cost of noticing, not of computing.
+GONE_POLL_S = 0.05
+
+
+@dataclass(frozen=True)
+class ComputeOutcome:
+    """Vectors in the order asked, and the positions answered by ``peek`` (the first level) instead."""
+
+    vectors: torch.Tensor
+    peeked: list[int]
+
+
+@dataclass(eq=False, slots=True)
+class _Item:
+    """One text queued for the model, shared by every caller that asked for its key meanwhile.
+
+    Its outcome is a row of a whole batch's vectors (``vectors[row]``), never a tensor of its own: a batch is
+    answered with one tensor, and each caller gathers its rows with one ``index_select`` per batch. No
+    synchronisation object per text either: every caller waits on the batcher's one ``_done`` condition."""
+
+    key: str
+    text: str
+    num_waiters: int = 0
+    taken: bool = False  # handed to the model: too late to drop
+    done: bool = False
+    vectors: torch.Tensor | None = None
+    row: int = 0
+    error: BaseException | None = None
+
+
+class ComputeBatcher:
+    """Batches texts for the model; ``max_pending`` texts may wait at most (beyond: ``OverloadedError``)."""
+
+    def __init__(
+        self,
+        encode: Callable[[Sequence[str]], torch.Tensor],
+        *,
+        max_batch: int = 64,
+        max_wait_s: float = 0.002,
+        max_pending: int = 4096,
+        on_computed: Callable[[list[str], torch.Tensor], None] | None = None,
+        peek: Callable[[list[str]], TierHits] | None = None,
+        calls_in_progress: Callable[[], int] | None = None,
+    ):
+        self._encode = encode
+        self._calls_in_progress = calls_in_progress
+        self._num_callers = 0  # callers inside compute_detailed: queued, or waiting for their vectors
+        self._on_computed = on_computed
+        self._peek = peek
+        self.max_batch = max_batch
+        self.max_wait_s = max_wait_s
+        self.max_pending = max_pending
+        self.num_dropped = 0  # texts taken out of the queue because every caller waiting for them had gone
+        self.num_refused = 0  # texts refused because the queue was full
+        self._pending: list[_Item] = []
+        self._in_flight: dict[str, _Item] = {}
+        # One lock, two conditions: the worker waits for texts (``_cond``), callers for outcomes (``_done``), so
+        # a caller's notify always reaches the worker and a batch's end wakes only callers.
+        lock = threading.Lock()
+        self._cond = threading.Condition(lock)
+        self._done = threading.Condition(lock)
+        self._closed = False
+        self._worker = threading.Thread(target=self._run, name="ragcache-compute", daemon=True)
+        self._worker.start()
+
+    @property
+    def num_pending(self) -> int:
+        """Texts queued and not yet handed to the model."""
+        return len(self._pending)
+
+    def compute(
+        self, keys: Sequence[str], texts: Sequence[str], *, keep: Callable[[list[int], torch.Tensor], None] | None = None
+    ) -> torch.Tensor:
+        """Vectors for ``texts`` (one per key, in order); see ``compute_detailed``."""
+        return self.compute_detailed(keys, texts, keep=keep).vectors
+
+    def compute_detailed(
+        self, keys: Sequence[str], texts: Sequence[str], *, keep: Callable[[list[int], torch.Tensor], None] | None = None
+    ) -> ComputeOutcome:
+        """Vectors for ``texts`` (one per key, in order); blocks until all are computed. When some fail, the
+        first failure is raised, after ``keep(positions, vectors)`` was given those that did not: a remote
+        model's vectors are paid for, and are cached even when the request that asked for them fails.
+
+        Raises ``OverloadedError`` (queueing nothing) when the queue holds texts and these would take it past
+        ``max_pending``; one call larger than that is still taken into an empty queue, so that no request
+        the service accepts (``max_batch``) can be refused forever."""
+        items: list[_Item] = []
+        with self._cond:
+            if self._closed:
+                raise RagCacheError("the compute batcher is closed")
+            peeked = self._peek_first_level(keys)
+            num_new = len({key for position, key in enumerate(keys) if key not in self._in_flight and position not in peeked})
+            if self._pending and len(self._pending) + num_new > self.max_pending:
+                self.num_refused += num_new
+                raise OverloadedError(
+                    f"the model is busy: {len(self._pending)} texts are queued and {num_new} more would pass the limit of "
+                    f"{self.max_pending} (compute_max_pending); retry shortly",
+                )
+            for position, (key, text) in enumerate(zip(keys, texts)):
+                if position in peeked:
+                    items.append(peeked[position])
+                    continue
+                item = self._in_flight.get(key)
+                if item is None:
+                    item = self._in_flight[key] = _Item(key, text)
+                    self._pending.append(item)
+                item.num_waiters += 1
+                items.append(item)
+            if not items:
+                return ComputeOutcome(torch.empty(0), [])
+            self._num_callers += 1
+            self._cond.notify()
+        try:
+            failure = self._wait(items, CALLER_GONE.get())
+            if failure is None:
+                return ComputeOutcome(_gather(items), sorted(peeked))
+            # Only those already done: the error is not held back for batches still being computed.
+            done = [i for i, item in enumerate(items) if item.done and item.error is None]
+            if keep is not None and done:
+                keep(done, _gather([items[i] for i in done]))
+            raise failure
+        finally:
+            with self._cond:
+                self._num_callers -= 1
+
+    def _peek_first_level(self, keys: Sequence[str]) -> dict[int, _Item]:
+        """Under the lock: keys not in flight that the first level holds now, as already-answered items."""
+        if self._peek is None:
+            return {}
+        asked = [position for position, key in enumerate(keys) if key not in self._in_flight]
+        if not asked:
+            return {}
+        try:
+            hits = self._peek(keys.take(asked) if isinstance(keys, KeyList) else [keys[position] for position in asked])
+        except RagCacheError:
+            return {}  # the first level failing is a miss here as everywhere
+        answered: dict[int, _Item] = {}
+        for row, offset in enumerate(hits.index):
+            answered[asked[offset]] = _Item(keys[asked[offset]], "", taken=True, done=True, vectors=hits.vectors, row=row)
+        return answered
+
+    def _wait(self, items: list[_Item], gone: threading.Event | None) -> BaseException | None:
+        """Until every item is done, or one has failed (returned: the first failure in the caller's order);
+        a caller that can go away looks every ``GONE_POLL_S`` whether it has."""
+        with self._done:
+            while True:
+                pending = False
+                for item in items:
+                    if not item.done:  # its outcome may be half written until the batch is settled
+                        pending = True
+                    elif item.error is not None:
+                        return item.error
+                if not pending:
+                    return None
+                if gone is not None and gone.is_set():
+                    self._leave(items)
+                    raise RagCacheError("the caller stopped waiting for these texts")
+                self._done.wait(GONE_POLL_S if gone is not None else None)
+
+    def _leave(self, items: list[_Item]) -> None:
+        """Under the lock: a caller has gone; texts nobody else waits for, not yet handed to the model, are dropped."""
+        for item in items:
+            item.num_waiters -= 1
+        unwanted = [item for item in items if item.num_waiters == 0 and not item.taken and not item.done]
+        if not unwanted:
+            return
+        dropped = set(unwanted)
+        self._pending = [item for item in self._pending if item not in dropped]
+        for item in dropped:
+            self._in_flight.pop(item.key, None)
+        self.num_dropped += len(dropped)
+
+    def _take_batch(self) -> list[_Item] | None:
+        with self._cond:
+            while not self._pending and not self._closed:
+                self._cond.wait()
+            if not self._pending:
+                return None
+            if len(self._pending) < self.max_batch and self.max_wait_s > 0 and self._others_may_come():
+                self._cond.wait_for(lambda: len(self._pending) >= self.max_batch or not self._others_may_come(),
+                                    timeout=self.max_wait_s)
+            batch, self._pending = self._pending[: self.max_batch], self._pending[self.max_batch :]
+            for item in batch:
+                item.taken = True
+            return batch
+
+    def _others_may_come(self) -> bool:
+        """Under the lock: whether a call in progress has not reached the queue yet (unknown: assume one has)."""
+        return self._calls_in_progress is None or self._calls_in_progress() > self._num_callers
+
+    def _run(self) -> None:
+        while (batch := self._take_batch()) is not None:
+            if not batch:
+                continue  # every text that filled the wait was dropped meanwhile
+            try:
+                outcome = self._encode_isolating([item.text for item in batch])
+            except BaseException as exc:  # noqa: BLE001 - e.g. KeyboardInterrupt: no caller may wait forever
+                outcome = [exc] * len(batch)
+            self._settle(batch, outcome)
+
+    def _settle(self, batch: list[_Item], outcome: torch.Tensor | list) -> None:
+        """Give each item its outcome; the vectors reach the first level (``on_computed``) while their keys are
+        still in flight, and the keys leave the flight with their items done, under one lock."""
+        stored: torch.Tensor | None = None
+        if isinstance(outcome, torch.Tensor):
+            for row, item in enumerate(batch):
+                item.vectors, item.row = outcome, row
+            stored_keys, stored = [item.key for item in batch], outcome
+        else:
+            rows = []
+            for item, result in zip(batch, outcome):
+                if isinstance(result, BaseException):
+                    item.error = result
+                else:
+                    item.vectors = result.unsqueeze(0)
+                    rows.append(item.vectors)
+            stored_keys = [item.key for item in batch if item.error is None]
+            stored = torch.cat(rows) if rows else None
+        if self._on_computed is not None and stored is not None:
+            try:
+                self._on_computed(stored_keys, stored)
+            except Exception:  # noqa: BLE001 - a level that fails to store is a later miss, never a lost answer
+                log.exception("storing %d computed vectors in the first level failed", len(stored_keys))
+        with self._done:
+            for item in batch:
+                item.done = True
+                self._in_flight.pop(item.key, None)
+            self._done.notify_all()
+
+    def _encode_isolating(self, texts: list[str]) -> torch.Tensor | list:
+        """The batch's vectors (one tensor), or when encoding failed, a vector or an exception per text. A
+        failed batch is split in halves and each half encoded again, so a text the model cannot take (or a
+        batch too big for memory) fails only the texts that fail alone, not every request that happened to
+        share its batch.
+
+        Two failures are not split: a remote model's own failure (``UpstreamError`` that is not ``per_text``:
+        down, timed out, garbled), where halving would only send a failing server more calls; and a remote
+        model's partial answer (``PartialEncodeError``), whose texts already carry their own outcome."""
+        try:
+            return self._encode(texts)
+        except PartialEncodeError as exc:
+            return self._isolate_failed(texts, exc.outcome)
+        except Exception as exc:  # noqa: BLE001 - converted, then handed to the waiting callers
+            if len(texts) == 1 or not _is_per_text(exc):
+                return [_as_compute_error(exc)] * len(texts)
+        middle = len(texts) // 2
+        return _per_text(self._encode_isolating(texts[:middle])) + _per_text(self._encode_isolating(texts[middle:]))
+
+    def _isolate_failed(self, texts: list[str], outcome: list) -> list:
+        """Keep a partial answer's vectors and errors; encode again, isolating, the texts of failed upstream
+        requests that may have failed because of one of their texts (always fewer than ``texts``)."""
+        outcome = [_as_compute_error(result) if isinstance(result, Exception) else result for result in outcome]
+        again = [i for i, result in enumerate(outcome) if isinstance(result, Exception) and _is_per_text(result)]
+        if 1 < len(again) < len(texts):
+            for i, result in zip(again, _per_text(self._encode_isolating([texts[i] for i in again]))):
+                outcome[i] = result
+        return outcome
+
+    def close(self) -> None:
+        """Finish what is pending, then stop the worker."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        self._worker.join(timeout=60)
+
+
+def _per_text(outcome: torch.Tensor | list) -> list:
+    """A batch outcome as a vector or an exception per text."""
+    return list(outcome) if isinstance(outcome, torch.Tensor) else outcome
+
+
+def _gather(items: list[_Item]) -> torch.Tensor:
+    """The items' vectors stacked in order: one ``index_select`` per batch they came from."""
+    sources: dict[int, tuple[torch.Tensor, list[int], list[int]]] = {}
+    for position, item in enumerate(items):
+        assert item.vectors is not None  # done without an error
+        source = sources.setdefault(id(item.vectors), (item.vectors, [], []))
+        source[1].append(position)
+        source[2].append(item.row)
+    if len(sources) == 1:
+        vectors, _, rows = next(iter(sources.values()))
+        return vectors.index_select(0, torch.tensor(rows, device=vectors.device))
+    first = next(iter(sources.values()))[0]
+    dtype = first.dtype
+    for vectors, _, _ in sources.values():
+        dtype = torch.promote_types(dtype, vectors.dtype)
+    gathered = torch.empty((len(items), first.shape[1]), dtype=dtype, device=first.device)
+    for vectors, positions, rows in sources.values():
+        gathered[torch.tensor(positions, device=first.device)] = vectors.index_select(
+            0, torch.tensor(rows, device=vectors.device)).to(gathered.device, dtype)
+    return gathered
+
+
+def _is_per_text(exc: Exception) -> bool:
+    """Whether a failure may be caused by one text of the batch (so splitting the batch can isolate it)."""
+    return not isinstance(exc, UpstreamError) or exc.per_text
+
+
+def _as_compute_error(exc: Exception) -> RagCacheError:
+    """The model's failure in the ragcache tree (library errors, e.g. a refused input, pass unchanged)."""
+    if isinstance(exc, RagCacheError):
+        return exc
+    if isinstance(exc, torch.OutOfMemoryError):
+        error: RagCacheError = ModelOutOfMemoryError(
+            f"the model ran out of memory on this text ({exc}); retry, or send fewer or shorter texts"
+        )
+    else:
+        error = ComputeError(f"the model failed on this text: {type(exc).__name__}: {exc}")
+    error.__cause__ = exc
+    return error

@@ -1,0 +1,180 @@
+"""Cache keys: an embedding space plus a hash of the exact text.
+
+A key names one vector exactly. The *space* holds everything that can change the output vector (model,
+revision, dtype, dimension, normalisation, max sequence length, prompt, explicit text normalisation) and
+nothing that cannot; the *text hash* is xxh3-128 of the exact UTF-8 bytes. The key is
+``rc:<space_id>:<text_hash>``, the same in every process and on every machine.
+"""
+
+from __future__ import annotations
+
+import json
+import unicodedata
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, fields
+
+import numpy as np
+import xxhash
+
+from ragcache.errors import InvalidInputError, InvalidTextError
+
+__all__ = ["DTYPES", "EmbeddingSpace", "Generation", "KeyList", "key_digests", "text_hash", "text_hashes"]
+
+KEY_PREFIX = "rc"
+DTYPES = ("float32", "float16", "bfloat16")
+TEXT_NORMALIZATIONS = (None, "NFC", "NFKC")
+# Fields added after space ids were in use: absent from the description when unset, so ids stay the same.
+_OMITTED_WHEN_NONE = ("namespace", "provider", "endpoint", "prompt_name", "backend")
+
+
+@dataclass(frozen=True)
+class EmbeddingSpace:
+    """Everything that determines the vector a text maps to."""
+
+    model: str
+    revision: str
+    dtype: str
+    dim: int
+    normalize: bool
+    max_seq_length: int
+    prompt: str | None = None
+    # Explicit, opt-in text normalisation (Unicode NFC/NFKC). Never applied silently: it changes the key.
+    text_normalization: str | None = None
+    # A tenant's own cache namespace (services' tenant_cache_namespaces): the same vectors under other keys,
+    # so one tenant's entries never serve another. Left out of the description when None, so that adding
+    # it changed no existing space id.
+    namespace: str | None = None
+    # The model's generation under this description: bumped when the drift check (ragcache.models.drift) finds
+    # that the model behind the same name and revision now computes other vectors, so keys of the old model
+    # are never looked up again. Left out of the description when 0, so no existing space id changed.
+    generation: int = 0
+    # A remote model (ragcache.models.remote): the provider kind ("openai", "tei", "ollama"), the endpoint's
+    # identity (scheme://host:port/path of its base URL, never credentials; or a name the operator gives two
+    # deployments that serve one model), and TEI's server-side prompt name. ``model`` is then the upstream's
+    # model id. Left out of the description when None, like ``namespace``: local space ids did not change.
+    provider: str | None = None
+    endpoint: str | None = None
+    prompt_name: str | None = None
+    # A local model run by another engine than torch (ragcache.models.onnx: "onnx", "onnx-int8"): its bits
+    # differ from torch's, so it is a space of its own. Left out when None: torch's space ids did not change.
+    backend: str | None = None
+    space_id: str = field(init=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise InvalidInputError(f"dtype must be one of {DTYPES}, got {self.dtype!r}", field="dtype")
+        if self.dim <= 0 or self.max_seq_length <= 0:
+            raise InvalidInputError("dim and max_seq_length must be positive", field="dim")
+        if self.generation < 0:
+            raise InvalidInputError("generation must be 0 or more", field="generation")
+        if self.text_normalization not in TEXT_NORMALIZATIONS:
+            raise InvalidInputError(
+                f"text_normalization must be one of {TEXT_NORMALIZATIONS}", field="text_normalization"
+            )
+        object.__setattr__(self, "space_id", xxhash.xxh3_64_hexdigest(self.canonical().encode()))
+
+    def canonical(self) -> str:
+        """The canonical description the space id is hashed from (sorted JSON, no space id)."""
+        description = {f.name: getattr(self, f.name) for f in fields(self) if f.init}
+        for name in _OMITTED_WHEN_NONE:
+            if description[name] is None:
+                del description[name]
+        if self.generation == 0:
+            del description["generation"]
+        return json.dumps(description, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+
+    def describe(self) -> dict:
+        """The space as a plain dict, space id included, for stats and /info."""
+        return {"space_id": self.space_id, **json.loads(self.canonical())}
+
+    def prepare(self, texts: Sequence[str]) -> list[str]:
+        """Apply the space's explicit text normalisation (the identity when there is none)."""
+        if self.text_normalization is None:
+            return list(texts)
+        return [unicodedata.normalize(self.text_normalization, text) for text in texts]  # type: ignore[arg-type]
+
+    def keys(self, texts: Sequence[str]) -> KeyList:
+        """One key per text, in order. Texts must already be ``prepare``d."""
+        prefix = f"{KEY_PREFIX}:{self.space_id}:"
+        return KeyList([prefix + digest for digest in text_hashes(texts)])
+
+
+class KeyList(list):
+    """A request's keys (strings, as the shared levels store them), with their L1 digests made at most once.
+
+    The walk hands the same keys to every level and to the model batcher; L1 identifies a key by a digest of
+    it (``ragcache.tiers.lru_index``). Made once per request and carried through the walk (``take`` keeps the
+    rows of a subset), a key is hashed once however many times L1 is asked about it (probe, lookup, peek, store).
+    """
+
+    __slots__ = ("_digests",)
+
+    def __init__(self, keys: Iterable[str] = (), digests: np.ndarray | None = None):
+        super().__init__(keys)
+        self._digests = digests
+
+    def digests(self) -> np.ndarray:
+        """``[n, 2]`` uint64: the keys' xxh3-128 digests (``key_digests``), computed on first use."""
+        if self._digests is None:
+            self._digests = _digests_of(self)
+        return self._digests
+
+    def take(self, positions: Sequence[int] | np.ndarray) -> KeyList:
+        """The keys at ``positions``, in that order, with their digests if they were made."""
+        index = positions.tolist() if isinstance(positions, np.ndarray) else positions
+        digests = None if self._digests is None else self._digests[np.asarray(index, dtype=np.intp)]
+        return KeyList([self[i] for i in index], digests)
+
+
+def key_digests(keys: Sequence[str]) -> np.ndarray:
+    """The xxh3-128 digests of ``keys`` as an ``[n, 2]`` uint64 array (two words; L1 probes from the second).
+    A ``KeyList`` keeps its own, made once."""
+    return keys.digests() if isinstance(keys, KeyList) else _digests_of(keys)
+
+
+def _digests_of(keys: Sequence[str]) -> np.ndarray:
+    digest = xxhash.xxh3_128_digest
+    joined = b"".join([digest(key.encode("utf-8", "surrogatepass")) for key in keys])
+    # Native byte order, no copy: which word is "high" does not matter as long as it is always the same.
+    return np.frombuffer(joined, dtype=np.uint64).reshape(len(keys), 2)
+
+
+class Generation:
+    """The generation a model's caches embed under (``ragcache.models.drift``); one object shared by every cache of
+    the model, so one assignment moves them all. An int assignment is atomic: no lock is needed to read it."""
+
+    def __init__(self, value: int = 0):
+        self.value = value
+
+    def __repr__(self) -> str:
+        return f"Generation({self.value})"
+
+
+def text_hash(text: str) -> str:
+    """xxh3-128 of the exact UTF-8 bytes of ``text``, as 32 hex characters."""
+    return text_hashes([text])[0]
+
+
+def text_hashes(texts: Sequence[str]) -> list[str]:
+    """Hash many texts; raises ``InvalidInputError`` naming the first item that is not a usable string."""
+    digest = xxhash.xxh3_128_hexdigest
+    try:
+        # The fast path: one comprehension, no per-item checks (the common case is all valid).
+        return [digest(text.encode("utf-8")) for text in texts]
+    except (AttributeError, UnicodeEncodeError):
+        pass
+    for index, text in enumerate(texts):
+        if not isinstance(text, str):
+            raise InvalidInputError(
+                f"item {index} is {type(text).__name__}, expected a string", field=f"inputs[{index}]"
+            )
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise InvalidTextError(
+                f"item {index} is not valid Unicode: {exc.reason} at character {exc.start} "
+                f"({text[exc.start]!r}); lone surrogates cannot be encoded as UTF-8",
+                index=index,
+                field=f"inputs[{index}]",
+            ) from exc
+    raise AssertionError("unreachable: a failing item must have been found")

@@ -1,0 +1,198 @@
+"""The levels of one cache, fastest first: each one's breaker, counters and writer, and the walk's two moves on
+them, a lookup (counted; a level that fails is a miss) and a write-up (the first levels at once, the others behind).
+
+``EmbeddingCache`` decides what to ask for; ``Levels`` only asks and stores. Levels are named by role, not by
+position: ``shared`` is the first level every process of a fleet sees (Redis), where single flight across
+processes publishes vectors and waits for them.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
+
+import torch
+
+from ragcache.core.health import TierHealth
+from ragcache.core.stats import LatencyHistogram, LevelRecorder, LevelStats
+from ragcache.core.tier import Tier, TierHits
+from ragcache.core.writeback import WriteBehind
+from ragcache.errors import TierUnavailableError
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Tracer
+
+__all__ = ["Levels"]
+
+log = logging.getLogger(__name__)
+
+# What a level may report of itself in ``states`` (attributes of the tier, when it has them).
+_TIER_FIGURES = ("num_corrupt", "used_bytes", "capacity_bytes")
+
+
+class Levels:
+    """``tiers`` in order, with a ``TierHealth`` (the breaker), a ``LevelRecorder`` and, below the first, a
+    write-behind worker each (``write_behind=False``: every write at once). ``write_linger_s`` maps a level's
+    position to how long its writer gathers writes into one call (absent: 0)."""
+
+    def __init__(
+        self,
+        tiers: Sequence[Tier],
+        *,
+        dim: int,
+        dtype: torch.dtype,
+        write_behind: bool = True,
+        write_linger_s: Mapping[int, float] | None = None,
+        window_s: float = 300.0,
+        clock: Callable[[], float] = time.perf_counter,
+        tracer: Tracer | None = None,
+    ):
+        self.tiers = list(tiers)
+        self.names = tuple(tier.name for tier in self.tiers)
+        self._dim, self._dtype = dim, dtype
+        self._health = [TierHealth() for _ in self.tiers]
+        self._recorders = [LevelRecorder(tier.name, window_s=window_s) for tier in self.tiers]
+        self._clock = clock
+        self._tracer = tracer  # None: no spans, no tracing work (ragcache.observe.tracing)
+        # One writer per level below the first, so that a slow level never holds back another's writes.
+        lingers = write_linger_s or {}
+        self._writers = {
+            position: WriteBehind(self.store, linger_s=lingers.get(position, 0.0)) for position in range(1, len(self.tiers))
+        } if write_behind else {}
+
+    def __len__(self) -> int:
+        return len(self.tiers)
+
+    @property
+    def first(self) -> Tier:
+        """The first level (L1): the batcher stores computed vectors there and looks there once more."""
+        return self.tiers[0]
+
+    @property
+    def shared(self) -> int | None:
+        """Position of the first level below L1 that every process sees (a tier with ``shared = True``: Redis)."""
+        return next((position for position, tier in enumerate(self.tiers) if position and getattr(tier, "shared", False)), None)
+
+    # ---- lookups -------------------------------------------------------------------------------------------
+
+    def lookup(self, position: int, keys: Sequence[str]) -> TierHits:
+        """Level ``position``'s hits for ``keys``, counted; a level that is down or fails is a miss."""
+        if self._tracer is None:
+            return self._lookup(position, keys)
+        attributes: dict[str, str | int] = {"ragcache.level": self.names[position], "ragcache.num_keys": len(keys)}
+        with self._tracer.start_as_current_span("ragcache.lookup", attributes=attributes) as current:
+            hits = self._lookup(position, keys)
+            current.set_attributes({"ragcache.num_hits": len(hits.index), "ragcache.level_down": self._health[position].is_down})
+            return hits
+
+    def _lookup(self, position: int, keys: Sequence[str]) -> TierHits:
+        recorder = self._recorders[position]
+        if not self._health[position].should_try():
+            recorder.record(hits=0, misses=len(keys), errors=len(keys))
+            return self.none()
+        started = self._clock()
+        try:
+            hits = self.tiers[position].get_many(keys)
+        except TierUnavailableError as exc:
+            self._note_failure(position, exc)
+            recorder.record(hits=0, misses=len(keys), errors=len(keys), latency_s=self._clock() - started)
+            return self.none()
+        self._note_success(position)
+        recorder.record(hits=len(hits.index), misses=len(keys) - len(hits.index), latency_s=self._clock() - started)
+        return hits
+
+    def peek(self, position: int, keys: Sequence[str]) -> TierHits:
+        """Level ``position``'s hits, uncounted (the walk counted the miss already); a failure is a miss."""
+        if not self._health[position].should_try():
+            return self.none()
+        try:
+            return self.tiers[position].get_many(keys)
+        except TierUnavailableError as exc:
+            self._note_failure(position, exc)
+            return self.none()
+
+    def record(self, position: int, *, hits: int, misses: int, latency_s: float, traced: bool = True) -> None:
+        """Count a lookup made outside ``lookup`` (the resident probe's, on the event loop), with its span
+        unless ``traced`` is False (an all-resident answer, whose own span says so)."""
+        self._recorders[position].record(hits=hits, misses=misses, latency_s=latency_s)
+        if traced and self._tracer is not None:
+            attributes: dict[str, str | int | bool] = {
+                "ragcache.level": self.names[position], "ragcache.num_keys": hits + misses, "ragcache.num_hits": hits,
+                "ragcache.level_down": self._health[position].is_down, "ragcache.resident_probe": True}
+            started_ns = time.time_ns() - int(latency_s * 1e9)
+            self._tracer.start_span("ragcache.lookup", attributes=attributes, start_time=started_ns).end()
+
+    def none(self) -> TierHits:
+        return TierHits.none(self._dim, self._dtype)
+
+    # ---- writes --------------------------------------------------------------------------------------------
+
+    def write_up(self, below: int, keys: Sequence[str], vectors: torch.Tensor, *, num_sync: int = 1, first: int = 0) -> None:
+        """Store vectors found at level ``below`` (or computed: ``below == len(self)``) in every level above it from
+        ``first``; the first ``num_sync`` levels before returning, the others behind."""
+        for position in range(first, below):
+            if position < num_sync or position not in self._writers:
+                self.store(position, keys, vectors)
+            else:
+                self._writers[position].submit(position, keys, vectors)
+
+    def store(self, position: int, keys: Sequence[str], vectors: torch.Tensor) -> None:
+        """Write to level ``position`` now; a level that is down is skipped, one that fails is noted down."""
+        if not self._health[position].should_try():
+            return
+        try:
+            self.tiers[position].put_many(keys, vectors)
+        except TierUnavailableError as exc:
+            self._note_failure(position, exc)
+        else:
+            self._note_success(position)
+
+    def _note_failure(self, position: int, exc: TierUnavailableError) -> None:
+        if self._health[position].record_failure(exc):
+            log.warning("%s is down, serving without it and retrying with back-off: %s", self.names[position], exc)
+
+    def _note_success(self, position: int) -> None:
+        if self._health[position].record_success():
+            log.warning("%s is back", self.names[position])
+
+    # ---- state ---------------------------------------------------------------------------------------------
+
+    def states(self) -> dict[str, dict]:
+        """Per level: up or down, the last error while down, outages so far, and the figures the level keeps
+        of itself (``num_corrupt`` values dropped; ``used_bytes`` against ``capacity_bytes`` for L1)."""
+        return {
+            tier.name: {
+                "up": not health.is_down,
+                "last_error": health.last_error if health.is_down else None,
+                "num_outages": health.num_outages,
+                "num_failures": health.num_failures,  # failed tries in the current outage (probes, not skips)
+                "down_for_s": health.down_for_s(),
+                **{name: getattr(tier, name) for name in _TIER_FIGURES if hasattr(tier, name)},
+            }
+            for tier, health in zip(self.tiers, self._health)
+        }
+
+    def snapshots(self, *, recent: bool) -> tuple[LevelStats, ...]:
+        return tuple(recorder.snapshot(recent=recent) for recorder in self._recorders)
+
+    def histograms(self) -> dict[str, LatencyHistogram]:
+        return {recorder.level: recorder.histogram() for recorder in self._recorders}
+
+    @property
+    def pending_writes(self) -> int:
+        """Writes accepted for the lower levels and not yet stored: the write-behind's backlog."""
+        return sum(writer.num_pending for writer in self._writers.values())
+
+    def flush(self) -> None:
+        """Wait until every write queued for the lower levels has been stored."""
+        for writer in self._writers.values():
+            writer.flush()
+
+    def close(self) -> None:
+        """Store what is queued, then close every level."""
+        for writer in self._writers.values():
+            writer.close()
+        for tier in self.tiers:
+            tier.close()

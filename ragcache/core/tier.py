@@ -1,0 +1,46 @@
+"""The one small interface every cache level implements (its breaker is ``ragcache.core.health``).
+
+Levels are batched only: ``get_many`` answers a whole batch of keys in one operation (one slab gather, one
+Redis round trip, one Milvus query) and ``put_many`` stores a whole batch. Hits come back as positions plus
+one stacked tensor rather than a list with ``None`` per key, so no per-key objects are built on the hot path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import torch
+
+__all__ = ["Tier", "TierHits"]
+
+
+@dataclass(frozen=True)
+class TierHits:
+    """The keys a level found: ``vectors[i]`` is the vector of ``keys[index[i]]``, ``index`` ascending.
+    Misses are absent."""
+
+    index: list[int]
+    vectors: torch.Tensor
+
+    @classmethod
+    def none(cls, dim: int, dtype: torch.dtype) -> TierHits:
+        return cls(index=[], vectors=torch.empty((0, dim), dtype=dtype))
+
+
+@runtime_checkable
+class Tier(Protocol):
+    """A cache level. Remote levels raise ``TierUnavailableError`` when they fail; the cache makes it a miss.
+
+    A level every process of a fleet sees (Redis, a Milvus server) says so with ``shared = True``: the first
+    such level below L1 is where single flight across processes publishes vectors (``ragcache.core.levels``).
+    """
+
+    name: str
+
+    def get_many(self, keys: Sequence[str]) -> TierHits: ...
+
+    def put_many(self, keys: Sequence[str], vectors: torch.Tensor) -> None: ...
+
+    def close(self) -> None: ...

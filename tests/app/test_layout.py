@@ -1,0 +1,92 @@
+"""The layout's promises, checked on the source: the library never imports the HTTP layer or the benchmarks, and the
+wheel holds only this project's own top-level packages."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+# The HTTP layer and the benchmarks sit above the library; the library must work without them installed.
+ABOVE_THE_LIBRARY = ("fastapi", "starlette", "uvicorn", "ragcache_server", "ragcache_bench", "ragcache_testing")
+# The command line is the shell over everything: it starts the server (uvicorn) and finds the benchmarks when installed.
+SHELL = {"ragcache/app/cli.py"}
+
+
+def imported_modules(path: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+    return names
+
+
+def test_the_library_never_imports_the_http_layer_or_the_benchmarks():
+    offenders = []
+    for path in sorted((ROOT / "ragcache").rglob("*.py")):
+        relative = path.relative_to(ROOT).as_posix()
+        if relative in SHELL:
+            continue
+        for name in imported_modules(path):
+            if name.split(".")[0] in ABOVE_THE_LIBRARY:
+                offenders.append(f"{relative}: {name}")
+    assert offenders == []
+
+
+def test_the_library_holds_no_benchmark_code():
+    assert not (ROOT / "ragcache" / "bench").exists()
+    assert (ROOT / "benchmarks" / "ragcache_bench" / "__init__.py").exists()
+
+
+def test_the_wheel_installs_only_this_projects_own_top_level_packages():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    included = project["tool"]["setuptools"]["packages"]["find"]["include"]
+    assert included == ["ragcache*", "ragcache_server*"]
+    top_level = {path.parent.name for path in ROOT.glob("*/__init__.py")}
+    assert top_level - {"tests"} == {"ragcache", "ragcache_server"}
+
+
+# The rooms of ragcache/, lowest first: a module may import only its own room and the rooms before it, so calls
+# flow one way (the cache never calls up into retrieval, a level never into the facade). Lazy imports count too.
+ROOMS_LOWEST_FIRST = (
+    "errors", "observe", "settings", "config_files", "storage", "core", "outbound", "tiers", "models",
+    "retrieval", "rerank", "prefixes", "build", "ray", "client", "integrations", "__init__", "app",
+)
+# The package root: the public __init__, the error tree, the settings and the assembly from settings (build).
+ROOT_MODULES = {"__init__.py", "errors.py", "settings.py", "config_files.py", "build.py"}
+
+
+def room_of(module: str) -> str | None:
+    parts = module.split(".")
+    if parts[0] != "ragcache":
+        return None
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def test_every_import_goes_to_the_same_room_or_a_lower_one():
+    rank = {room: position for position, room in enumerate(ROOMS_LOWEST_FIRST)}
+    upward = []
+    for path in sorted((ROOT / "ragcache").rglob("*.py")):
+        own = room_of(".".join(path.relative_to(ROOT).with_suffix("").parts))
+        assert own in rank, f"{path}: a room not in ROOMS_LOWEST_FIRST"
+        for name in imported_modules(path):
+            target = room_of(name)
+            if target is not None and rank[target] > rank[own]:
+                upward.append(f"{path.relative_to(ROOT)} ({own}) imports {name} ({target})")
+    assert upward == []
+
+
+def test_the_package_root_holds_only_the_entry_points():
+    assert {path.name for path in (ROOT / "ragcache").glob("*.py")} <= ROOT_MODULES
+
+
+def test_the_http_client_imports_neither_torch_nor_milvus():
+    # Apps that only talk to the service over HTTP import ragcache.client; it must stay light.
+    check = "import sys, ragcache.client; print(sorted({'torch', 'pymilvus', 'fastapi'} & set(sys.modules)))"
+    loaded = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, check=True).stdout.strip()
+    assert loaded == "[]"
