@@ -20,8 +20,8 @@ from pathlib import Path
 import httpx
 from playwright.sync_api import sync_playwright
 
-from ragcache.processes import free_port
 from ragcache.settings import Settings
+from ragcache.storage.processes import free_port
 from tests.live_server import LiveServer
 
 KEY = "screenshot-admin-key-0123"
