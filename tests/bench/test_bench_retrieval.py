@@ -14,11 +14,15 @@ from ragcache.retrieval.results import SearchHit
 from ragcache_bench.faq import PERLFAQ_DIR, PYTHON_FAQ_DIR, parse_pod, parse_rst, perlfaq, python_faq
 from ragcache_bench.retrieval import (
     Scores,
+    Split,
     bootstrap_ci,
+    evaluate_split,
     headword_idf_ranking,
     paired_difference,
     split_halves,
+    splits_difference,
     tune_fusion,
+    tuned_hybrid,
     winning_mode,
 )
 from ragcache_bench.wordnet import WORDNET_DIR, build_retrieval_set
@@ -143,16 +147,6 @@ def test_paired_difference_is_the_mean_of_per_query_differences():
     assert 0 <= low <= mean <= high <= 0.5
 
 
-def test_dense_stays_the_winner_unless_another_mode_beats_it_with_its_whole_interval():
-    dense = [0.5, 0.6, 0.7, 0.4] * 25
-    assert winning_mode({"dense": dense, "keyword": [v - 0.2 for v in dense], "hybrid": dense}) == "dense"
-    noisy = [v + (0.3 if n % 2 else -0.29) for n, v in enumerate(dense)]  # a mean just above dense, interval across 0
-    assert winning_mode({"dense": dense, "keyword": dense, "hybrid": noisy}) == "dense"
-    better = [v + 0.1 for v in dense]
-    assert winning_mode({"dense": dense, "keyword": dense, "hybrid": better}) == "hybrid"
-    assert winning_mode({"dense": dense, "keyword": [v + 0.05 for v in dense], "hybrid": better}) == "hybrid"
-
-
 def test_halves_are_disjoint_seeded_and_cover_every_query():
     queries = [(f"q{n}", f"d{n}") for n in range(11)]
     tune, report = split_halves(queries, seed=3)
@@ -172,6 +166,51 @@ def test_fusion_tuning_picks_the_weight_that_ranks_the_relevant_documents_first(
     assert tuned["weighted"]["ndcg_by_dense_weight"][0.0] == pytest.approx(1.0)
     assert tuned["weighted"]["ndcg_by_dense_weight"][1.0] == pytest.approx(1 / math.log2(5))
     assert tuned["rrf"]["ndcg_by_rrf_k"][tuned["rrf"]["rrf_k"]] == max(tuned["rrf"]["ndcg_by_rrf_k"].values())
+
+
+def _split(seed: int, report: list[int], dense: list[float], keyword: list[float], hybrid: list[float]) -> Split:
+    return Split(seed, {}, "hybrid", tuple(report), {"dense": dense, "keyword": keyword, "hybrid": hybrid})
+
+
+def test_splits_difference_is_the_mean_over_splits_of_each_report_halfs_paired_difference():
+    first = _split(0, [0, 1, 2, 3], [0.5] * 4, [0.5] * 4, [0.6, 0.6, 0.7, 0.7])  # hybrid +0.15 (+0.1 or +0.2 a query)
+    second = _split(1, [4, 5, 6, 7], [0.5] * 4, [0.4] * 4, [0.55] * 4)  # hybrid +0.05
+    mean, low, high = splits_difference([first, second], "hybrid", 8, seed=0)
+    assert mean == pytest.approx(0.10)
+    assert 0.075 <= low < mean < high <= 0.125  # only the first split's queries vary: (0.1 .. 0.2 + 0.05) / 2
+    # Keyword: 0 on the first split's queries and -0.1 on every one of the second's, whichever queries are drawn.
+    assert splits_difference([first, second], "keyword", 8, seed=0) == pytest.approx((-0.05, -0.05, -0.05))
+    same = _split(0, list(range(8)), [0.5] * 8, [0.5] * 8, [0.6] * 8)
+    assert splits_difference([same, same], "hybrid", 8, seed=0) == pytest.approx((0.1, 0.1, 0.1))
+
+
+def test_dense_stays_the_winner_unless_another_mode_beats_it_over_the_splits():
+    dense = [0.5, 0.6, 0.7, 0.4] * 25
+    def splits(keyword, hybrid):  # two halvings of 200 queries, the same scores on each
+        return [_split(seed, list(range(seed * 100, seed * 100 + 100)), dense, keyword, hybrid) for seed in (0, 1)]
+    assert winning_mode(splits([v - 0.2 for v in dense], dense), 200) == "dense"
+    noisy = [v + (0.3 if n % 2 else -0.29) for n, v in enumerate(dense)]  # a mean just above dense, interval across 0
+    assert winning_mode(splits(dense, noisy), 200) == "dense"
+    better = [v + 0.1 for v in dense]
+    assert winning_mode(splits(dense, better), 200) == "hybrid"
+    assert winning_mode(splits([v + 0.05 for v in dense], better), 200) == "hybrid"
+    # One split's clear win does not carry a second split where hybrid loses as much.
+    mixed = [_split(0, list(range(100)), dense, dense, better), _split(1, list(range(100, 200)), dense, dense, [v - 0.1 for v in dense])]
+    assert winning_mode(mixed, 200) == "dense"
+
+
+def test_a_split_tunes_on_one_half_and_scores_every_mode_on_the_other():
+    # Keyword puts the relevant document first and dense puts it fourth: tuning leans on keyword.
+    first = [(_hits("a", "b", "c", f"r{n}"), _hits(f"r{n}", "a"), f"r{n}") for n in range(6)]
+    second = [(_hits(f"s{n}", "a"), _hits("a", f"s{n}"), f"s{n}") for n in range(4)]
+    split = evaluate_split([first, second], seed=2)
+    tune, report = split_halves(range(6), seed=2)
+    assert sorted(split.report) == sorted(report + [6 + n for n in split_halves(range(4), seed=2)[1]])
+    assert len(split.report) == 3 + 2
+    scores = dict(zip(split.report, zip(split.ndcg["dense"], split.ndcg["keyword"], split.ndcg["hybrid"], strict=True), strict=True))
+    assert scores[report[0]] == pytest.approx((1 / math.log2(5), 1.0, 1.0))
+    assert scores[split.report[-1]][0] == 1.0 and scores[split.report[-1]][1] == pytest.approx(1 / math.log2(3))
+    assert split.hybrid_name == tuned_hybrid(split.tuning)[0]
 
 
 def test_headword_idf_ranks_documents_whose_headwords_the_query_names():
