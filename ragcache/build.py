@@ -26,32 +26,32 @@ __all__ = ["build_cache", "drift_monitor", "open_cache", "load_encoder", "load_r
 
 
 def load_encoder(settings: Settings, model: str | None = None) -> ModelEncoder:
-    """The local model ``model`` (default: ``settings.model``) on its backend (``model_backend(s)``)."""
-    name = model or settings.model
-    revision = settings.model_revision if model in (None, settings.model) else None
-    backend = settings.model_backends.get(name, settings.model_backend)
+    """The local model ``model`` (default: ``settings.space.model``) on its backend (``model_backend(s)``)."""
+    name = model or settings.space.model
+    revision = settings.space.model_revision if model in (None, settings.space.model) else None
+    backend = settings.space.model_backends.get(name, settings.space.model_backend)
     # What every local backend takes alike; the backend adds only what is its own.
     shared: dict[str, Any] = dict(
         revision=revision,
-        dtype=settings.dtype,
-        normalize=settings.normalize,
-        max_seq_length=settings.max_seq_length,
-        prompt=settings.prompt,
-        text_normalization=settings.text_normalization,
-        batch_size=settings.compute_batch_size,
+        dtype=settings.space.dtype,
+        normalize=settings.space.normalize,
+        max_seq_length=settings.space.max_seq_length,
+        prompt=settings.space.prompt,
+        text_normalization=settings.space.text_normalization,
+        batch_size=settings.compute.compute_batch_size,
     )
     if backend != "torch":
         from ragcache.models.onnx import OnnxEncoder  # onnxruntime is imported only when asked for
 
-        return OnnxEncoder(name, backend=backend, cache_dir=settings.data_dir / "onnx", **shared)
-    return ModelEncoder(name, device=settings.device, **shared)
+        return OnnxEncoder(name, backend=backend, cache_dir=settings.levels.data_dir / "onnx", **shared)
+    return ModelEncoder(name, device=settings.space.device, **shared)
 
 
 def load_remote_encoders(settings: Settings, environ: Mapping[str, str] | None = None) -> list[RemoteEncoder]:
     """An encoder per configured remote model (``models_json``, ``models_file``), keys read from ``environ``
     (the process environment by default): the start-up, where names of variables become their values."""
-    models = load_models(settings.models_json, settings.models_file)
-    if settings.tenant_cache_namespaces and any(model.pass_through_auth for model in models):
+    models = load_models(settings.space.models_json, settings.space.models_file)
+    if settings.access.tenant_cache_namespaces and any(model.pass_through_auth for model in models):
         # A tenant's cache wraps the model's encoder; a caller's key would not reach it (docs/providers.md).
         raise ConfigError("pass_through_auth cannot be combined with RAGCACHE_TENANT_CACHE_NAMESPACES")
     environ = os.environ if environ is None else environ
@@ -81,35 +81,35 @@ def build_cache(
     ``generation``: the model's drift generation, shared with its other caches (``drift_monitor``)."""
     space = encoder.space
     dtype = TORCH_DTYPES[space.dtype]
-    tiers: list = [l1 if l1 is not None else MemoryTier(settings.l1_bytes, space.dim, dtype, device=encoder.device)]
+    tiers: list = [l1 if l1 is not None else MemoryTier(settings.levels.l1_bytes, space.dim, dtype, device=encoder.device)]
     if stores.redis is not None:
         tiers.append(
             RedisTier(
                 stores.redis,
                 dim=space.dim,
                 dtype=dtype,
-                ttl_s=settings.redis_ttl_s,
-                refresh_ttl_on_hit=settings.redis_refresh_ttl_on_hit,
+                ttl_s=settings.levels.redis_ttl_s,
+                refresh_ttl_on_hit=settings.levels.redis_refresh_ttl_on_hit,
             )
         )
     if stores.milvus is not None:
         milvus = stores.milvus
         # One collection per space id, the key's: a drift switch moves to another collection, and a late
         # write of the old generation still goes to the old one (ragcache.tiers.spaces).
-        budget = L3Budget(max_rows=settings.l3_max_rows, max_age_s=settings.l3_max_age_s)
+        budget = L3Budget(max_rows=settings.levels.l3_max_rows, max_age_s=settings.levels.l3_max_age_s)
         per_space = lambda space_id: MilvusTier(milvus, space_id=space_id, dim=space.dim, dtype=dtype, budget=budget)  # noqa: E731
         tiers.append(PerSpaceTier(per_space, dim=space.dim, dtype=dtype))
     return EmbeddingCache(
         encoder,
         tiers,
-        write_behind=settings.write_behind,
-        # L3, the last level when there is one, gathers its writes (settings.l3_write_linger_ms); L2 writes at once.
-        write_linger_s={len(tiers) - 1: settings.l3_write_linger_ms / 1000} if stores.milvus is not None else None,
+        write_behind=settings.levels.write_behind,
+        # L3, the last level when there is one, gathers its writes (settings.levels.l3_write_linger_ms); L2 writes at once.
+        write_linger_s={len(tiers) - 1: settings.levels.l3_write_linger_ms / 1000} if stores.milvus is not None else None,
         # A remote model takes as many texts as fill its upstream requests in parallel (max_inputs x concurrency).
-        compute_max_batch=getattr(encoder, "max_batch", settings.compute_batch_size),
-        compute_max_wait_s=settings.compute_max_wait_ms / 1000,
-        compute_max_pending=settings.compute_max_pending,
-        window_s=settings.stats_window_s,
+        compute_max_batch=getattr(encoder, "max_batch", settings.compute.compute_batch_size),
+        compute_max_wait_s=settings.compute.compute_max_wait_ms / 1000,
+        compute_max_pending=settings.compute.compute_max_pending,
+        window_s=settings.service.stats_window_s,
         device=encoder.device,
         on_close=on_close,
         flight=_flight(settings, stores),
@@ -123,37 +123,37 @@ def drift_monitor(settings: Settings, stores: Stores, caches: dict[str, Embeddin
 
     With ``drift_check`` off it checks nothing (every cache stays at the generation it has)."""
     fingerprints = Fingerprints.of(stores.redis, stores.milvus)
-    if not settings.drift_check:
+    if not settings.drift.drift_check:
         return DriftMonitor([])
     guards = [
-        DriftGuard(name, cache.encoder, fingerprints, cache.generation, tolerance=settings.drift_tolerance)
+        DriftGuard(name, cache.encoder, fingerprints, cache.generation, tolerance=settings.drift.drift_tolerance)
         for name, cache in caches.items()
     ]
-    return DriftMonitor(guards, interval_s=settings.drift_check_interval_s)
+    return DriftMonitor(guards, interval_s=settings.drift.drift_check_interval_s)
 
 
 def _flight(settings: Settings, stores: Stores) -> RedisFlight | None:
     """Cross-replica single flight: locks in the same Redis that holds L2 (docs/replicas.md). Not with the
     embedded Redis: it belongs to this one process, so there is no other replica to share work with."""
-    if stores.redis is None or stores.embedded_redis is not None or not settings.single_flight:
+    if stores.redis is None or stores.embedded_redis is not None or not settings.compute.single_flight:
         return None
-    return RedisFlight(stores.redis, ttl_ms=settings.single_flight_ttl_ms, wait_s=settings.single_flight_wait_ms / 1000)  # type: ignore[arg-type]
+    return RedisFlight(stores.redis, ttl_ms=settings.compute.single_flight_ttl_ms, wait_s=settings.compute.single_flight_wait_ms / 1000)  # type: ignore[arg-type]
 
 
 def _default_encoder(settings: Settings) -> ModelEncoder | RemoteEncoder:
-    """``settings.model``: a configured remote model of that name (then no local model is loaded), else local."""
-    models = load_models(settings.models_json, settings.models_file)
-    if any(model.name == settings.model for model in models):
+    """``settings.space.model``: a configured remote model of that name (then no local model is loaded), else local."""
+    models = load_models(settings.space.models_json, settings.space.models_file)
+    if any(model.name == settings.space.model for model in models):
         remote = {encoder.name: encoder for encoder in load_remote_encoders(settings)}
         for name, encoder in remote.items():
-            if name != settings.model:
+            if name != settings.space.model:
                 encoder.close()
-        return remote[settings.model]
+        return remote[settings.space.model]
     return load_encoder(settings)
 
 
 def open_cache(settings: Settings | None = None) -> EmbeddingCache:
-    """A ready cache for the default model (local, or a remote one ``settings.model`` names), owning its
+    """A ready cache for the default model (local, or a remote one ``settings.space.model`` names), owning its
     stores (closed with the cache).
 
     >>> with open_cache(Settings(redis_url="off", milvus_uri="off")) as cache:
@@ -179,7 +179,7 @@ def open_cache(settings: Settings | None = None) -> EmbeddingCache:
         raise
     try:
         # Checked before the first lookup: a model changed since the last run never serves the old vectors.
-        monitor = drift_monitor(settings, stores, {settings.model: cache}).start()
+        monitor = drift_monitor(settings, stores, {settings.space.model: cache}).start()
     except BaseException:
         cache.close()
         raise

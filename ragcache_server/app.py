@@ -33,11 +33,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        retain_freed_memory(settings.malloc_retain_bytes)  # before the model loads: its allocations too
+        retain_freed_memory(settings.service.malloc_retain_bytes)  # before the model loads: its allocations too
         state = await to_thread.run_sync(ServiceState.open, settings)
         app.state.ragcache = state
         app.state.prefixes = state.prefixes
-        app.state.tenant_caches = TenantCaches(state, enabled=settings.tenant_cache_namespaces)
+        app.state.tenant_caches = TenantCaches(state, enabled=settings.access.tenant_cache_namespaces)
         # Rerank score caches count like the models' (their model label names the reranker; a "text" is a pair).
         rerank_caches = [reranker.cache for reranker in state.rerankers.values()]
         app.state.metrics_registry.register(
@@ -70,10 +70,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     for router in routers:
         app.include_router(router, responses=ERROR_RESPONSES)  # type: ignore[arg-type]
     # The last added runs first: keys and rate limits are checked before a body is read (docs/SECURITY.md).
-    app.state.workers = WorkerPool(settings.max_worker_threads)
-    app.add_middleware(LimitsMiddleware, max_body_bytes=settings.max_body_bytes, timeout_s=settings.request_timeout_s,
-                       body_timeout_s=settings.body_timeout_s, untimed_paths=OPEN_PATHS, workers=app.state.workers)
-    limiter = RateLimiter(settings.rate_limit_per_s, settings.rate_limit_burst)
+    app.state.workers = WorkerPool(settings.service.max_worker_threads)
+    app.add_middleware(LimitsMiddleware, max_body_bytes=settings.service.max_body_bytes, timeout_s=settings.service.request_timeout_s,
+                       body_timeout_s=settings.service.body_timeout_s, untimed_paths=OPEN_PATHS, workers=app.state.workers)
+    limiter = RateLimiter(settings.access.rate_limit_per_s, settings.access.rate_limit_burst)
     # From the routers, not the OpenAPI schema: a route left out of the docs (include_in_schema=False) still
     # gets its scope, or admin when unlisted, instead of being open to any key.
     routes = [(method, route.path) for router in routers for route in router.routes for method in route.methods]

@@ -20,9 +20,9 @@ from starlette.responses import Response
 from starlette.routing import compile_path
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from ragcache.config_files import load_file, load_json
 from ragcache.errors import ConfigError
 from ragcache.settings import Settings
+from ragcache.settings.files import load_file, load_json
 from ragcache_server.errors import error_response
 from ragcache_server.limits import RateLimiter
 from ragcache_server.routes_docs import DOCS_PATHS
@@ -116,15 +116,15 @@ class KeyRing:
     def from_settings(cls, settings: Settings) -> KeyRing:
         """``api_key`` (all scopes), then ``api_keys`` (JSON text), then ``api_keys_file`` (JSON or TOML)."""
         keys: list[ApiKey] = []
-        if settings.api_key:
-            if len(settings.api_key) < MIN_KEY_CHARS:
+        if settings.access.api_key:
+            if len(settings.access.api_key) < MIN_KEY_CHARS:
                 raise ConfigError(f"RAGCACHE_API_KEY must be at least {MIN_KEY_CHARS} characters "
-                                  f"(got {len(settings.api_key)}): make one with 'openssl rand -hex 24'")
-            keys.append(ApiKey("api_key", digest(settings.api_key), frozenset(SCOPES)))
-        if settings.api_keys:
-            keys += parse_keys(load_json(settings.api_keys, "RAGCACHE_API_KEYS"), "RAGCACHE_API_KEYS")
-        if settings.api_keys_file:
-            keys += parse_keys(load_file(settings.api_keys_file, "the API key file"), str(settings.api_keys_file))
+                                  f"(got {len(settings.access.api_key)}): make one with 'openssl rand -hex 24'")
+            keys.append(ApiKey("api_key", digest(settings.access.api_key), frozenset(SCOPES)))
+        if settings.access.api_keys:
+            keys += parse_keys(load_json(settings.access.api_keys, "RAGCACHE_API_KEYS"), "RAGCACHE_API_KEYS")
+        if settings.access.api_keys_file:
+            keys += parse_keys(load_file(settings.access.api_keys_file, "the API key file"), str(settings.access.api_keys_file))
         names = [key.name for key in keys]
         if len(set(names)) != len(names):
             raise ConfigError(f"API key names must be unique, got {names}")

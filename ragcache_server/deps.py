@@ -40,7 +40,7 @@ def cache_of(request: Request, model: str | None, prompt_name: str | None = None
 def rerank_namespace(request: Request) -> str | None:
     """The caller's tenant when tenants keep their own cache entries: then its scores are its own too."""
     state = state_of(request)
-    return principal_of(request).tenant if state.settings.tenant_cache_namespaces else None
+    return principal_of(request).tenant if state.settings.access.tenant_cache_namespaces else None
 
 
 def check_count(items: list, field: str, max_batch: int) -> None:

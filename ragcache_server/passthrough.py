@@ -32,7 +32,7 @@ def caller_key_of(request: Request) -> ApiKey | None:
     """The caller's provider key, or None when it sent none; 400 naming the header when malformed."""
     settings = request.app.state.settings
     header, value = UPSTREAM_HEADER, request.headers.get(UPSTREAM_HEADER)
-    has_own_keys = bool(settings.api_key or settings.api_keys or settings.api_keys_file)
+    has_own_keys = bool(settings.access.api_key or settings.access.api_keys or settings.access.api_keys_file)
     if value is None and not has_own_keys:
         header, value = "Authorization", request.headers.get("Authorization")
     if value is None:

@@ -92,9 +92,9 @@ def base64_rows(vectors: np.ndarray) -> list[str]:
 async def embed(body: EmbedRequest, request: Request) -> JSONResponse:
     """A JSON list of vectors, one per input; response headers ``X-Cache-*`` tell which level served them."""
     state = state_of(request)
-    texts = as_batch(body.inputs, "inputs", state.settings.max_batch, state.settings.max_text_bytes)
+    texts = as_batch(body.inputs, "inputs", state.settings.service.max_batch, state.settings.service.max_text_bytes)
     cache = prompted_cache_of(request, body.model, body.prompt_name, body.input_type)
-    truncate = state.settings.truncate if body.truncate is None else body.truncate
+    truncate = state.settings.service.truncate if body.truncate is None else body.truncate
     result = await embed_through_cache(cache, texts, normalize=body.normalize, truncate=truncate, field="inputs",
                                        scope=caller_scope(request, cache))
     return JSONResponse(result.vectors, headers=served_headers(result))
@@ -104,14 +104,14 @@ async def embed(body: EmbedRequest, request: Request) -> JSONResponse:
 async def openai_embeddings(body: OpenAIEmbeddingsRequest, request: Request) -> JSONResponse:
     """OpenAI's response shape; ``encoding_format=base64`` carries raw little-endian float32."""
     state = state_of(request)
-    texts = as_batch(body.input, "input", state.settings.max_batch, state.settings.max_text_bytes)
+    texts = as_batch(body.input, "input", state.settings.service.max_batch, state.settings.service.max_text_bytes)
     cache = prompted_cache_of(request, body.model, body.prompt_name, body.input_type)
     if body.dimensions is not None and body.dimensions != cache.space.dim:
         raise InvalidInputError(
             f"dimensions={body.dimensions} is not available: {cache.space.model} gives {cache.space.dim} dimensions only",
             field="dimensions",
         )
-    result = await embed_through_cache(cache, texts, normalize=False, truncate=state.settings.truncate, field="input",
+    result = await embed_through_cache(cache, texts, normalize=False, truncate=state.settings.service.truncate, field="input",
                                        scope=caller_scope(request, cache))
     token_counts = token_counts_of(request, cache)
     num_tokens = token_counts.known_total(texts)
@@ -144,7 +144,7 @@ def tokenizer_of(cache: EmbeddingCache) -> Tokenizer:
 async def tokenize(body: TokenizeRequest, request: Request) -> JSONResponse:
     """Per input, its tokens: ``{id, text, special, start, stop}`` with character offsets into the input."""
     state = state_of(request)
-    texts = as_batch(body.inputs, "inputs", state.settings.max_batch, state.settings.max_text_bytes)
+    texts = as_batch(body.inputs, "inputs", state.settings.service.max_batch, state.settings.service.max_text_bytes)
     if body.prompt_name is not None:
         raise InvalidInputError("prompt_name is not supported: a prompt is part of the server's embedding space", field="prompt_name")
     tokenizer = tokenizer_of(cache_of(request, body.model))
@@ -157,6 +157,6 @@ async def decode(body: DecodeRequest, request: Request) -> JSONResponse:
     """One text per list of ids (a single list of ids gives a list of one text)."""
     state = state_of(request)
     rows = body.ids if body.ids and isinstance(body.ids[0], list) else [body.ids]
-    check_count(rows, "ids", state.settings.max_batch)
+    check_count(rows, "ids", state.settings.service.max_batch)
     tokenizer = tokenizer_of(cache_of(request, body.model))
     return JSONResponse(await blocking(tokenizer.decode, rows, skip_special_tokens=body.skip_special_tokens))

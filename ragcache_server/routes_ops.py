@@ -140,12 +140,12 @@ def _admin_info(state: ServiceState, models: list[dict]) -> dict:
         "default_model": state.default_model,
         "models": models,
         "settings": {
-            "max_batch": state.settings.max_batch,
-            "truncate": state.settings.truncate,
-            "l1_bytes": state.settings.l1_bytes,
+            "max_batch": state.settings.service.max_batch,
+            "truncate": state.settings.service.truncate,
+            "l1_bytes": state.settings.levels.l1_bytes,
             "redis": "embedded" if state.stores.embedded_redis else ("off" if state.stores.redis is None else "external"),
             # Redacted: a URI may carry a user and password (ragcache.observe.redact).
-            "milvus": redact_url(uri) if (uri := state.settings.resolved_milvus_uri) else "off",
+            "milvus": redact_url(uri) if (uri := state.settings.levels.resolved_milvus_uri) else "off",
         },
         "versions": {
             "ragcache": ragcache.__version__,

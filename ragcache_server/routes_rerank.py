@@ -34,12 +34,12 @@ async def rerank(body: RerankRequest, request: Request) -> JSONResponse:
     ``documents``. Headers ``X-Cache-*`` tell how many scores each level served."""
     state = state_of(request)
     texts, field = body.texts_given()
-    check_count(texts, field, state.settings.max_batch)
-    check_text_size(body.query, "query", state.settings.max_text_bytes)
+    check_count(texts, field, state.settings.service.max_batch)
+    check_text_size(body.query, "query", state.settings.service.max_text_bytes)
     for index, text in enumerate(texts):
-        check_text_size(text, f"{field}[{index}]", state.settings.max_text_bytes)
+        check_text_size(text, f"{field}[{index}]", state.settings.service.max_text_bytes)
     reranker = state.reranker_for(body.model)
-    truncate = state.settings.truncate if body.truncate is None else body.truncate
+    truncate = state.settings.service.truncate if body.truncate is None else body.truncate
 
     def work() -> RerankResult:
         if not truncate:

@@ -49,7 +49,7 @@ def knowledge_of(state: ServiceState) -> KnowledgeBase:
 @router.post("/documents", summary="Add or replace documents (upsert by id)")
 async def add_documents(body: AddDocumentsRequest, request: Request) -> JSONResponse:
     state = state_of(request)
-    check_count(body.documents, "documents", state.settings.max_batch)
+    check_count(body.documents, "documents", state.settings.service.max_batch)
     stored = stored_collection(principal_of(request).tenant, body.collection)
     cache = cache_of(request, body.model, DOCUMENT, optional=True)
     documents = [document.model_dump() for document in body.documents]
@@ -59,7 +59,7 @@ async def add_documents(body: AddDocumentsRequest, request: Request) -> JSONResp
         if "admin" not in principal_of(request).scopes:
             raise HTTPError(403, "sync deletes documents, which needs the 'admin' scope", field="sync", type="forbidden")
         sync = SyncOptions(body.sync.cleanup, body.sync.scope)
-    tenant, quota = principal_of(request).tenant, state.settings.tenant_max_collections
+    tenant, quota = principal_of(request).tenant, state.settings.access.tenant_max_collections
     if tenant is not None and quota is not None:
         await blocking(check_collection_quota, knowledge_of(state), tenant, stored, body.collection, quota)
     with public_names(stored, body.collection):
@@ -89,10 +89,10 @@ async def list_ids(body: ListIdsRequest, request: Request) -> JSONResponse:
 async def get_documents(body: GetDocumentsRequest, request: Request) -> JSONResponse:
     """``{"collection", "documents": [{id, text, metadata}], "missing": [ids]}``, documents in the order asked."""
     state = state_of(request)
-    check_count(body.ids, "ids", state.settings.max_batch)
+    check_count(body.ids, "ids", state.settings.service.max_batch)
     stored = stored_collection(principal_of(request).tenant, body.collection)
     with public_names(stored, body.collection):
-        documents = await blocking(documents_within, knowledge_of(state), stored, body.ids, state.settings.max_answer_bytes)
+        documents = await blocking(documents_within, knowledge_of(state), stored, body.ids, state.settings.service.max_answer_bytes)
     found = {document.id for document in documents}
     missing = [doc_id for doc_id in dict.fromkeys(body.ids) if doc_id not in found]
     return JSONResponse({"collection": body.collection, "documents": documents, "missing": missing})
@@ -110,7 +110,7 @@ async def drop_collection(collection: str, request: Request) -> JSONResponse:
 @router.delete("/documents", summary="Delete documents by id")
 async def delete_documents(body: DeleteDocumentsRequest, request: Request) -> JSONResponse:
     state = state_of(request)
-    check_count(body.ids, "ids", state.settings.max_batch)
+    check_count(body.ids, "ids", state.settings.service.max_batch)
     stored = stored_collection(principal_of(request).tenant, body.collection)
     with public_names(stored, body.collection):
         num_deleted = await blocking(knowledge_of(state).delete_documents, stored, body.ids)
@@ -134,7 +134,7 @@ async def search(body: SearchRequest, request: Request) -> JSONResponse:
     body's ``rerank_fallback``) says that it failed and the hits are in search order. With ``include_text:
     false`` the hits carry no ``text``; an answer over ``max_answer_bytes`` is a 413."""
     state = state_of(request)
-    check_text_size(body.query, "query", state.settings.max_text_bytes)
+    check_text_size(body.query, "query", state.settings.service.max_text_bytes)
     reranker = reranker_of(state, body)
     stored = stored_collection(principal_of(request).tenant, body.collection)
     cache, knowledge = cache_of(request, body.model, DOCUMENT, optional=True), knowledge_of(state)
@@ -155,13 +155,13 @@ async def search(body: SearchRequest, request: Request) -> JSONResponse:
                     raise
                 raise InvalidInputError(f"filter could not be evaluated by Milvus: {exc}", field="filter") from exc
             if needs_texts(body) and not with_text:
-                [result] = await blocking(fill_texts, knowledge, stored, [result], state.settings.max_answer_bytes)
+                [result] = await blocking(fill_texts, knowledge, stored, [result], state.settings.service.max_answer_bytes)
     headers = search_headers([result])
     if reranker is not None and body.rerank is not None:
         top_n = body.rerank.top_n or body.top_k
         result = await blocking(rerank_result, result, body.query, reranker, top_n=top_n, namespace=rerank_namespace(request))
         headers.update(rerank_headers(result))
-    max_bytes = state.settings.max_answer_bytes
+    max_bytes = state.settings.service.max_answer_bytes
     used = check_answer_bytes(result.hits, max_bytes, include_text=body.include_text, advice=SEARCH_ADVICE)
     if body.prompt_prefix is not None:  # the prompt repeats the hits' texts
         check_answer_bytes(result.hits, max_bytes, advice=SEARCH_ADVICE, used=used)
@@ -183,7 +183,7 @@ async def search_batch(body: BatchSearchRequest, request: Request) -> JSONRespon
     All the answers together are bounded by ``max_answer_bytes`` (413 beyond)."""
     state = state_of(request)
     for index, query in enumerate(body.queries):
-        check_text_size(query, f"queries[{index}]", state.settings.max_text_bytes)
+        check_text_size(query, f"queries[{index}]", state.settings.service.max_text_bytes)
     stored = stored_collection(principal_of(request).tenant, body.collection)
     cache, knowledge = cache_of(request, body.model, DOCUMENT, optional=True), knowledge_of(state)
     query_cache = cache_of(request, body.model, QUERY, optional=True)
@@ -193,7 +193,7 @@ async def search_batch(body: BatchSearchRequest, request: Request) -> JSONRespon
     with public_names(stored, body.collection):
         results = await blocking(knowledge.search_many, stored, body.queries, **arguments, with_text=with_text)
         if needs_texts(body) and not with_text:
-            results = await blocking(fill_texts, knowledge, stored, results, state.settings.max_answer_bytes)
+            results = await blocking(fill_texts, knowledge, stored, results, state.settings.service.max_answer_bytes)
     headers = search_headers(results)
     if reranker is not None and body.rerank is not None:
         top_n, namespace = body.rerank.top_n or body.top_k, rerank_namespace(request)
@@ -201,7 +201,7 @@ async def search_batch(body: BatchSearchRequest, request: Request) -> JSONRespon
                    for result, query in zip(results, body.queries)]
         headers.update(rerank_headers(*results))
     hits = (hit for result in results for hit in result.hits)
-    check_answer_bytes(hits, state.settings.max_answer_bytes, include_text=body.include_text, advice=SEARCH_ADVICE)
+    check_answer_bytes(hits, state.settings.service.max_answer_bytes, include_text=body.include_text, advice=SEARCH_ADVICE)
     answers = results if body.include_text else [without_texts(result) for result in results]
     return JSONResponse({"results": answers}, headers=headers)
 
@@ -215,7 +215,7 @@ def reads_texts_with_hits(body: SearchRequest | BatchSearchRequest, num_queries:
     """Whether Milvus returns the texts with the hits: when they are needed and cannot pass the answer bound
     (most searches); otherwise they are read afterwards within it (``fill_texts``)."""
     num_hits = num_queries * body.top_k * (body.group_size if body.group_by_source else 1)
-    return needs_texts(body) and not may_pass(num_hits, state.settings.max_answer_bytes)
+    return needs_texts(body) and not may_pass(num_hits, state.settings.service.max_answer_bytes)
 
 
 def reranker_of(state: ServiceState, body: SearchRequest | BatchSearchRequest) -> RerankCache | None:
@@ -243,7 +243,7 @@ async def with_prompt(answer: SearchResult | dict[str, Any], result: SearchResul
     if body.prompt_prefix is None:
         return answer
     volatile = f"Question: {body.query}\n" if body.prompt_volatile is None else body.prompt_volatile
-    check_text_size(volatile, "prompt_volatile", state_of(request).settings.max_text_bytes)
+    check_text_size(volatile, "prompt_volatile", state_of(request).settings.service.max_text_bytes)
     # The store is Redis (or a file): read it, and count the use, off the event loop.
     stored = stored_prefix(principal_of(request).tenant, body.prompt_prefix, field="prompt_prefix")
     with public_names(stored, body.prompt_prefix):  # the caller's own prefix (its tenant's), named as it knows it

@@ -42,13 +42,13 @@ class ServiceState:
     @classmethod
     def open(cls, settings: Settings) -> ServiceState:
         # Remote models (ragcache.models.remote) may have named prompts too: prepended to each text they send.
-        served = [*settings.models, *(model.name for model in load_models(settings.models_json, settings.models_file))]
-        unknown = sorted(set(settings.model_prompts) - set(served))
+        served = [*settings.space.models, *(model.name for model in load_models(settings.space.models_json, settings.space.models_file))]
+        unknown = sorted(set(settings.space.model_prompts) - set(served))
         if unknown:
             raise ConfigError(f"model_prompts names models that are not served: {unknown}; served: {served}")
-        unknown = sorted(set(settings.model_backends) - set(settings.models))
+        unknown = sorted(set(settings.space.model_backends) - set(settings.space.models))
         if unknown:  # a backend is for local models only
-            raise ConfigError(f"model_backends names models that are not served locally: {unknown}; local: {settings.models}")
+            raise ConfigError(f"model_backends names models that are not served locally: {unknown}; local: {settings.space.models}")
         stores = Stores.open(settings)
         caches: dict[str, EmbeddingCache] = {}
         rerankers: dict[str, RerankCache] = {}
@@ -59,7 +59,7 @@ class ServiceState:
                     raise ConfigError(f"remote model name {encoder.name!r} is taken: it names the packaged local model")
                 caches[encoder.name] = build_cache(settings, stores, encoder, on_close=encoder.close)
             # A remote model may be the default (RAGCACHE_MODEL=<its name>): no local model is loaded for it.
-            for model in settings.models:
+            for model in settings.space.models:
                 if model not in caches:
                     caches[model] = build_cache(settings, stores, load_encoder(settings, model))
             for reranker in build_rerankers(settings):
@@ -75,8 +75,8 @@ class ServiceState:
             KnowledgeBase(
                 stores.milvus,
                 redis=stores.redis,
-                result_max_bytes=settings.result_cache_max_bytes,
-                keyword_index=settings.keyword_index,
+                result_max_bytes=settings.knowledge.result_cache_max_bytes,
+                keyword_index=settings.knowledge.keyword_index,
             )
             if stores.milvus is not None
             else None
@@ -84,16 +84,16 @@ class ServiceState:
         # Prefixes live in Redis so every replica shares them; without Redis, in a file under data_dir.
         prefixes = PrefixRegistry.create(
             PrefixRegistryConfig(
-                file_path=settings.data_dir / "prefixes.json",
-                warm_budget_per_minute=settings.prefix_warm_budget_per_minute,
-                min_rewarm_interval_s=settings.prefix_min_rewarm_interval_s,
-                max_rewarm_interval_s=settings.prefix_max_rewarm_interval_s,
-                endpoints=tuple(settings.prefix_vllm_endpoints),
-                lease_ttl_s=settings.prefix_lease_ttl_s,
-                warm_priority=settings.prefix_warm_priority,
-                warm_max_waiting=settings.prefix_warm_max_waiting,
-                warm_max_running=settings.prefix_warm_max_running,
-                warm_max_defer_s=settings.prefix_warm_max_defer_s,
+                file_path=settings.levels.data_dir / "prefixes.json",
+                warm_budget_per_minute=settings.prefixes.prefix_warm_budget_per_minute,
+                min_rewarm_interval_s=settings.prefixes.prefix_min_rewarm_interval_s,
+                max_rewarm_interval_s=settings.prefixes.prefix_max_rewarm_interval_s,
+                endpoints=tuple(settings.prefixes.prefix_vllm_endpoints),
+                lease_ttl_s=settings.prefixes.prefix_lease_ttl_s,
+                warm_priority=settings.prefixes.prefix_warm_priority,
+                warm_max_waiting=settings.prefixes.prefix_warm_max_waiting,
+                warm_max_running=settings.prefixes.prefix_warm_max_running,
+                warm_max_defer_s=settings.prefixes.prefix_warm_max_defer_s,
             ),
             redis_client=stores.redis,  # type: ignore[arg-type]
         )
@@ -102,7 +102,7 @@ class ServiceState:
 
     @property
     def default_model(self) -> str:
-        return self.settings.model
+        return self.settings.space.model
 
     def cache_for(self, model: str | None, prompt_name: str | None = None, *, optional: bool = False) -> EmbeddingCache:
         """The cache of ``model`` (the default when None); ``NotFoundError`` lists what is served. With
@@ -136,7 +136,7 @@ class ServiceState:
 
     def prompts_of(self, model: str) -> dict[str, str]:
         """The named prompts of a served model: its own, overlaid with RAGCACHE_MODEL_PROMPTS."""
-        return known_prompts(self.caches[model].encoder, self.settings.model_prompts.get(model))
+        return known_prompts(self.caches[model].encoder, self.settings.space.model_prompts.get(model))
 
     def reranker_for(self, model: str | None, field: str = "model") -> RerankCache:
         """The reranker named ``model`` (the first served when None); ``InvalidInputError`` naming ``field``

@@ -154,7 +154,7 @@ class BenchContext:
         """A new cache over emptied stores: Redis flushed, the L3 collection dropped."""
         from ragcache import Stores, build_cache
 
-        settings = self.settings.model_copy(update={"l1_bytes": l1_bytes or self.settings.l1_bytes, **overrides})
+        settings = self.settings.replace(l1_bytes=l1_bytes or self.settings.levels.l1_bytes, **overrides)
         if l2:
             self.redis_client.flushdb()
         if l3:
@@ -167,7 +167,7 @@ class BenchContext:
 
         # The client ragcache's Stores would open: same URL, same timeouts.
         return redis.Redis.from_url(
-            self.redis_url, socket_timeout=settings.redis_timeout_s, socket_connect_timeout=settings.redis_timeout_s
+            self.redis_url, socket_timeout=settings.levels.redis_timeout_s, socket_connect_timeout=settings.levels.redis_timeout_s
         )
 
     def close(self) -> None:

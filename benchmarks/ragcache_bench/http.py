@@ -37,7 +37,7 @@ def _seed_l2(ctx: BenchContext, texts: list[str], vectors: np.ndarray) -> None:
     """Make vectors resident in the service's L2 (same Redis, same space, so the same keys)."""
     from ragcache.tiers.redis import RedisTier
 
-    tier = RedisTier(ctx.redis_client, dim=ctx.encoder.dim, dtype=torch.float32, ttl_s=ctx.settings.redis_ttl_s)
+    tier = RedisTier(ctx.redis_client, dim=ctx.encoder.dim, dtype=torch.float32, ttl_s=ctx.settings.levels.redis_ttl_s)
     keys = ctx.encoder.space.keys(texts)
     for start in range(0, len(keys), 5000):
         tier.put_many(keys[start : start + 5000], torch.from_numpy(np.ascontiguousarray(vectors[start : start + 5000])))

@@ -117,11 +117,12 @@ def run_serve(args) -> int:
     if args.insecure:
         os.environ["RAGCACHE_INSECURE"] = "true"  # read again by each worker's app factory
     settings = Settings.load(args.config)
-    host = args.host or settings.host
-    refusal = settings.bind_refusal(host)
+    host = args.host or settings.service.host
+    refusal = settings.access.bind_refusal(host)
     if refusal:
         raise ConfigError(refusal)
-    if args.workers > 1 and (settings.redis_url is None or settings.resolved_milvus_uri and settings.resolved_milvus_uri.endswith(".db")):
+    levels = settings.levels
+    if args.workers > 1 and (levels.redis_url is None or levels.resolved_milvus_uri and levels.resolved_milvus_uri.endswith(".db")):
         raise RagCacheError(
             "--workers > 1 needs shared stores: set RAGCACHE_REDIS_URL to a Redis server and RAGCACHE_MILVUS_URI "
             "to a Milvus server (an embedded Redis and Milvus Lite belong to one process)"
@@ -130,7 +131,7 @@ def run_serve(args) -> int:
         "ragcache_server.app:app_from_environment",
         factory=True,
         host=host,
-        port=args.port or settings.port,
+        port=args.port or settings.service.port,
         workers=args.workers,
         log_level=args.log_level,
         **SERVE_OPTIONS,

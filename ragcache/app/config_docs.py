@@ -1,9 +1,10 @@
 """The configuration reference, generated from :class:`ragcache.settings.Settings`.
 
-Every field of the settings object becomes one row: its environment variable, its type (with allowed
-values and bounds), its default, and its description. ``ragcache config --markdown`` prints the table;
-``ragcache config --readme README.md`` rewrites the README's copy between the two markers, and a test
-fails when that copy differs from what the settings object says, so the reference cannot drift.
+Every option of the settings object becomes one row: its environment variable, the section that holds it in
+code (``settings.levels.redis_url``), its type (with allowed values and bounds), its default, and its
+description. ``ragcache config --markdown`` prints the table; ``ragcache config --readme README.md`` rewrites
+the README's copy between the two markers, and a test fails when that copy differs from what the settings
+object says, so the reference cannot drift.
 """
 
 from __future__ import annotations
@@ -16,12 +17,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 import annotated_types
-from pydantic import BaseModel, SecretStr
+from pydantic import SecretStr
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
 from ragcache.errors import ConfigError
 from ragcache.observe.redact import redact_url
+from ragcache.settings import Settings
 
 __all__ = [
     "BEGIN_MARKER",
@@ -44,16 +46,13 @@ def env_name(field_name: str) -> str:
     return ENV_PREFIX + field_name.upper()
 
 
-def markdown_table(settings_class: type[BaseModel] | None = None) -> str:
-    """One markdown row per setting, in declaration order: variable, type, default, description."""
-    if settings_class is None:
-        from ragcache.settings import Settings
-
-        settings_class = Settings
-    rows = ["| variable | type | default | description |", "|---|---|---|---|"]
-    for name, field in settings_class.model_fields.items():
+def markdown_table() -> str:
+    """One markdown row per option, section by section in declaration order: variable, section, type, default,
+    description."""
+    rows = ["| variable | section | type | default | description |", "|---|---|---|---|---|"]
+    for name, (section, field) in Settings.options().items():
         description = (field.description or "").replace("<", "&lt;").replace(">", "&gt;")  # not HTML tags
-        cells = (f"`{env_name(name)}`", _type_text(field), _default_text(field), description)
+        cells = (f"`{env_name(name)}`", f"`{section}`", _type_text(field), _default_text(field), description)
         rows.append("| " + " | ".join(_escape(cell) for cell in cells) + " |")
     return "\n".join(rows) + "\n"
 
@@ -79,13 +78,14 @@ def _section_bounds(document: str) -> tuple[int, int]:
     return begin + len(BEGIN_MARKER), end
 
 
-def effective_env_lines(settings: BaseModel) -> list[str]:
+def effective_env_lines(settings: Settings) -> list[str]:
     """``RAGCACHE_X=value`` for every setting as this process resolves it, secrets masked, unset ones commented.
 
     The lines are in the dotenv form that ``ragcache serve --config FILE`` reads back."""
     lines = []
-    for name, field in type(settings).model_fields.items():
-        value = getattr(settings, name)
+    options = Settings.options()
+    for name, value in settings.flat().items():
+        field = options[name][1]
         if value is None:
             # An empty value would not read back as unset (``RAGCACHE_PORT=`` is not an int).
             lines.append(f"# {env_name(name)} is unset")

@@ -1,8 +1,8 @@
 """The callables Ray Data runs in its actors: each opens its own embedding cache once and keeps it.
 
 Every actor has its own L1 and shares the rest with every other actor and every service replica: L2 in the
-Redis (or Redis Cluster) of ``settings.redis_url``, L3 and the knowledge base in the Milvus server of
-``settings.milvus_uri``, and the single-flight locks in that same Redis, so a text several actors miss at
+Redis (or Redis Cluster) of ``settings.levels.redis_url``, L3 and the knowledge base in the Milvus server of
+``settings.levels.milvus_uri``, and the single-flight locks in that same Redis, so a text several actors miss at
 once is computed by one of them (``ragcache.core.flight``). The cache is the one ``open_cache`` builds from the
 same settings, so a vector here is bit for bit the one ``/embed`` serves for the same text and space.
 
@@ -34,18 +34,19 @@ TOKENS_COLUMN = "embedding_tokens"  # per row, remote models only: the text's to
 
 
 def open_model_cache(settings: Settings, model: str | None = None) -> tuple[EmbeddingCache, Stores]:
-    """The cache of ``model`` (default ``settings.model``; a local model, or a remote one the settings
+    """The cache of ``model`` (default ``settings.space.model``; a local model, or a remote one the settings
     configure) and the stores it uses, which close with it. Checked for drift before its first lookup."""
-    if settings.redis_url is None or settings.resolved_milvus_uri is not None and settings.resolved_milvus_uri.endswith(".db"):
+    levels = settings.levels
+    if levels.redis_url is None or levels.resolved_milvus_uri is not None and levels.resolved_milvus_uri.endswith(".db"):
         raise ConfigError(
             "a Ray pipeline shares its stores across actors: set redis_url to a Redis server (or 'off') and milvus_uri "
             "to a Milvus server (or 'off'); an embedded Redis and a Milvus Lite file belong to one process"
         )
-    name = model or settings.model
+    name = model or settings.space.model
     stores = Stores.open(settings)
     closables: list[Callable[[], None]] = [stores.close]
     try:
-        remote = {configured.name: configured for configured in load_models(settings.models_json, settings.models_file)}
+        remote = {configured.name: configured for configured in load_models(settings.space.models_json, settings.space.models_file)}
         if name in remote:
             encoder: Any = open_remote_encoder(remote[name], os.environ)
             closables.insert(0, encoder.close)
@@ -126,8 +127,8 @@ class DocumentWriter:
         if stores.milvus is None:
             self.cache.close()
             raise ConfigError("ingest needs Milvus: set milvus_uri to a Milvus server")
-        self.knowledge = KnowledgeBase(stores.milvus, redis=stores.redis, result_max_bytes=settings.result_cache_max_bytes,
-                                       keyword_index=settings.keyword_index)
+        self.knowledge = KnowledgeBase(stores.milvus, redis=stores.redis, result_max_bytes=settings.knowledge.result_cache_max_bytes,
+                                       keyword_index=settings.knowledge.keyword_index)
         self.after_batch = after_batch
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -39,7 +39,7 @@ def cluster_plan(settings: Settings, model: str | None = None, *, num_actors: in
 
     resources = ray.cluster_resources()
     return plan_actors(cluster_cpus=resources.get("CPU", 0), cluster_gpus=resources.get("GPU", 0),
-                       remote=_remote_price(settings, model) is not None, device=settings.device,
+                       remote=_remote_price(settings, model) is not None, device=settings.space.device,
                        num_actors=num_actors, batch_size=batch_size)
 
 
@@ -127,7 +127,7 @@ def _delete_unsent(settings: Settings, collection: str, sent: set[str], scope: s
     try:
         if stores.milvus is None:
             return 0
-        knowledge = KnowledgeBase(stores.milvus, redis=stores.redis, keyword_index=settings.keyword_index)
+        knowledge = KnowledgeBase(stores.milvus, redis=stores.redis, keyword_index=settings.knowledge.keyword_index)
         try:
             listed = knowledge.list_ids(collection, scope)
         except NotFoundError:
@@ -141,8 +141,8 @@ def _delete_unsent(settings: Settings, collection: str, sent: set[str], scope: s
 
 def _remote_price(settings: Settings, model: str | None) -> tuple[str, float | None] | None:
     """(name, price per million tokens) when ``model`` names a remote model of the settings; None when local."""
-    name = model or settings.model
-    for configured in load_models(settings.models_json, settings.models_file):
+    name = model or settings.space.model
+    for configured in load_models(settings.space.models_json, settings.space.models_file):
         if configured.name == name:
             return name, configured.price_per_million_tokens
     return None

@@ -21,21 +21,21 @@ __all__ = ["build_rerankers", "score_cache"]
 def build_rerankers(settings: Settings) -> list[Reranker]:
     """The local cross-encoders, then the remote endpoint when one is configured."""
     rerankers: list[Reranker] = [
-        CrossEncoderReranker(model, device=settings.device, batch_size=settings.compute_batch_size)
-        for model in settings.rerank_models
+        CrossEncoderReranker(model, device=settings.space.device, batch_size=settings.compute.compute_batch_size)
+        for model in settings.rerank.rerank_models
     ]
-    if settings.rerank_url:
-        if not settings.rerank_remote_model:
+    if settings.rerank.rerank_url:
+        if not settings.rerank.rerank_remote_model:
             raise ConfigError("rerank_url needs rerank_remote_model: the name of the model the endpoint serves")
         rerankers.append(
             RemoteReranker(
-                settings.rerank_url,
-                settings.rerank_remote_model,
-                api=settings.rerank_api,
-                timeout_s=settings.rerank_timeout_s,
-                max_answer_bytes=settings.rerank_max_answer_bytes,
-                api_key=settings.rerank_api_key,
-                revision=settings.rerank_revision,
+                settings.rerank.rerank_url,
+                settings.rerank.rerank_remote_model,
+                api=settings.rerank.rerank_api,
+                timeout_s=settings.rerank.rerank_timeout_s,
+                max_answer_bytes=settings.rerank.rerank_max_answer_bytes,
+                api_key=settings.rerank.rerank_api_key,
+                revision=settings.rerank.rerank_revision,
             )
         )
     return rerankers
@@ -43,16 +43,16 @@ def build_rerankers(settings: Settings) -> list[Reranker]:
 
 def score_cache(settings: Settings, stores: Stores, reranker: Reranker) -> RerankCache:
     """The reranker behind L1 (``rerank_l1_bytes``) and L2 (the shared Redis, when on)."""
-    tiers: list = [MemoryTier(settings.rerank_l1_bytes, 1, torch.float32, device="cpu")]
+    tiers: list = [MemoryTier(settings.rerank.rerank_l1_bytes, 1, torch.float32, device="cpu")]
     if stores.redis is not None:
-        tiers.append(RedisTier(stores.redis, dim=1, dtype=torch.float32, ttl_s=settings.redis_ttl_s))
+        tiers.append(RedisTier(stores.redis, dim=1, dtype=torch.float32, ttl_s=settings.levels.redis_ttl_s))
     cache = EmbeddingCache(
         PairEncoder(reranker),
         tiers,
-        write_behind=settings.write_behind,
-        compute_max_batch=settings.compute_batch_size,
-        compute_max_wait_s=settings.compute_max_wait_ms / 1000,
-        window_s=settings.stats_window_s,
+        write_behind=settings.levels.write_behind,
+        compute_max_batch=settings.compute.compute_batch_size,
+        compute_max_wait_s=settings.compute.compute_max_wait_ms / 1000,
+        window_s=settings.service.stats_window_s,
         tracer=stores.tracing.tracer,
     )
     return RerankCache(reranker, cache)

@@ -17,7 +17,7 @@ from redis.cluster import RedisCluster
 from ragcache.errors import ConfigError, TierUnavailableError
 from ragcache.observe.redact import redact_text, redact_url
 from ragcache.observe.tracing import Tracing
-from ragcache.settings import Settings
+from ragcache.settings import Levels, Settings
 from ragcache.storage.embedded_redis import EmbeddedRedis
 from ragcache.storage.milvus_errors import milvus_failures
 from ragcache.storage.redis_client import open_redis
@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 
 # Methods of MilvusClient that only build a local object: every other method talks to Milvus and gets a deadline.
 _LOCAL_METHODS = frozenset({"create_schema", "prepare_index_params", "close"})
-DEFAULT_MILVUS_TIMEOUT_S: float = Settings.model_fields["milvus_timeout_s"].default
+DEFAULT_MILVUS_TIMEOUT_S: float = Levels.model_fields["milvus_timeout_s"].default
 
 
 class MilvusConnection:
@@ -119,11 +119,11 @@ def open_milvus(uri: str, *, timeout_s: float = DEFAULT_MILVUS_TIMEOUT_S, **cred
 
 def connect_milvus(settings: Settings) -> MilvusConnection | None:
     """The Milvus of ``settings`` (None when L3 is off), with its deadline and credentials."""
-    uri = settings.resolved_milvus_uri
+    uri = settings.levels.resolved_milvus_uri
     if uri is None:
         return None
-    return open_milvus(uri, timeout_s=settings.milvus_timeout_s, user=settings.milvus_user,
-                       password=settings.milvus_password, token=settings.milvus_token)
+    return open_milvus(uri, timeout_s=settings.levels.milvus_timeout_s, user=settings.levels.milvus_user,
+                       password=settings.levels.milvus_password, token=settings.levels.milvus_token)
 
 
 class Stores:
@@ -145,18 +145,18 @@ class Stores:
     @classmethod
     def open(cls, settings: Settings) -> Stores:
         # First: a missing SDK stops the start before anything opens.
-        tracing = Tracing.configured(settings.tracing, settings.tracing_endpoint)
+        tracing = Tracing.configured(settings.service.tracing, settings.service.tracing_endpoint)
         embedded = None
         redis_client = None
-        if settings.l2_enabled:
-            url = settings.redis_url
+        if settings.levels.l2_enabled:
+            url = settings.levels.redis_url
             if url is None:
-                embedded = EmbeddedRedis(settings.data_dir / "redis", maxmemory=str(settings.embedded_redis_max_bytes))
-                if settings.redis_ttl_s is None:
+                embedded = EmbeddedRedis(settings.levels.data_dir / "redis", maxmemory=str(settings.levels.embedded_redis_max_bytes))
+                if settings.levels.redis_ttl_s is None:
                     log.warning("redis_ttl_s is unset: L2 entries have no TTL, so the embedded Redis (volatile-lru) "
                                 "cannot evict them, and L2 writes fail once it holds embedded_redis_max_bytes")
                 url = embedded.url
-            redis_client = open_redis(url, timeout_s=settings.redis_timeout_s)
+            redis_client = open_redis(url, timeout_s=settings.levels.redis_timeout_s)
         return cls(redis_client, connect_milvus(settings), embedded, tracing)
 
     def close(self) -> None:

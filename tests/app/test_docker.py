@@ -32,7 +32,7 @@ STACKS = {
     "cluster+monitoring": ["compose.cluster.yaml", "compose.monitoring.yaml"],
     "gpu+monitoring": ["compose.gpu.yaml", "compose.monitoring.yaml"],
 }
-SETTING_NAMES = {env_name(name) for name in Settings.model_fields}
+SETTING_NAMES = {env_name(name) for name in Settings.options()}
 RAGCACHE_VARIABLE = re.compile(r"\bRAGCACHE_[A-Z0-9_]+\b")
 
 

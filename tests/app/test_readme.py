@@ -22,13 +22,13 @@ def test_readme_reference_is_generated_from_settings():
 def test_reference_has_a_described_row_for_every_setting():
     table = markdown_table()
     rows = table.splitlines()[2:]
-    assert len(rows) == len(Settings.model_fields)
-    for (name, field), row in zip(Settings.model_fields.items(), rows):
-        assert row.startswith(f"| `{env_name(name)}` |")
+    assert len(rows) == len(Settings.options())
+    for (name, (section, field)), row in zip(Settings.options().items(), rows):
+        assert row.startswith(f"| `{env_name(name)}` | `{section}` |")
         assert field.description, f"{name} has no description: the reference would say nothing about it"
-    assert "| `RAGCACHE_L1_BYTES` | int (> 0) | `268435456` | L1 slab budget in bytes |" in rows
-    assert "| `RAGCACHE_REDIS_URL` | str, or unset | unset |" in table
-    assert "| `RAGCACHE_DTYPE` | one of `float32`, `float16`, `bfloat16` | `float32` |" in table
+    assert "| `RAGCACHE_L1_BYTES` | `levels` | int (> 0) | `268435456` | L1 slab budget in bytes |" in rows
+    assert "| `RAGCACHE_REDIS_URL` | `levels` | str, or unset | unset |" in table
+    assert "| `RAGCACHE_DTYPE` | `space` | one of `float32`, `float16`, `bfloat16` | `float32` |" in table
 
 
 def test_config_markdown_prints_the_table(capsys):

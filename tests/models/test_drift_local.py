@@ -31,7 +31,7 @@ def model_copy(tmp_path_factory) -> Path:
 def start(settings: Settings, stores: Stores):
     """What a service start does for one model: load it, build its cache, run the drift check."""
     cache = build_cache(settings, stores, load_encoder(settings))
-    monitor = drift_monitor(settings, stores, {settings.model: cache}).start()
+    monitor = drift_monitor(settings, stores, {settings.space.model: cache}).start()
     return cache, monitor
 
 

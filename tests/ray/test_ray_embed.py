@@ -46,7 +46,7 @@ def test_each_distinct_text_is_computed_once_across_actors_and_the_vectors_are_t
     assert [row["text"] for row in rows] == _corpus()  # every row once, none lost or repeated
     got = np.stack([row["embedding"] for row in rows])
     # The same settings without L2/L3: the space (and so every key) is the one /embed serves.
-    with open_cache(ray_settings.model_copy(update={"redis_url": "off", "milvus_uri": "off"})) as local:
+    with open_cache(ray_settings.replace(redis_url="off", milvus_uri="off")) as local:
         expected = np.asarray(local.embed(_corpus()))
         keys = local.space.keys(_corpus()[:NUM_DISTINCT])
     assert got.dtype == expected.dtype

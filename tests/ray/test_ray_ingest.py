@@ -82,8 +82,8 @@ def test_an_actor_killed_mid_run_loses_and_duplicates_no_document(corpus, ray_se
 def test_a_rerun_through_the_cli_computes_nothing_and_writes_nothing(corpus, ray_cluster, ray_settings, knowledge):
     from ragcache_testing.ray_cluster import NODE_ENV
 
-    env = dict(os.environ, **NODE_ENV, RAGCACHE_REDIS_URL=ray_settings.redis_url, RAGCACHE_MILVUS_URI=ray_settings.milvus_uri,
-               RAGCACHE_DATA_DIR=str(ray_settings.data_dir), RAGCACHE_L1_BYTES=str(ray_settings.l1_bytes))
+    env = dict(os.environ, **NODE_ENV, RAGCACHE_REDIS_URL=ray_settings.levels.redis_url, RAGCACHE_MILVUS_URI=ray_settings.levels.milvus_uri,
+               RAGCACHE_DATA_DIR=str(ray_settings.levels.data_dir), RAGCACHE_L1_BYTES=str(ray_settings.levels.l1_bytes))
     command = [sys.executable, "-m", "ragcache.app.cli", "ingest", str(corpus), "--collection", COLLECTION, "--ray", ray_cluster.address,
                "--sync", "--quiet", "--chunk-chars", str(CHUNK_CHARS), "--batch", "8", "--actors", "1"]
     finished = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300, check=False)

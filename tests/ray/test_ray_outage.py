@@ -30,7 +30,7 @@ def _embed(settings):
 
 def test_a_redis_that_hangs_mid_job_costs_time_not_vectors(ray_settings, tmp_path):
     redis = EmbeddedRedis()  # this test's own: it is the one stopped
-    settings = ray_settings.model_copy(update={"redis_url": redis.url})
+    settings = ray_settings.replace(redis_url=redis.url)
     try:
         _, first = _embed(settings)
         assert first.computed == len(TEXTS)
@@ -44,7 +44,7 @@ def test_a_redis_that_hangs_mid_job_costs_time_not_vectors(ray_settings, tmp_pat
 
     assert report.computed == 0  # L3 had every vector: nothing paid for twice
     assert report.served.get("L3", 0) == len(TEXTS) and report.served.get("L2", 0) == 0
-    with open_cache(ray_settings.model_copy(update={"redis_url": "off", "milvus_uri": "off"})) as local:
+    with open_cache(ray_settings.replace(redis_url="off", milvus_uri="off")) as local:
         expected = np.asarray(local.embed(TEXTS))
     got = np.stack([row["embedding"] for row in rows])
     assert np.array_equal(got.view(np.uint32), expected.view(np.uint32))

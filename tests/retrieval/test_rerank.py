@@ -134,7 +134,7 @@ def test_stats_count_rerank_hits(rerank_server):
     httpx.post(rerank_server.url + "/rerank", json={"query": "stats", "texts": TEXTS}).raise_for_status()
     httpx.post(rerank_server.url + "/rerank", json={"query": "stats", "texts": TEXTS}).raise_for_status()
     stats = httpx.get(rerank_server.url + "/stats").json()["rerankers"]
-    figures = stats[rerank_server.state.settings.rerank_models[0]]
+    figures = stats[rerank_server.state.settings.rerank.rerank_models[0]]
     metrics = httpx.get(rerank_server.url + "/metrics").text
     assert f'space="{figures["space"]["space_id"]}"' in metrics  # Prometheus counts the score cache too
     assert figures["space"]["dim"] == 1 and figures["space"]["prompt"] == "rerank"
@@ -146,7 +146,7 @@ def test_python_clients_rerank(rerank_server, local):
     with Client(rerank_server.url) as client:
         result = client.rerank(QUERY, TEXTS, top_n=3)
     assert [hit.index for hit in result.hits] == list(np.argsort(-expected, kind="stable"))[:3]
-    assert result.model == rerank_server.state.settings.rerank_models[0]
+    assert result.model == rerank_server.state.settings.rerank.rerank_models[0]
 
     async def rerank_async():
         async with AsyncClient(rerank_server.url) as client:
@@ -218,7 +218,7 @@ def test_search_reranks_its_hits_with_the_cross_encoder(rerank_server, collectio
     order = list(np.argsort(-expected, kind="stable"))[:3]
     assert [hit["text"] for hit in body["hits"]] == [candidates[i] for i in order]
     np.testing.assert_allclose([hit["score"] for hit in body["hits"]], expected[order], rtol=1e-5)
-    assert body["reranked_by"] == rerank_server.state.settings.rerank_models[0] and body["rerank_fallback"] is None
+    assert body["reranked_by"] == rerank_server.state.settings.rerank.rerank_models[0] and body["rerank_fallback"] is None
     assert response.headers["X-Rerank"] and "X-Rerank-Fallback" not in response.headers
     assert body["timings_ms"]["rerank"] > 0
 
@@ -251,7 +251,7 @@ def test_python_clients_search_with_rerank(rerank_server, collection):
     with Client(rerank_server.url) as client:
         result = client.search(QUERY, "rerank_docs", top_k=5, options=SearchOptions(mode="hybrid"), rerank={"top_n": 2})
         fallback = client.search(QUERY, "rerank_docs", top_k=5, rerank={"model": "remote-down"})
-    assert len(result.hits) == 2 and result.reranked_by == rerank_server.state.settings.rerank_models[0]
+    assert len(result.hits) == 2 and result.reranked_by == rerank_server.state.settings.rerank.rerank_models[0]
     assert result.timings_ms.rerank > 0
     assert fallback.reranked_by is None and fallback.rerank_fallback is not None
 

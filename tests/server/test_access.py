@@ -390,18 +390,18 @@ def test_an_empty_key_list_stops_the_start_instead_of_opening_the_service(tmp_pa
         create_app(Settings(api_keys_file=path, redis_url="off"))
     with pytest.raises(ConfigError, match="non-empty list"):
         create_app(Settings(api_keys='{"keys": []}', redis_url="off"))
-    assert Settings(api_keys='{"keys": []}', redis_url="off").bind_refusal("0.0.0.0") is None
+    assert Settings(api_keys='{"keys": []}', redis_url="off").access.bind_refusal("0.0.0.0") is None
 
 
 def test_binding_beyond_loopback_needs_keys_or_insecure(monkeypatch, capsys):
     for name in ("RAGCACHE_API_KEY", "RAGCACHE_API_KEYS", "RAGCACHE_API_KEYS_FILE", "RAGCACHE_INSECURE"):
         monkeypatch.delenv(name, raising=False)
     open_settings = Settings(redis_url="off")
-    assert open_settings.bind_refusal("127.0.0.1") is None and open_settings.bind_refusal("localhost") is None
-    assert "RAGCACHE_API_KEY" in open_settings.bind_refusal("0.0.0.0")
-    assert open_settings.bind_refusal("::") and open_settings.bind_refusal("10.1.2.3")
-    assert Settings(redis_url="off", insecure=True).bind_refusal("0.0.0.0") is None
-    assert Settings(redis_url="off", api_key="k").bind_refusal("0.0.0.0") is None
+    assert open_settings.access.bind_refusal("127.0.0.1") is None and open_settings.access.bind_refusal("localhost") is None
+    assert "RAGCACHE_API_KEY" in open_settings.access.bind_refusal("0.0.0.0")
+    assert open_settings.access.bind_refusal("::") and open_settings.access.bind_refusal("10.1.2.3")
+    assert Settings(redis_url="off", insecure=True).access.bind_refusal("0.0.0.0") is None
+    assert Settings(redis_url="off", api_key="k").access.bind_refusal("0.0.0.0") is None
     # The command refuses before it starts anything.
     assert main(["serve", "--host", "0.0.0.0", "--port", "9"]) == 1
     assert "--insecure" in capsys.readouterr().err

@@ -23,8 +23,8 @@ from tests.live_server import LiveServer
 
 
 def test_tracing_is_off_by_default():
-    assert Settings().tracing == "off"
-    assert not Tracing.configured(Settings().tracing).enabled
+    assert Settings().service.tracing == "off"
+    assert not Tracing.configured(Settings().service.tracing).enabled
 
 
 def test_an_embed_call_is_a_span_with_a_child_per_level_and_one_for_the_model():

@@ -148,7 +148,7 @@ def test_l3_entries_written_by_one_service_are_hits_for_the_other(two_services, 
     first, second = two_services
     texts = [f"shared through L3 {uuid.uuid4().hex}" for _ in range(6)]
     assert served(first.post("/embed", {"inputs": texts}))["Compute"] == 6
-    space = first.client.get("/stats").json()["models"][Settings().model]["space"]
+    space = first.client.get("/stats").json()["models"][Settings().space.model]["space"]
     assert space["space_id"] == encoder.space.space_id  # the test computes the service's keys
     l3 = MilvusTier(network_client, space_id=encoder.space.space_id, dim=encoder.space.dim, dtype=torch.float32)
     keys = encoder.space.keys(texts)

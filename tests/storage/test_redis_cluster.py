@@ -72,7 +72,7 @@ def test_any_node_or_a_seed_list_opens_a_cluster_client_and_a_plain_server_stays
     single.close()
 
     settings = Settings(redis_url=" , ".join(redis_cluster.urls.split(",")), milvus_uri="off", data_dir=tmp_path)
-    assert settings.redis_url == redis_cluster.urls
+    assert settings.levels.redis_url == redis_cluster.urls
     for bad in ("redis://127.0.0.1:7000,unix:///tmp/redis.sock", "redis://127.0.0.1:7000,", "127.0.0.1:7000,127.0.0.1:7001"):
         with pytest.raises(ValidationError, match="seed nodes"):
             Settings(redis_url=bad)

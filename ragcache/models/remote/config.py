@@ -23,9 +23,9 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from ragcache.config_files import load_file, load_json
 from ragcache.core.keys import DTYPES, EmbeddingSpace
 from ragcache.errors import ConfigError
+from ragcache.settings.files import load_file, load_json
 
 __all__ = ["PROVIDERS", "RemoteModel", "load_models", "parse_models", "remote_space", "endpoint_identity"]
 

@@ -1,7 +1,7 @@
-"""The one home of configuration: environment variables prefixed ``RAGCACHE_``, optionally a file.
+"""The sections of the settings, one model per concern; each option declared once, here.
 
-Read once at start-up and passed down; nothing below this reads ``os.environ``. A settings file uses the
-same names, in dotenv form (``RAGCACHE_L1_BYTES=1073741824``); real environment variables override it.
+A field's name is its flat option name: ``RAGCACHE_`` plus the name in capitals is its environment variable
+(``Levels.redis_url`` is ``RAGCACHE_REDIS_URL``), so names stay unique across sections (``Settings`` checks).
 """
 
 from __future__ import annotations
@@ -9,23 +9,24 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from ragcache.errors import ConfigError
 from ragcache.observe.redact import redact_url
 
-__all__ = ["MAX_BATCH_CEILING", "Settings"]
+__all__ = ["MAX_BATCH_CEILING", "Access", "Compute", "Drift", "Knowledge", "Levels", "Prefixes", "Rerank", "Service", "Space"]
 
 # The most items any list in a request body may hold, whatever ``max_batch`` says: the HTTP schemas declare it,
 # so validation refuses a longer list at once instead of building every item first.
 MAX_BATCH_CEILING = 16384
 
 
-class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="RAGCACHE_", extra="forbid", frozen=True)
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
-    # -- the embedding space ---------------------------------------------------------------------------
+
+class Space(_Section):
+    """The embedding space: which models, how they compute, and what is part of the cache key."""
+
     model: str = Field("sentence-transformers/all-MiniLM-L6-v2", description="default model: name or path")
     extra_models: list[str] = Field(default_factory=list, description="more models served beside `model`")
     model_revision: str | None = Field(None, description="revision; default: a content hash of the model files")
@@ -51,7 +52,15 @@ class Settings(BaseSettings):
     )
     models_json: str | None = Field(None, description="the same list of remote models as JSON text")
 
-    # -- levels ------------------------------------------------------------------------------------------
+    @property
+    def models(self) -> list[str]:
+        """Every local model served: ``model`` first, then the extra ones."""
+        return [self.model, *[m for m in self.extra_models if m != self.model]]
+
+
+class Levels(_Section):
+    """The cache levels: L1 in process, L2 in Redis, L3 in Milvus, and how vectors are written to them."""
+
     l1_bytes: int = Field(256 * 1024 * 1024, gt=0, description="L1 slab budget in bytes")
     redis_url: str | None = Field(
         None,
@@ -74,18 +83,44 @@ class Settings(BaseSettings):
     l3_max_rows: int | None = Field(None, gt=0, description="L3 size budget per space: the oldest written rows go beyond it; unset = none")
     l3_max_age_s: float | None = Field(None, gt=0, description="L3 age budget: rows last written longer ago go; unset = none")
     data_dir: Path = Field(Path("data"), description="local state: the embedded Redis's snapshots, the default Milvus Lite file")
-    keyword_index: bool = Field(
-        True, description="new collections get a BM25 index for keyword/hybrid search (slower Milvus writes); false: dense only"
-    )
-    result_cache_max_bytes: int = Field(
-        1024 * 1024, gt=0, description="largest search result list (JSON bytes) cached in Redis; larger ones are not cached"
-    )
     write_behind: bool = Field(True, description="store in L2/L3 from a worker thread per level")
     l3_write_linger_ms: float = Field(
         500.0, ge=0, description="L3's write-behind gathers writes this long into one Milvus call (fewer calls, less CPU)"
     )
 
-    # -- compute -----------------------------------------------------------------------------------------
+    def __repr_args__(self):
+        # A URI may still carry a password (redis://:secret@host): shown redacted, like everywhere else.
+        for name, value in super().__repr_args__():
+            yield name, redact_url(value) if name in ("redis_url", "milvus_uri") and value else value
+
+    @field_validator("redis_url")
+    @classmethod
+    def _check_redis_url(cls, value: str | None) -> str | None:
+        if value in (None, "", "off") or value.startswith(("redis://", "rediss://", "unix://")) and "," not in value:
+            return value or None
+        seeds = [part.strip() for part in value.split(",")]
+        if all(seed.startswith(("redis://", "rediss://")) for seed in seeds):
+            return ",".join(seeds)  # Redis Cluster seed nodes
+        raise ValueError(
+            "redis_url must be redis://..., rediss://..., unix://..., a comma-separated list of redis:// "
+            "cluster seed nodes, 'off', or unset"
+        )
+
+    @property
+    def l2_enabled(self) -> bool:
+        return self.redis_url != "off"
+
+    @property
+    def resolved_milvus_uri(self) -> str | None:
+        """The Milvus to use: the configured URI, the Milvus Lite file under ``data_dir`` by default, None when off."""
+        if self.milvus_uri == "off":
+            return None
+        return self.milvus_uri or str(self.data_dir / "milvus.db")
+
+
+class Compute(_Section):
+    """Calls to the model: batching, back-pressure, and computing a missed text once across replicas."""
+
     compute_batch_size: int = Field(32, gt=0, description="most texts in one model call")
     compute_max_wait_ms: float = Field(2.0, ge=0, description="how long a model batch waits to fill while another request may join")
     compute_max_pending: int = Field(
@@ -95,7 +130,21 @@ class Settings(BaseSettings):
     single_flight_ttl_ms: int = Field(15000, gt=0, description="lock lifetime: how long a dead holder can keep others waiting")
     single_flight_wait_ms: int = Field(15000, ge=0, description="most a replica waits for another's vector before computing it")
 
-    # -- reranking (ragcache.rerank; served by /rerank and the rerank stage of /search) --------------------
+
+class Knowledge(_Section):
+    """The knowledge base's collections and its search result cache."""
+
+    keyword_index: bool = Field(
+        True, description="new collections get a BM25 index for keyword/hybrid search (slower Milvus writes); false: dense only"
+    )
+    result_cache_max_bytes: int = Field(
+        1024 * 1024, gt=0, description="largest search result list (JSON bytes) cached in Redis; larger ones are not cached"
+    )
+
+
+class Rerank(_Section):
+    """Reranking (ragcache.rerank): served by /rerank and the rerank stage of /search."""
+
     rerank_models: list[str] = Field(default_factory=list, description="local cross-encoders (folder or name) served by /rerank")
     rerank_url: str | None = Field(None, description="a remote rerank endpoint, e.g. http://host:7997/rerank (Infinity)")
     rerank_remote_model: str | None = Field(None, description="the model name the remote endpoint serves (and ours for it)")
@@ -106,12 +155,18 @@ class Settings(BaseSettings):
     rerank_max_answer_bytes: int = Field(1 << 20, gt=0, description="most bytes of one remote rerank answer; larger is refused (502)")
     rerank_l1_bytes: int = Field(8 * 1024 * 1024, gt=0, description="L1 budget for cached rerank scores (4 bytes each)")
 
-    # -- model drift (docs/drift.md) ---------------------------------------------------------------------
+
+class Drift(_Section):
+    """Model drift (docs/drift.md): canaries stored with each space tell a changed model."""
+
     drift_check: bool = Field(True, description="check each model against canaries stored with its space (changed: new generation)")
     drift_check_interval_s: float = Field(300.0, ge=0, description="seconds between drift checks after the one at start; 0 = only at start")
     drift_tolerance: float | None = Field(None, gt=0, description="most relative canary distance of an unchanged model; unset: the dtype's")
 
-    # -- the KV-prefix registry (keep-warm of vLLM prefix-cache entries) ---------------------------------
+
+class Prefixes(_Section):
+    """The KV-prefix registry: keep-warm of vLLM prefix-cache entries."""
+
     prefix_warm_budget_per_minute: int = Field(120, gt=0, description="most warm requests sent to vLLM a minute")
     prefix_min_rewarm_interval_s: float = Field(1.0, gt=0, description="shortest time between two warms of one prefix")
     prefix_max_rewarm_interval_s: float = Field(120.0, gt=0, description="longest time between two warms of one prefix")
@@ -129,27 +184,14 @@ class Settings(BaseSettings):
         None, ge=0, description="a due warm waits while vLLM reports more requests running (0: strict idle); unset: no limit")
     prefix_warm_max_defer_s: float = Field(5.0, ge=0, description="longest a due warm waits for vLLM to calm down")
 
-    # -- the service ---------------------------------------------------------------------------------------
+
+class Service(_Section):
+    """The HTTP service: where it listens, what one request may carry and take, and what it reports."""
+
     host: str = Field("127.0.0.1", description="address `ragcache serve` binds (beyond loopback only with API keys)")
     port: int = Field(8000, description="port `ragcache serve` listens on")
     max_batch: int = Field(2048, gt=0, le=MAX_BATCH_CEILING, description="most texts one request may carry (413 beyond)")
     truncate: bool = Field(True, description="truncate over-long texts; false: reject them with 413")
-    stats_window_s: float = Field(300.0, gt=0, description="seconds covered by the recent figures of /stats")
-    tracing: Literal["off", "otlp", "console"] = Field(
-        "off", description="OpenTelemetry spans per request, level lookup and model call (ragcache.observe.tracing)")
-    tracing_endpoint: str | None = Field(
-        None, description="OTLP/HTTP traces URL, e.g. http://collector:4318/v1/traces; unset: the OTEL_EXPORTER_OTLP_* default")
-    # repr=False: a key never shows in a repr of the settings, a log line or a traceback.
-    api_key: str | None = Field(None, repr=False, description="when set, requests need 'Authorization: Bearer <key>' (all scopes)")
-
-    # -- access and limits (docs/SECURITY.md) ----------------------------------------------------------
-    api_keys_file: Path | None = Field(None, description="JSON or TOML file of API keys with scopes and tenants")
-    api_keys: str | None = Field(None, repr=False, description="the same key list as JSON text, e.g. from a secret store")
-    insecure: bool = Field(False, description="allow a non-loopback bind without any API key")
-    tenant_max_collections: int | None = Field(
-        100, gt=0, description="most knowledge-base collections one tenant may create (403 beyond); unset: no quota"
-    )
-    tenant_cache_namespaces: bool = Field(False, description="each tenant its own cache entries (no shared hits)")
     max_text_bytes: int = Field(65536, gt=0, description="most UTF-8 bytes in one text or query (413 beyond)")
     max_body_bytes: int = Field(16 * 1024 * 1024, gt=0, description="most bytes in one request body (413 beyond)")
     max_answer_bytes: int = Field(
@@ -157,8 +199,6 @@ class Settings(BaseSettings):
         description="most bytes of hits' texts and metadata in one /search, /search/batch or /documents/get answer "
         "(413 beyond: ask for fewer queries or hits, or include_text=false)",
     )
-    rate_limit_per_s: float | None = Field(None, gt=0, description="requests a second per key; unset = no limit")
-    rate_limit_burst: int | None = Field(None, gt=0, description="bucket size; default: 2 x rate, at least 1")
     request_timeout_s: float = Field(60.0, gt=0, description="a request still unanswered after this gets 504")
     body_timeout_s: float = Field(30.0, gt=0, description="a request body still not in after this gets 408")
     max_worker_threads: int = Field(
@@ -168,11 +208,27 @@ class Settings(BaseSettings):
         128 * 1024 * 1024, ge=0,
         description="freed memory glibc keeps for reuse, not faulted in again per request (ragcache.app.allocator); 0: glibc's defaults",
     )
+    stats_window_s: float = Field(300.0, gt=0, description="seconds covered by the recent figures of /stats")
+    tracing: Literal["off", "otlp", "console"] = Field(
+        "off", description="OpenTelemetry spans per request, level lookup and model call (ragcache.observe.tracing)")
+    tracing_endpoint: str | None = Field(
+        None, description="OTLP/HTTP traces URL, e.g. http://collector:4318/v1/traces; unset: the OTEL_EXPORTER_OTLP_* default")
 
-    def __repr_args__(self):
-        # A URI may still carry a password (redis://:secret@host): shown redacted, like everywhere else.
-        for name, value in super().__repr_args__():
-            yield name, redact_url(value) if name in ("redis_url", "milvus_uri") and value else value
+
+class Access(_Section):
+    """Who may use the service (docs/SECURITY.md): API keys, tenants and their quotas, rate limits."""
+
+    # repr=False: a key never shows in a repr of the settings, a log line or a traceback.
+    api_key: str | None = Field(None, repr=False, description="when set, requests need 'Authorization: Bearer <key>' (all scopes)")
+    api_keys_file: Path | None = Field(None, description="JSON or TOML file of API keys with scopes and tenants")
+    api_keys: str | None = Field(None, repr=False, description="the same key list as JSON text, e.g. from a secret store")
+    insecure: bool = Field(False, description="allow a non-loopback bind without any API key")
+    tenant_max_collections: int | None = Field(
+        100, gt=0, description="most knowledge-base collections one tenant may create (403 beyond); unset: no quota"
+    )
+    tenant_cache_namespaces: bool = Field(False, description="each tenant its own cache entries (no shared hits)")
+    rate_limit_per_s: float | None = Field(None, gt=0, description="requests a second per key; unset = no limit")
+    rate_limit_burst: int | None = Field(None, gt=0, description="bucket size; default: 2 x rate, at least 1")
 
     def bind_refusal(self, host: str) -> str | None:
         """Why the service must not bind ``host`` with these settings, or None: a non-loopback address
@@ -186,37 +242,3 @@ class Settings(BaseSettings):
             "service. Set RAGCACHE_API_KEY or RAGCACHE_API_KEYS_FILE (docs/SECURITY.md), bind 127.0.0.1, or "
             "pass --insecure (RAGCACHE_INSECURE=true) to accept an open service"
         )
-
-    @field_validator("redis_url")
-    @classmethod
-    def _check_redis_url(cls, value: str | None) -> str | None:
-        if value in (None, "", "off") or value.startswith(("redis://", "rediss://", "unix://")) and "," not in value:
-            return value or None
-        seeds = [part.strip() for part in value.split(",")]
-        if all(seed.startswith(("redis://", "rediss://")) for seed in seeds):
-            return ",".join(seeds)  # Redis Cluster seed nodes
-        raise ValueError(
-            "redis_url must be redis://..., rediss://..., unix://..., a comma-separated list of redis:// "
-            "cluster seed nodes, 'off', or unset"
-        )
-
-    @classmethod
-    def load(cls, path: str | Path | None = None, **overrides) -> Settings:
-        """Settings from the environment, optionally a dotenv-style file under it, and explicit overrides."""
-        if path is not None and not Path(path).is_file():
-            raise ConfigError(f"settings file {path} does not exist")
-        return cls(_env_file=path, **overrides)
-
-    @property
-    def models(self) -> list[str]:
-        return [self.model, *[m for m in self.extra_models if m != self.model]]
-
-    @property
-    def l2_enabled(self) -> bool:
-        return self.redis_url != "off"
-
-    @property
-    def resolved_milvus_uri(self) -> str | None:
-        if self.milvus_uri == "off":
-            return None
-        return self.milvus_uri or str(self.data_dir / "milvus.db")
