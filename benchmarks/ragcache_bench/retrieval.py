@@ -358,6 +358,7 @@ def bench_retrieval(ctx: BenchContext) -> BenchResult:
         "splits": [{"seed": split.seed, "tuning": split.tuning, "tuned_hybrid": split.hybrid_name, "report": split.report,
                     "ndcg": split.ndcg} | {f"{mode} - dense": paired_difference(split.ndcg[mode], split.ndcg["dense"], seed=ctx.seed)
                                            for mode in ("keyword", "hybrid")} for split in splits],
+        "over_splits": {f"{mode} - dense": splits_difference(splits, mode, num_queries, seed=ctx.seed) for mode in ("keyword", "hybrid")},
         "tuning_all_queries": tune_fusion([c for per_set_candidates in candidates for c in per_set_candidates]),
         "reranker": searcher.reranker.name, "reranker_trained": searcher.reranker_trained,
         "per_set": {name: _summary(scores, seed=ctx.seed) for name, scores in (*per_set.items(), ("both FAQs", pooled))}
@@ -418,7 +419,7 @@ def _report_verdict(result: BenchResult, splits: Sequence[Split], num_queries: i
         mean, low, high = splits_difference(splits, mode, num_queries, seed=seed)
         label = "tuned hybrid (each split's own)" if mode == "hybrid" else mode
         result.add(f"{len(splits)} splits: {label} - dense, nDCG@10", mean,
-                   note=f"mean over splits; 95% CI {low:+.3f} to {high:+.3f} (bootstrap over the {num_queries} queries)")
+                   note=f"mean over splits; 95% CI {low:+.4f} to {high:+.4f} (bootstrap over the {num_queries} queries)")
     winner, default = winning_mode(splits, num_queries, seed=seed), SearchOptions().mode
     result.add("default search mode", default, goal="the default is the mode that wins",
                note=f"over {len(splits)} splits the human-labelled data says {winner}: dense unless another mode's whole "

@@ -3,16 +3,19 @@
 Concurrent misses for one key share one computation; misses from concurrent callers are gathered into one
 model batch. A worker thread takes whatever is pending the moment the model is free, so batches grow under
 load. It waits at most ``max_wait_s`` for a batch to fill, and only while another caller may still join:
-given ``calls_in_progress`` (the owner's calls that may reach the model), not when every one of them is
-already waiting here, so a lone request (a sequential client, a cold stream) never waits for company.
+given ``calls`` (the owner's ``CallsInProgress``, calls that may reach the model), not when every one of them
+is already waiting here, so a lone request (a sequential client, a cold stream) never waits for company.
 
 A result is forgotten here as soon as it is handed out: every repeat is answered by a level of the cache,
 counted and inside its budget, never by a memory of this batcher's own. What closes the hand-off window (a
 caller that missed L1, then spent milliseconds on L2 and L3, while another caller's computation of the same
-key ended): the worker stores a batch's vectors in the first level (``on_computed``) *before* it takes
-their keys out of flight, and a caller asking for a key no longer in flight looks in that level once more
-(``peek``), under the same lock. A key is thus either still in flight, or already in L1 (unless evicted
-since), and a hit found there is reported as an L1 hit, never as a computation.
+key ended): given the cache's ``Levels``, the worker stores a batch's vectors in the first level *before* it
+takes their keys out of flight, and a caller asking for a key no longer in flight looks in that level once
+more, under the same lock. A key is thus either still in flight, or already in L1 (unless evicted since),
+and a hit found there is reported as an L1 hit, never as a computation.
+
+Calls flow down only: the batcher is given the levels and the counter of calls, and hands what it computed
+back as a ``ComputeOutcome`` (a failure included), never through a callback into its owner.
 """
 
 from __future__ import annotations
@@ -22,14 +25,17 @@ import threading
 from collections.abc import Callable, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from ragcache.core.keys import KeyList
-from ragcache.core.tier import TierHits
 from ragcache.errors import ComputeError, ModelOutOfMemoryError, OverloadedError, PartialEncodeError, RagCacheError, UpstreamError
 
-__all__ = ["CALLER_GONE", "ComputeBatcher", "ComputeOutcome"]
+if TYPE_CHECKING:
+    from ragcache.core.levels import Levels
+
+__all__ = ["CALLER_GONE", "CallsInProgress", "ComputeBatcher", "ComputeOutcome"]
 
 log = logging.getLogger(__name__)
 
@@ -41,12 +47,40 @@ CALLER_GONE: ContextVar[threading.Event | None] = ContextVar("ragcache_caller_go
 GONE_POLL_S = 0.05
 
 
+class CallsInProgress:
+    """How many of the owner's calls are under way and may still reach the model (``with calls:`` around each):
+    the batcher waits for company only while one of them has not reached it yet."""
+
+    def __init__(self) -> None:
+        self._num = 0
+        self._lock = threading.Lock()
+
+    @property
+    def num(self) -> int:
+        return self._num
+
+    def __enter__(self) -> CallsInProgress:
+        with self._lock:
+            self._num += 1
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        with self._lock:
+            self._num -= 1
+
+
 @dataclass(frozen=True)
 class ComputeOutcome:
-    """Vectors in the order asked, and the positions answered by ``peek`` (the first level) instead."""
+    """Vectors in the order asked, and the positions the first level answered instead (``peeked``).
+
+    When some texts failed, ``failure`` is the first failure in the caller's order, and ``vectors`` hold only
+    the positions at ``done``, those that did not fail: a remote model's vectors are paid for, and are cached
+    even when the request that asked for them fails."""
 
     vectors: torch.Tensor
     peeked: list[int]
+    failure: BaseException | None = None
+    done: list[int] | None = None  # with a failure: the positions of ``vectors``
 
 
 @dataclass(eq=False, slots=True)
@@ -77,15 +111,14 @@ class ComputeBatcher:
         max_batch: int = 64,
         max_wait_s: float = 0.002,
         max_pending: int = 4096,
-        on_computed: Callable[[list[str], torch.Tensor], None] | None = None,
-        peek: Callable[[list[str]], TierHits] | None = None,
-        calls_in_progress: Callable[[], int] | None = None,
+        levels: Levels | None = None,
+        calls: CallsInProgress | None = None,
     ):
         self._encode = encode
-        self._calls_in_progress = calls_in_progress
+        self._calls = calls
         self._num_callers = 0  # callers inside compute_detailed: queued, or waiting for their vectors
-        self._on_computed = on_computed
-        self._peek = peek
+        # Computed vectors go to the first level, and a key no longer in flight is looked for there (None: no levels).
+        self._levels = levels if levels is not None and len(levels) else None
         self.max_batch = max_batch
         self.max_wait_s = max_wait_s
         self.max_pending = max_pending
@@ -107,18 +140,16 @@ class ComputeBatcher:
         """Texts queued and not yet handed to the model."""
         return len(self._pending)
 
-    def compute(
-        self, keys: Sequence[str], texts: Sequence[str], *, keep: Callable[[list[int], torch.Tensor], None] | None = None
-    ) -> torch.Tensor:
-        """Vectors for ``texts`` (one per key, in order); see ``compute_detailed``."""
-        return self.compute_detailed(keys, texts, keep=keep).vectors
+    def compute(self, keys: Sequence[str], texts: Sequence[str]) -> torch.Tensor:
+        """Vectors for ``texts`` (one per key, in order); the first failure is raised (``compute_detailed``)."""
+        outcome = self.compute_detailed(keys, texts)
+        if outcome.failure is not None:
+            raise outcome.failure
+        return outcome.vectors
 
-    def compute_detailed(
-        self, keys: Sequence[str], texts: Sequence[str], *, keep: Callable[[list[int], torch.Tensor], None] | None = None
-    ) -> ComputeOutcome:
-        """Vectors for ``texts`` (one per key, in order); blocks until all are computed. When some fail, the
-        first failure is raised, after ``keep(positions, vectors)`` was given those that did not: a remote
-        model's vectors are paid for, and are cached even when the request that asked for them fails.
+    def compute_detailed(self, keys: Sequence[str], texts: Sequence[str]) -> ComputeOutcome:
+        """Vectors for ``texts`` (one per key, in order); blocks until all are computed or one has failed (the
+        outcome's ``failure``, with the vectors of the texts already done at ``done``).
 
         Raises ``OverloadedError`` (queueing nothing) when the queue holds texts and these would take it past
         ``max_pending``; one call larger than that is still taken into an empty queue, so that no request
@@ -155,22 +186,22 @@ class ComputeBatcher:
                 return ComputeOutcome(_gather(items), sorted(peeked))
             # Only those already done: the error is not held back for batches still being computed.
             done = [i for i, item in enumerate(items) if item.done and item.error is None]
-            if keep is not None and done:
-                keep(done, _gather([items[i] for i in done]))
-            raise failure
+            vectors = _gather([items[i] for i in done]) if done else torch.empty(0)
+            return ComputeOutcome(vectors, sorted(peeked), failure=failure, done=done)
         finally:
             with self._cond:
                 self._num_callers -= 1
 
     def _peek_first_level(self, keys: Sequence[str]) -> dict[int, _Item]:
         """Under the lock: keys not in flight that the first level holds now, as already-answered items."""
-        if self._peek is None:
+        if self._levels is None:
             return {}
         asked = [position for position, key in enumerate(keys) if key not in self._in_flight]
         if not asked:
             return {}
         try:
-            hits = self._peek(keys.take(asked) if isinstance(keys, KeyList) else [keys[position] for position in asked])
+            # Uncounted: the walk counted these keys' miss already.
+            hits = self._levels.first.get_many(keys.take(asked) if isinstance(keys, KeyList) else [keys[position] for position in asked])
         except RagCacheError:
             return {}  # the first level failing is a miss here as everywhere
         answered: dict[int, _Item] = {}
@@ -225,7 +256,7 @@ class ComputeBatcher:
 
     def _others_may_come(self) -> bool:
         """Under the lock: whether a call in progress has not reached the queue yet (unknown: assume one has)."""
-        return self._calls_in_progress is None or self._calls_in_progress() > self._num_callers
+        return self._calls is None or self._calls.num > self._num_callers
 
     def _run(self) -> None:
         while (batch := self._take_batch()) is not None:
@@ -238,8 +269,8 @@ class ComputeBatcher:
             self._settle(batch, outcome)
 
     def _settle(self, batch: list[_Item], outcome: torch.Tensor | list) -> None:
-        """Give each item its outcome; the vectors reach the first level (``on_computed``) while their keys are
-        still in flight, and the keys leave the flight with their items done, under one lock."""
+        """Give each item its outcome; the vectors reach the first level while their keys are still in flight,
+        and the keys leave the flight with their items done, under one lock."""
         stored: torch.Tensor | None = None
         if isinstance(outcome, torch.Tensor):
             for row, item in enumerate(batch):
@@ -255,9 +286,9 @@ class ComputeBatcher:
                     rows.append(item.vectors)
             stored_keys = [item.key for item in batch if item.error is None]
             stored = torch.cat(rows) if rows else None
-        if self._on_computed is not None and stored is not None:
+        if self._levels is not None and stored is not None:
             try:
-                self._on_computed(stored_keys, stored)
+                self._levels.store(0, stored_keys, stored)
             except Exception:  # noqa: BLE001 - a level that fails to store is a later miss, never a lost answer
                 log.exception("storing %d computed vectors in the first level failed", len(stored_keys))
         with self._done:

@@ -1,5 +1,7 @@
-"""The embedding cache: walk the levels in order, ask each only for what is still missing, write hits back
-into the levels above, and compute what no level holds (once per key, batched across callers).
+"""The embedding cache, a facade over a walk that goes one way: a request's texts are prepared and hashed once,
+its distinct keys walk the levels (``Levels.walk``: each asked only for what is still missing, hits written back
+into the levels above), and what no level holds goes to the ``MissResolver`` (computed once per key, batched
+across callers, once across processes with single flight). Neither calls back up into the facade.
 """
 
 from __future__ import annotations
@@ -15,15 +17,15 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 import torch
 
-from ragcache.core.batching import ComputeBatcher
+from ragcache.core.batching import CallsInProgress
 from ragcache.core.flight import Flight
 from ragcache.core.keys import EmbeddingSpace, Generation, KeyList
 from ragcache.core.levels import Levels
+from ragcache.core.misses import MissResolver
 from ragcache.core.stats import CacheStats, LatencyHistogram, LevelRecorder
 from ragcache.core.tier import Tier, TierHits
 from ragcache.core.tokens import TokenCounter
 from ragcache.errors import ConfigError, InvalidInputError
-from ragcache.observe.tracing import span
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Tracer
@@ -110,9 +112,11 @@ class EmbeddingCache:
         self.dtype = getattr(torch, self.space.dtype)
         self.levels = Levels(tiers, dim=self.space.dim, dtype=self.dtype, write_behind=write_behind,
                              write_linger_s=write_linger_s, window_s=window_s, clock=clock, tracer=tracer)
-        self._shared = self.levels.shared
-        if flight is not None and self._shared is None:
-            raise ConfigError("single flight across processes needs a shared level (L2) after L1 to publish vectors in")
+        # Calls inside embed_detailed: the batcher waits for company only while one has not reached it yet.
+        self._calls = CallsInProgress()
+        self.resolver = MissResolver(encoder.encode, self.levels, self._calls, flight=flight, device=self.device,
+                                     dtype=self.dtype, max_batch=compute_max_batch, max_wait_s=compute_max_wait_s,
+                                     max_pending=compute_max_pending, tracer=tracer)
         self.level_names = self.levels.names + (COMPUTE,)
         self._clock = clock
         self._requests = LevelRecorder("cache", window_s=window_s)
@@ -121,16 +125,7 @@ class EmbeddingCache:
         self._namespace_spaces: dict[tuple[str, int], EmbeddingSpace] = {}
         self._namespace_requests: dict[str, LevelRecorder] = {}
         self._namespaces_lock = threading.Lock()
-        # Calls inside embed_detailed: the batcher waits for company only while one has not reached it yet.
-        self._num_calls_in_progress = 0
-        self._calls_lock = threading.Lock()
-        self._batcher = ComputeBatcher(
-            encoder.encode, max_batch=compute_max_batch, max_wait_s=compute_max_wait_s, max_pending=compute_max_pending,
-            on_computed=self._store_first if len(self.levels) else None, peek=self._peek_first if len(self.levels) else None,
-            calls_in_progress=lambda: self._num_calls_in_progress,
-        )
         self._on_close = on_close
-        self._flight = flight
         self._closed = False
         self._tracer = tracer  # None: no spans, no tracing work (ragcache.observe.tracing)
 
@@ -223,9 +218,7 @@ class EmbeddingCache:
                        namespace: str | None = None, probe: Probe | None = None) -> EmbedResult:
         """Like ``embed``, plus the level that served each input. ``probe``: this request's resident probe
         (``probe``, for the same texts and namespace), continued from where it stopped."""
-        with self._calls_lock:
-            self._num_calls_in_progress += 1
-        try:
+        with self._calls:
             if self._tracer is None:
                 return self._embed_detailed(texts, normalize=normalize, as_tensor=as_tensor, namespace=namespace, probe=probe)
             attributes: dict[str, str | int] = {"ragcache.num_texts": len(texts), "ragcache.model": self.space.model}
@@ -233,9 +226,6 @@ class EmbeddingCache:
                 result = self._embed_detailed(texts, normalize=normalize, as_tensor=as_tensor, namespace=namespace, probe=probe)
                 current.set_attributes(_served_attributes(result))
                 return result
-        finally:
-            with self._calls_lock:
-                self._num_calls_in_progress -= 1
 
     def _embed_detailed(self, texts: Sequence[str], *, normalize: bool, as_tensor: bool, namespace: str | None,
                         probe: Probe | None) -> EmbedResult:
@@ -267,44 +257,15 @@ class EmbeddingCache:
             unique_texts = [prepared[position] for position in first_positions]
             probe = None  # its L1 hits are per input, the walk's per distinct key
 
-        vectors = None
-        levels = np.full(len(unique_keys), len(self.levels), dtype=np.int8)
-        missing = np.arange(len(unique_keys))
-        asked = unique_keys  # the keys at ``missing``, in order: what the next level is asked for
-        for position in range(len(self.levels)):
-            if not len(missing):
-                break
-            if position == 0 and probe is not None:
-                hits = probe.first  # L1 was asked on the event loop: its answer is this walk's first step
-                self.levels.record(0, hits=len(hits.index), misses=len(asked) - len(hits.index), latency_s=self._clock() - started)
-            else:
-                hits = self.levels.lookup(position, asked)
-            if not hits.index:
-                continue
-            found = missing[hits.index]
-            levels[found] = position
-            if vectors is None and len(found) == len(unique_keys):
-                # The common hot case: one level served everything, in order; its gather is the answer.
-                vectors = hits.vectors.to(self.device, self.dtype)
-            else:
-                if vectors is None:
-                    vectors = torch.empty((len(unique_keys), self.space.dim), dtype=self.dtype, device=self.device)
-                vectors.index_copy_(0, torch.from_numpy(found).to(self.device), hits.vectors.to(self.device, self.dtype))
-            if position:
-                self.levels.write_up(position, asked if len(found) == len(asked) else asked.take(hits.index), hits.vectors)
-            # A boolean mask, not np.setdiff1d: that sorts, and costs ~50 us on 32 keys.
-            still = np.ones(len(missing), dtype=bool)
-            still[hits.index] = False
-            missing = missing[still]
-            asked = asked.take(np.flatnonzero(still))
-        if vectors is None:
-            vectors = torch.empty((len(unique_keys), self.space.dim), dtype=self.dtype, device=self.device)
+        first = None
+        if probe is not None:
+            first = probe.first  # L1 was asked on the event loop: its answer is the walk's first step
+            self.levels.record(0, hits=len(first.index), misses=len(keys) - len(first.index), latency_s=self._clock() - started)
+        found = self.levels.walk(unique_keys, device=self.device, first=first)
+        vectors, levels = found.vectors, found.served
         num_computed = 0
-        if len(missing):
-            if self._flight is None:
-                num_computed = self._compute_into(vectors, levels, missing, unique_keys, unique_texts)
-            else:
-                num_computed = self._compute_once_across_processes(vectors, levels, missing, unique_keys, unique_texts)
+        if len(found.missing):
+            num_computed = self.resolver.resolve(vectors, levels, found.missing, unique_keys, unique_texts)
 
         # A vector another replica computed while this one waited counts as a hit: nothing was computed here.
         num_served = len(keys) - num_computed
@@ -315,72 +276,6 @@ class EmbeddingCache:
         if normalize:
             vectors = torch.nn.functional.normalize(vectors.float(), dim=-1).to(self.dtype)
         return EmbedResult(vectors if as_tensor else _to_numpy(vectors), levels, self.level_names)
-
-    def _compute_into(self, vectors: torch.Tensor, levels: np.ndarray, positions: np.ndarray, unique_keys: KeyList,
-                      unique_texts: list[str], *, num_sync: int = 1) -> int:
-        """Compute the keys at ``positions`` into ``vectors`` and write them up; returns how many were computed.
-
-        The batcher has already stored computed vectors in L1 (``_store_first``), so the write-up starts at L2.
-        A key another caller's computation put into L1 meanwhile comes back as an L1 hit (``peeked``)."""
-        keys = unique_keys.take(positions)
-
-        def keep(done: list[int], done_vectors: torch.Tensor) -> None:
-            self.levels.write_up(len(self.levels), [keys[i] for i in done], done_vectors, num_sync=num_sync, first=1)
-
-        # The span covers this caller's wait: the batcher may add other callers' texts to the model call.
-        with span(self._tracer, "ragcache.compute", {"ragcache.num_texts": len(keys)}):
-            outcome = self._batcher.compute_detailed(keys, [unique_texts[i] for i in positions], keep=keep)
-        vectors.index_copy_(0, torch.from_numpy(positions).to(self.device), outcome.vectors.to(self.device, self.dtype))
-        if outcome.peeked:
-            levels[positions[outcome.peeked]] = 0
-            computed = np.ones(len(positions), dtype=bool)
-            computed[outcome.peeked] = False
-            keys = keys.take(np.flatnonzero(computed))
-            if keys:
-                self.levels.write_up(len(self.levels), keys, outcome.vectors[torch.from_numpy(computed)], num_sync=num_sync, first=1)
-            return len(keys)
-        self.levels.write_up(len(self.levels), keys, outcome.vectors, num_sync=num_sync, first=1)
-        return len(positions)
-
-    def _store_first(self, keys: list[str], vectors: torch.Tensor) -> None:
-        """The batcher's hand-off: computed vectors into L1 while their keys are still in flight."""
-        self.levels.store(0, keys, vectors.to(self.device, self.dtype))
-
-    def _peek_first(self, keys: list[str]) -> TierHits:
-        """The batcher's second look, for a key no longer in flight: uncounted (the walk counted its miss)."""
-        return self.levels.first.get_many(keys)
-
-    def _compute_once_across_processes(
-        self, vectors: torch.Tensor, levels: np.ndarray, missing: np.ndarray, unique_keys: KeyList, unique_texts: list[str]
-    ) -> int:
-        """Compute the missing keys this process wins, wait for the others' vectors, compute what never came.
-
-        Computed vectors go to the shared level (L2) synchronously before the claim is released, so a waiting
-        replica finds them there. Won keys are computed *before* waiting: two replicas that each won
-        what the other waits for then never wait on each other.
-        """
-        assert self._flight is not None and self._shared is not None, "called only with single flight on"
-        shared = self._shared
-        won = np.array(self._flight.claim([unique_keys[i] for i in missing]), dtype=bool)
-        mine, theirs = missing[won], missing[~won]
-        num_computed = 0
-        if len(mine):
-            try:
-                num_computed += self._compute_into(vectors, levels, mine, unique_keys, unique_texts, num_sync=shared + 1)
-            finally:
-                self._flight.release([unique_keys[i] for i in mine])
-        if len(theirs):
-            found = self._flight.wait([unique_keys[i] for i in theirs], lambda keys: self.levels.peek(shared, keys))
-            if found:
-                offsets = sorted(found)
-                arrived, arrived_vectors = theirs[offsets], torch.stack([found[o] for o in offsets])
-                vectors.index_copy_(0, torch.from_numpy(arrived).to(self.device), arrived_vectors.to(self.device, self.dtype))
-                levels[arrived] = shared
-                self.levels.write_up(shared, [unique_keys[i] for i in arrived], arrived_vectors)
-            never = np.array([i for o, i in enumerate(theirs) if o not in found], dtype=missing.dtype)
-            if len(never):
-                num_computed += self._compute_into(vectors, levels, never, unique_keys, unique_texts, num_sync=shared + 1)
-        return num_computed
 
     # ---- state -----------------------------------------------------------------------------------------
 
@@ -445,7 +340,7 @@ class EmbeddingCache:
         if self._closed:
             return
         self._closed = True
-        self._batcher.close()
+        self.resolver.close()
         self.levels.close()
         if self._on_close is not None:
             self._on_close()

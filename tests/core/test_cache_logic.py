@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from ragcache.core.batching import ComputeBatcher
+from ragcache.core.batching import CallsInProgress, ComputeBatcher
 from ragcache.core.cache import EmbeddingCache
 from ragcache.errors import ComputeError, InvalidInputError, TierUnavailableError
 from ragcache.storage.processes import poll_until
@@ -159,21 +159,22 @@ def test_misses_from_concurrent_callers_share_model_batches():
 def test_the_batch_waits_for_company_only_while_a_caller_has_not_reached_it():
     # A minute's window: a wait that should not happen would show as a join that times out.
     encoder = HashEncoder(DIM)
-    in_progress = [1]
-    batcher = ComputeBatcher(encoder.encode, max_batch=64, max_wait_s=60, calls_in_progress=lambda: in_progress[0])
-    lone = threading.Thread(target=batcher.compute, args=(["k0"], ["alone"]))
-    lone.start()
-    lone.join(timeout=20)
-    assert not lone.is_alive() and encoder.calls == [["alone"]]  # the only call in progress: no wait
-    in_progress[0] = 2  # two calls in progress: the first queued waits for the second, then both go together
-    first = threading.Thread(target=batcher.compute, args=(["k1"], ["first"]))
-    first.start()
-    assert poll_until(lambda: batcher.num_pending == 1, timeout_s=10, interval_s=0.005)
-    second = threading.Thread(target=batcher.compute, args=(["k2"], ["second"]))
-    second.start()
-    for thread in (first, second):
-        thread.join(timeout=20)
-        assert not thread.is_alive()
+    calls = CallsInProgress()
+    batcher = ComputeBatcher(encoder.encode, max_batch=64, max_wait_s=60, calls=calls)
+    with calls:  # the one call in progress (the owner's calls enter the counter, as EmbeddingCache's do)
+        lone = threading.Thread(target=batcher.compute, args=(["k0"], ["alone"]))
+        lone.start()
+        lone.join(timeout=20)
+        assert not lone.is_alive() and encoder.calls == [["alone"]]  # the only call in progress: no wait
+        with calls:  # two calls in progress: the first queued waits for the second, then both go together
+            first = threading.Thread(target=batcher.compute, args=(["k1"], ["first"]))
+            first.start()
+            assert poll_until(lambda: batcher.num_pending == 1, timeout_s=10, interval_s=0.005)
+            second = threading.Thread(target=batcher.compute, args=(["k2"], ["second"]))
+            second.start()
+            for thread in (first, second):
+                thread.join(timeout=20)
+                assert not thread.is_alive()
     assert encoder.calls[1:] == [["first", "second"]]
     batcher.close()
 

@@ -82,7 +82,7 @@ def requests_in_one_batch(cache: EmbeddingCache, failing: FailingEncoder, reques
     results: list[object] = []
     sender = threading.Thread(target=lambda: results.extend(concurrent_requests(cache, requests)))
     sender.start()
-    assert poll_until(lambda: cache._batcher.num_pending == num_texts, timeout_s=30, interval_s=0.005)
+    assert poll_until(lambda: cache.resolver.batcher.num_pending == num_texts, timeout_s=30, interval_s=0.005)
     failing.gate.set()
     sender.join(timeout=120)
     holder.join(timeout=120)

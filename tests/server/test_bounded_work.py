@@ -180,7 +180,7 @@ def small_server(tmp_path_factory):
 
 def test_a_flood_of_requests_that_time_out_stays_within_the_thread_and_queue_bounds(small_server):
     live = small_server
-    pool, batcher = live.app.state.workers, next(iter(live.state.caches.values()))._batcher
+    pool, batcher = live.app.state.workers, next(iter(live.state.caches.values())).resolver.batcher
     most = {"running": 0, "pending": 0}
     flooding = threading.Event()
 
