@@ -1,0 +1,297 @@
+"""Keep-warm: this process's schedule of warm requests for every (prefix, endpoint), and the background loop that
+sends the warms that are due (through :mod:`.targets`, which keeps each endpoint's health and counters).
+
+A warm is the prefix sent as a one-token completion; ``usage.prompt_tokens_details.cached_tokens`` says whether
+it was still resident, and the interval adapts (:mod:`.policy`). A target that fails is backed off; one that
+comes back (or restarted, its counters gone backwards) lost its KV cache, and its prefixes are primed again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+from collections.abc import Callable
+
+from ragcache.errors import InvalidInputError, TierUnavailableError
+
+from .config import PrefixRegistryConfig
+from .known import KnownPrefixes
+from .lease import WarmGate
+from .model import Prefix, PrefixStats, PromptForm, Target, WarmOutcome, WarmResult
+from .policy import Schedule, holds_warm, judge_residency, next_schedule
+from .state import WarmState, summarize
+from .targets import Targets
+from .text import template_head
+from .vllm_client import PrefixCacheCounters, TargetUnavailableError, VLLMClient
+
+__all__ = ["KeepWarm"]
+
+log = logging.getLogger(__name__)
+
+# The outcomes of a warm that vLLM answered: each one moves the schedule.
+ANSWERED = (WarmOutcome.PRIME, WarmOutcome.RESIDENT, WarmOutcome.EVICTED)
+
+
+class KeepWarm:
+    """Warm states per (prefix, endpoint), the warms' counts, and the loop (thread-safe).
+
+    HTTP calls to vLLM are made outside the lock so stats never wait on vLLM."""
+
+    def __init__(
+        self,
+        known: KnownPrefixes,
+        targets: Targets,
+        vllm: VLLMClient,
+        config: PrefixRegistryConfig,
+        *,
+        gate: WarmGate,
+        clock: Callable[[], float],
+        wall_clock: Callable[[], float],
+    ) -> None:
+        self.config = config
+        self._known = known
+        self._targets = targets
+        self._vllm = vllm  # for LMCache's pin API; the warms themselves go through the targets
+        self._gate = gate
+        self._clock = clock
+        self._wall_clock = wall_clock
+        self._lock = threading.RLock()
+        # (prefix name, endpoint base URL) -> the warm state of the prefix's current version there.
+        self._states: dict[tuple[str, str], WarmState] = {}
+        self._store_read_at = float("-inf")
+        self.num_warms_sent = 0
+        self.num_warms_deferred = 0
+        self.num_warms_held_busy = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def endpoints_of(self, prefix: Prefix) -> tuple[str, ...]:
+        """The vLLM base URLs that keep ``prefix`` warm: its target first, then its replicas, then the
+        deployment's list when its target is on it."""
+        fleet = self.config.endpoints if prefix.target.base_url in self.config.endpoints else ()
+        return tuple(dict.fromkeys((prefix.target.base_url, *prefix.endpoints, *fleet)))
+
+    def all_primed(self, prefix: Prefix) -> bool:
+        """Whether ``prefix``'s current version was warmed on every one of its endpoints."""
+        with self._lock:
+            states = [self._state_for(prefix, url) for url in self.endpoints_of(prefix)]
+        return all(state.primed for state in states)
+
+    def forget(self, name: str) -> None:
+        """Drop the warm states of prefix ``name`` (it was deleted)."""
+        with self._lock:
+            self._states = {key: state for key, state in self._states.items() if key[0] != name}
+
+    # ----- warming ------------------------------------------------------------------------------
+
+    def warm_all(self, name: str) -> tuple[WarmResult, ...]:
+        """Warm prefix ``name`` on every one of its endpoints now (target first)."""
+        prefix = self._known.get(name)
+        return tuple(self.warm(name, url) for url in self.endpoints_of(prefix))
+
+    def warm(self, name: str, endpoint: str | None = None) -> WarmResult:
+        """Warm prefix ``name`` on ``endpoint`` (default: its target) now, within the budget and the
+        endpoint's back-off, and record the result."""
+        prefix = self._known.get(name)
+        url = prefix.target.base_url if endpoint is None else endpoint.rstrip("/")
+        if url not in self.endpoints_of(prefix):
+            raise InvalidInputError(f"prefix {name!r} is not served by {url!r}", field="endpoint")
+        target = Target(url, prefix.target.model)
+
+        def skipped(error: str) -> WarmResult:
+            return WarmResult(prefix.name, prefix.version, WarmOutcome.SKIPPED, error=error, endpoint=url)
+
+        with self._lock:
+            state = self._state_for(prefix, url)
+            if not self._targets.health_of(url).may_try():
+                return self._finish(state, skipped("target is backing off"))
+            if not self._gate.try_spend():
+                self.num_warms_deferred += 1
+                return self._finish(state, skipped("warm budget for this minute is spent"))
+            self.num_warms_sent += 1
+            primed = state.primed
+        head = template_head(prefix.text, prefix.is_template)
+        try:
+            usage = self._targets.complete(target, head, prefix.form)
+        except TargetUnavailableError as exc:
+            with self._lock:
+                delay = self._targets.failed(url, exc)
+                log.warning("warming %s on %s failed (%s); it backs off %.1fs", prefix.name, url, exc, delay)
+                return self._finish(state, WarmResult(prefix.name, prefix.version, WarmOutcome.ERROR,
+                                                      error=str(exc), endpoint=url))
+        if self._targets.succeeded(url):
+            self._reprime(url)
+        if prefix.num_tokens is None and prefix.form is PromptForm.COMPLETION:
+            self._fill_token_count(prefix, usage.num_prompt_tokens)
+        if primed:
+            resident = judge_residency(usage.num_prompt_tokens, usage.num_cached_tokens, self._targets.block_size(target))
+            outcome = WarmOutcome.RESIDENT if resident else WarmOutcome.EVICTED
+        else:
+            outcome = WarmOutcome.PRIME
+        result = WarmResult(prefix.name, prefix.version, outcome, usage.num_prompt_tokens,
+                            usage.num_cached_tokens, usage.latency_s, endpoint=url)
+        if outcome is WarmOutcome.PRIME and prefix.lmcache_controller_url:
+            self._lmcache_pin(prefix, target, head, state)
+        with self._lock:
+            state.primed = True
+            state.held = False
+            return self._finish(state, result)
+
+    def _fill_token_count(self, prefix: Prefix, num_tokens: int) -> None:
+        """Record the token count vLLM reported, for a prefix registered while it was down."""
+        try:
+            current = self._known.store.get(prefix.name)
+        except TierUnavailableError:
+            return  # the count stays unknown until the next warm; nothing else depends on it
+        if current is not None and current.version == prefix.version and current.num_tokens is None:
+            try:
+                self._known.put(dataclasses.replace(current, num_tokens=num_tokens))
+            except TierUnavailableError:
+                return
+
+    def _finish(self, state: WarmState, result: WarmResult) -> WarmResult:
+        """Count ``result`` and schedule the next warm (caller holds the lock)."""
+        state.count(result.outcome, self._wall_clock())
+        now = self._clock()
+        if result.outcome in ANSWERED:
+            gap_s = now - state.last_sent_at if state.last_sent_at is not None else state.schedule.interval_s
+            state.schedule = next_schedule(state.schedule, result.outcome, gap_s, self.config)
+            state.last_sent_at = now
+        if result.outcome is WarmOutcome.SKIPPED:
+            # Stay due: the warm goes out as soon as the budget or the back-off allows.
+            state.next_due_at = min(state.next_due_at, self._clock())
+        elif result.outcome is WarmOutcome.ERROR:
+            state.next_due_at = self._targets.health_of(state.base_url).retry_at
+        else:
+            state.next_due_at = now + state.schedule.interval_s
+        return result
+
+    def _lmcache_pin(self, prefix: Prefix, target: Target, head: str, state: WarmState) -> None:
+        """Back the keep-warm with LMCache's pin API; best effort, a failure is logged only."""
+        assert prefix.lmcache_controller_url is not None
+        try:
+            tokens = self._vllm.tokenize(target, head)
+            pinned = self._vllm.lmcache_pin(prefix.lmcache_controller_url, tokens,
+                                            self.config.lmcache_instance_id, self.config.lmcache_location)
+        except TargetUnavailableError as exc:
+            log.warning("LMCache pin of %s failed: %s", prefix.name, exc)
+            return
+        with self._lock:
+            state.lmcache_pinned_tokens = pinned
+
+    def scrape(self, url: str) -> PrefixCacheCounters | None:
+        """Read a target's prefix-cache counters (:meth:`.targets.Targets.scrape`); a target that lost its KV cache
+        has its prefixes primed again."""
+        counters, lost_cache = self._targets.scrape(url)
+        if lost_cache:
+            self._reprime(url)
+        return counters
+
+    def _reprime(self, url: str) -> None:
+        with self._lock:
+            now = self._clock()
+            for (_name, base_url), state in self._states.items():
+                if base_url == url:
+                    state.primed = False
+                    state.next_due_at = now
+
+    # ----- the loop -----------------------------------------------------------------------------
+
+    def _state_for(self, prefix: Prefix, url: str) -> WarmState:
+        """The warm state of ``prefix``'s current version on ``url``; a new version starts afresh (caller locks)."""
+        state = self._states.get((prefix.name, url))
+        if state is None or state.version != prefix.version:
+            state = WarmState(version=prefix.version, base_url=url,
+                              schedule=Schedule(self.config.initial_rewarm_interval_s), next_due_at=self._clock())
+            self._states[(prefix.name, url)] = state
+        return state
+
+    def _refresh(self) -> list[Prefix]:
+        """The prefixes to consider this tick: from the store, or the last copy while it is down."""
+        now = self._clock()
+        if now - self._store_read_at >= self.config.store_refresh_interval_s:
+            try:
+                listed = self._known.store.list()
+            except TierUnavailableError as exc:
+                log.warning("prefix store unavailable, warming the last known list: %s", exc)
+            else:
+                self._known.replace(listed)
+                live = {(p.name, url) for p in listed for url in self.endpoints_of(p)}
+                with self._lock:
+                    self._states = {key: s for key, s in self._states.items() if key in live}
+                self._store_read_at = now
+        return self._known.copies()
+
+    def tick(self) -> list[WarmResult]:
+        """One pass of the loop: scrape endpoints that are due, warm the (prefix, endpoint) pairs that are
+        due and that this replica holds the lease of."""
+        prefixes = self._refresh()
+        now = self._clock()
+        for url in sorted({url for p in prefixes for url in self.endpoints_of(p)}):
+            if self._targets.scrape_due(url, now):
+                self.scrape(url)
+        pairs = [(p, url) for p in prefixes if p.pinned for url in self.endpoints_of(p)]
+        # Every pair's lease is checked (and renewed) each tick, due or not: a holder that let its lease
+        # lapse between two warms would hand its schedule to another replica and both would warm.
+        held = [(p, url) for p, url in pairs if self._gate.holds(p.name, url)]
+        due: list[tuple[float, str, str]] = []
+        with self._lock:
+            for prefix, url in held:
+                state = self._state_for(prefix, url)
+                if self._clock() >= state.next_due_at and self._targets.health_of(url).may_try():
+                    due.append((state.next_due_at, prefix.name, url))
+        due = self._not_held_busy(due)
+        # Longest-waiting first, so a spent budget delays every prefix fairly instead of starving
+        # the ones that sort last.
+        return [self.warm(name, url) for _, name, url in sorted(due)]
+
+    def _not_held_busy(self, due: list[tuple[float, str, str]]) -> list[tuple[float, str, str]]:
+        """The due warms that may go out now: those whose endpoint is not busy with users by its own /metrics
+        (read fresh, once per endpoint), or that have waited ``warm_max_defer_s`` (see :func:`.policy.holds_warm`)."""
+        if not due or (self.config.warm_max_waiting is None and self.config.warm_max_running is None):
+            return due
+        load = {url: self.scrape(url) for url in {url for _, _, url in due}}
+        now = self._clock()
+        ready = []
+        with self._lock:
+            for due_at, name, url in due:
+                counters = load[url]
+                running, waiting = (counters.num_running, counters.num_waiting) if counters else (None, None)
+                state = self._states.get((name, url))
+                if state is not None and holds_warm(running, waiting, now - due_at, self.config):
+                    self.num_warms_held_busy += not state.held
+                    state.held = True
+                else:
+                    ready.append((due_at, name, url))
+        return ready
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.config.tick_interval_s):
+            try:
+                self.tick()
+            except Exception:  # the loop must survive anything; the next tick retries
+                log.exception("prefix keep-warm tick failed")
+
+    def start(self) -> None:
+        """Start the keep-warm loop in a daemon thread (idempotent)."""
+        if self._thread is not None and self._thread.is_alive():
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="ragcache-prefix-warmer", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the loop and wait for it (a warm in flight finishes first)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=self.config.request_timeout_s + 5)
+            self._thread = None
+
+    # ----- stats --------------------------------------------------------------------------------
+
+    def summary(self, prefix: Prefix, num_uses: int) -> PrefixStats:
+        """Counters of ``prefix`` in this process, summed and per endpoint."""
+        with self._lock:
+            states = [self._state_for(prefix, url) for url in self.endpoints_of(prefix)]
+            return summarize(prefix, states, num_uses)

@@ -1,0 +1,202 @@
+"""A knowledge base's documents: embedded through an ``EmbeddingCache`` and upserted by id, read, listed, deleted,
+and synced with their source (``ragcache.retrieval.sync``).
+
+Every write invalidates the collection's cached search results (``ResultCache``), before and after it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from ragcache.core.cache import EmbeddingCache
+from ragcache.errors import InvalidInputError, TierUnavailableError
+from ragcache.retrieval.catalog import Catalog, CollectionRecord, primary_key
+from ragcache.retrieval.documents import (
+    Document,
+    check_collection_name,
+    check_documents,
+    check_filter,
+    check_ids,
+    content_hash,
+)
+from ragcache.retrieval.result_cache import ResultCache
+from ragcache.retrieval.results import IngestResult
+from ragcache.retrieval.sync import MAX_LISTED_IDS, SyncOptions, source_expression, sources_of
+
+__all__ = ["BATCH_ROWS", "DocumentStore", "in_order_asked"]
+
+# Rows per upsert/get call: at most 256 x 64 KB texts = 16 MB per gRPC message, under Milvus' 64 MB limit.
+BATCH_ROWS = 256
+
+
+class DocumentStore:
+    """The documents of the catalog's collections, with the result cache they invalidate (None: no cache)."""
+
+    def __init__(self, catalog: Catalog, results: ResultCache | None):
+        self.catalog = catalog
+        self.results = results
+
+    def add_documents(
+        self, collection: str, documents: Sequence[Document | dict], cache: EmbeddingCache, sync: SyncOptions | None
+    ) -> IngestResult:
+        """``KnowledgeBase.add_documents``: a document stored with the same content hash is left alone (nothing
+        embedded or written); ``sync`` then deletes what is gone from the source."""
+        checked = check_documents(documents)
+        meta = self.catalog.ensure(check_collection_name(collection), cache.space)
+        hashes = [content_hash(document) for document in checked]
+        stored = self._stored_hashes(meta, [document.id for document in checked])
+        changed = [index for index, document in enumerate(checked) if stored.get(document.id) != hashes[index]]
+        num_replaced = sum(1 for index in changed if checked[index].id in stored)
+        served: dict[str, int] = {}
+        if changed:
+            served = self._upsert(meta, [checked[index] for index in changed], [hashes[index] for index in changed], cache)
+        num_deleted = 0 if sync is None else self._clean_up(meta, checked, sync)
+        num_computed = served.get(cache.level_names[-1], 0)
+        return IngestResult(
+            collection=meta.name,
+            num_received=len(checked),
+            num_inserted=len(changed) - num_replaced,
+            num_replaced=num_replaced,
+            num_cached=len(changed) - num_computed,
+            num_computed=num_computed,
+            served=served,
+            num_unchanged=len(checked) - len(changed),
+            num_deleted=num_deleted,
+        )
+
+    def list_ids(self, collection: str, filter: str | None = None) -> list[str]:  # noqa: A002 - the API's name
+        """The ids of the collection's documents (matching ``filter``), at most ``MAX_LISTED_IDS``."""
+        meta = self.catalog.lookup(check_collection_name(collection))
+        return self._list_ids(meta, check_filter(filter) or "")
+
+    def get_documents(self, collection: str, ids: Sequence[str]) -> list[Document]:
+        """The documents with these ids, in the order asked (repeats folded); unknown ids are left out."""
+        checked = check_ids(ids)
+        return in_order_asked(checked, [document for batch in self.document_batches(collection, checked) for document in batch])
+
+    def document_batches(self, collection: str, ids: Sequence[str]) -> Iterator[list[Document]]:
+        """``get_documents`` one Milvus call at a time (``BATCH_ROWS`` ids each, unknown ids left out), so that a
+        caller with a byte budget can stop reading as soon as it is spent."""
+        checked = check_ids(ids)
+        meta = self.catalog.lookup(check_collection_name(collection))
+        for rows in self._rows_of(meta, checked, ["id", "text", "metadata"]):
+            yield [Document(row["id"], row["text"], row.get("metadata") or {}) for row in rows]
+
+    def delete_documents(self, collection: str, ids: Sequence[str]) -> int:
+        """Delete documents by id; returns how many existed (unknown ids are ignored)."""
+        checked = check_ids(ids)
+        meta = self.catalog.lookup(check_collection_name(collection))
+        return self._delete_existing(meta, checked)
+
+    def _upsert(
+        self, meta: CollectionRecord, documents: list[Document], hashes: list[str], cache: EmbeddingCache
+    ) -> dict[str, int]:
+        """Embed and upsert; returns how many embeddings each level served."""
+        embedded = cache.embed_detailed([document.text for document in documents])
+        vectors = np.asarray(embedded.vectors, dtype=np.float32)  # Milvus stores float32 vectors
+        rows = [
+            {"pk": primary_key(document.id), "id": document.id, "text": document.text, "metadata": document.metadata,
+             "vector": vector}
+            for document, vector in zip(documents, vectors)
+        ]
+        if meta.hashed:
+            for row, digest in zip(rows, hashes):
+                row["content_hash"] = digest
+        self._invalidate(meta, written=False)
+        try:
+            for start in range(0, len(rows), BATCH_ROWS):
+                self.catalog.call(meta, "upsert", meta.milvus_name, rows[start : start + BATCH_ROWS])
+        finally:
+            # Also after a partial failure: some batches may have landed, and cached results must not hide them.
+            self._invalidate(meta, written=True)
+        return embedded.served
+
+    def _stored_hashes(self, meta: CollectionRecord, ids: list[str]) -> dict[str, str]:
+        """id -> content hash of the stored documents among ``ids``. A collection made before content hashes
+        has its stored text and metadata read and hashed instead (slower, same answer)."""
+        fields = ["id", "content_hash"] if meta.hashed else ["id", "text", "metadata"]
+        found: dict[str, str] = {}
+        for rows in self._rows_of(meta, ids, fields):
+            for row in rows:
+                stored = row["content_hash"] if meta.hashed else content_hash(Document(row["id"], row["text"], row.get("metadata") or {}))
+                found[row["id"]] = stored
+        return found
+
+    def _rows_of(self, meta: CollectionRecord, ids: list[str], fields: list[str]) -> Iterator[list[dict[str, Any]]]:
+        """The stored rows of the documents among ``ids`` (their ``fields``), one Milvus call of ``BATCH_ROWS``
+        ids at a time."""
+        for start in range(0, len(ids), BATCH_ROWS):
+            pks = [primary_key(doc_id) for doc_id in ids[start : start + BATCH_ROWS]]
+            yield self.catalog.call(meta, "get", meta.milvus_name, ids=pks, output_fields=fields)
+
+    def _clean_up(self, meta: CollectionRecord, kept: list[Document], sync: SyncOptions) -> int:
+        """Delete the documents of the sync's scope that this request did not send; returns how many."""
+        if sync.cleanup == "incremental":
+            sources = sources_of(kept)
+            if not sources:
+                return 0
+            expression = source_expression(sources)
+        else:
+            expression = sync.scope or ""
+        try:
+            listed = self._list_ids(meta, expression)
+        except InvalidInputError as exc:
+            raise InvalidInputError(f"sync.scope is not a valid filter: {exc}", field="sync.scope") from exc
+        kept_ids = {document.id for document in kept}
+        return self._delete_existing(meta, [doc_id for doc_id in listed if doc_id not in kept_ids])
+
+    def _list_ids(self, meta: CollectionRecord, expression: str) -> list[str]:
+        filter_given = bool(expression)
+        iterator = self.catalog.call(
+            meta, "query_iterator", meta.milvus_name, batch_size=1000, filter=expression, output_fields=["id"],
+            filter_given=filter_given,
+        )
+        ids: list[str] = []
+        try:
+            while batch := self.catalog.gateway.next_page(iterator, meta.name, filter_given):
+                ids.extend(row["id"] for row in batch)
+                if len(ids) > MAX_LISTED_IDS:
+                    raise InvalidInputError(
+                        f"more than {MAX_LISTED_IDS} documents match: narrow the filter (or sync scope)", field="filter"
+                    )
+        finally:
+            iterator.close()
+        return ids
+
+    def _delete_existing(self, meta: CollectionRecord, ids: list[str]) -> int:
+        # Milvus reports every requested id as deleted, so the count comes from asking which exist.
+        found = {row["id"] for rows in self._rows_of(meta, ids, ["id"]) for row in rows}
+        existing = [doc_id for doc_id in ids if doc_id in found]
+        if existing:
+            self._invalidate(meta, written=False)
+            try:
+                for start in range(0, len(existing), BATCH_ROWS):
+                    pks = [primary_key(doc_id) for doc_id in existing[start : start + BATCH_ROWS]]
+                    self.catalog.call(meta, "delete", meta.milvus_name, ids=pks)
+            finally:
+                self._invalidate(meta, written=True)
+        return len(existing)
+
+    def _invalidate(self, meta: CollectionRecord, *, written: bool) -> None:
+        """Bump the collection's result version, before a write (a Redis that cannot take it refuses the write
+        before anything changed) and after it (a search during the write may have cached the old contents).
+        Every replica reads the same version key, so a write whose bump failed must not be acknowledged."""
+        if self.results is None:
+            return
+        try:
+            self.results.bump(meta.uid)
+        except TierUnavailableError as exc:
+            outcome = ("the change may have landed, and searches on other replicas may show the old contents until it is "
+                       "repeated: retry the request") if written else "nothing was changed: retry when Redis is back"
+            raise TierUnavailableError(
+                "result cache", f"cached search results of collection {meta.name!r} could not be invalidated; {outcome}"
+            ) from exc
+
+
+def in_order_asked(ids: Sequence[str], documents: Iterable[Document]) -> list[Document]:
+    """``documents`` in the order of ``ids`` (repeats folded); ids without a document are left out."""
+    found = {document.id: document for document in documents}
+    return [found[doc_id] for doc_id in dict.fromkeys(ids) if doc_id in found]
