@@ -137,10 +137,16 @@ class ModelEncoder:
     def encode(self, texts: Sequence[str], *, prompt: str | None = None) -> torch.Tensor:
         """Vectors for ``texts`` (already ``prepare``d by the space), on the model's device, in the space's dtype.
         ``prompt``: a named prompt's text (``ragcache.models.prompts``) instead of the encoder's own ``prompt``."""
+        if not texts:
+            return torch.empty((0, self.dim), dtype=self.dtype, device=self.device)  # no forward pass, no batch counted
         unique = list(dict.fromkeys(texts))
         with self._lock:
             started = time.perf_counter()
-            vectors = self._forward(unique, self.prompt if prompt is None else prompt)
+            try:
+                vectors = self._forward(unique, self.prompt if prompt is None else prompt)
+            except TypeError:
+                text_hashes(texts)  # a text that is not valid Unicode: InvalidTextError names its position (as _tokenized)
+                raise
             elapsed = time.perf_counter() - started
             self._num_texts += len(unique)
             self._num_batches += 1
@@ -168,6 +174,8 @@ class ModelEncoder:
 
     def count_tokens(self, texts: Sequence[str]) -> list[int]:
         """Tokens per text as the model sees them before truncation (special tokens included)."""
+        if not texts:
+            return []  # the tokenizer fails on an empty batch (IndexError)
         encoded = self._tokenized(texts, add_special_tokens=True)["input_ids"]
         return [len(ids) for ids in encoded]
 
@@ -192,6 +200,8 @@ class ModelEncoder:
 
     def tokenize(self, texts: Sequence[str], *, add_special_tokens: bool = True) -> list[list[Token]]:
         """Each text's tokens with their character offsets (text-embeddings-inference's /tokenize)."""
+        if not texts:
+            return []
         encoded = self._tokenized(texts, add_special_tokens=add_special_tokens, return_offsets_mapping=True)
         special_ids = set(self.tokenizer.all_special_ids)
         tokenized = []

@@ -16,6 +16,8 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+from ragcache.core.keys import text_hashes
+
 __all__ = ["TokenCounter", "estimate_tokens"]
 
 log = logging.getLogger(__name__)
@@ -24,8 +26,9 @@ SPECIAL_TOKENS = 2  # e.g. [CLS] and [SEP], <s> and </s>
 
 
 def estimate_tokens(text: str) -> int:
-    """The documented conservative estimate: ceil(UTF-8 bytes / 2) + 2."""
-    return (len(text.encode("utf-8", "surrogatepass")) + 1) // 2 + SPECIAL_TOKENS
+    """The documented conservative estimate: ceil(UTF-8 bytes / 2) + 2 (``UnicodeEncodeError`` for a text
+    that is not valid Unicode, as the tokenizer refuses it)."""
+    return (len(text.encode("utf-8")) + 1) // 2 + SPECIAL_TOKENS
 
 
 class TokenCounter:
@@ -46,10 +49,18 @@ class TokenCounter:
         return "tokenizer" if self._tokenizer is not None else "estimate"
 
     def count(self, texts: Sequence[str]) -> list[int]:
+        """Tokens per text; ``InvalidTextError`` naming the first text that is not valid Unicode."""
+        if not texts:
+            return []  # a tokenizer fails on an empty batch (IndexError)
         tokenizer = self._load()
-        if tokenizer is None:
-            return [estimate_tokens(text) for text in texts]
-        encoded = tokenizer(list(texts), add_special_tokens=True, truncation=False)["input_ids"]
+        try:
+            if tokenizer is None:
+                return [estimate_tokens(text) for text in texts]
+            encoded = tokenizer(list(texts), add_special_tokens=True, truncation=False)["input_ids"]
+        except (TypeError, UnicodeEncodeError):
+            # A lone surrogate: the tokenizer refuses it without saying which text; text_hashes names it.
+            text_hashes(texts)
+            raise
         return [len(ids) for ids in encoded]
 
     def _load(self):
