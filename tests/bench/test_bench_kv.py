@@ -12,19 +12,11 @@ import pytest
 
 from ragcache.prefixes import PrefixRegistryConfig, Target, assemble_prompt
 from ragcache_bench import exit_status
-from ragcache_bench.kv import (
-    KVConfig,
-    LevelResult,
-    RequestResult,
-    StreamError,
-    format_report,
-    naive_prompt,
-    questions,
-    rag_requests,
-    registry_config,
-    stream_one,
-    verdicts,
-)
+from ragcache_bench.kv_blocks import LevelResult
+from ragcache_bench.kv_keep_warm import registry_config
+from ragcache_bench.kv_rag import naive_prompt, rag_requests
+from ragcache_bench.kv_report import format_report, verdicts
+from ragcache_bench.kv_workload import KVConfig, RequestResult, StreamError, questions, stream_one
 
 
 def test_rag_requests_are_deterministic_zipf_draws_of_distinct_chunks():

@@ -1,0 +1,65 @@
+"""``bench kv``'s verdicts (per concurrency) and its Markdown tables."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ragcache_bench.kv_blocks import LevelResult
+from ragcache_bench.kv_workload import CACHING, CHURN
+from ragcache_bench.report import BenchResult
+from ragcache_bench.report import Target as Goal
+
+__all__ = ["format_report", "verdicts"]
+
+
+def verdicts(rows: list[LevelResult], prefix_tokens: int, concurrency: tuple[int, ...]) -> BenchResult:
+    """The targets, per concurrency: caching on faster than off; keep-warm keeps >= 90% of the prefix cached
+    under churn; keep-warm's TTFT p50 <= 1.05x no keep-warm's under the same churn."""
+    result = BenchResult("kv", "TTFT and cached tokens: caching off/on, keep-warm under churn (alternating blocks)")
+    by = {(r.configuration, r.concurrency): r for r in rows}
+    for c in concurrency:
+        off, on, churn, warm = (by.get((name, c)) for name in CACHING + CHURN)
+        if off and on:
+            result.add(f"TTFT p50 caching on / off, c={c}", _ratio(on.ttft_p50_ms, off.ttft_p50_ms), "x",
+                       target=Goal("<=", 1.0), note=f"{on.ttft_p50_ms} vs {off.ttft_p50_ms} ms",
+                       requires={"every stream carried a token": off.num_errors + on.num_errors == 0})
+        if warm:
+            share = round(100 * warm.cached_tokens_per_request / prefix_tokens, 1) if prefix_tokens else None
+            result.add(f"cached tokens with keep-warm under churn, c={c}", share, "% of prefix",
+                       target=Goal(">=", 90), note=f"{warm.cached_tokens_per_request} of {prefix_tokens} tokens; "
+                       f"without keep-warm {churn.cached_tokens_per_request if churn else '-'}",
+                       requires={"every stream carried a token": warm.num_errors == 0})
+        if churn and warm:
+            result.add(f"TTFT p50 keep-warm / none under churn, c={c}", _ratio(warm.ttft_p50_ms, churn.ttft_p50_ms),
+                       "x", target=Goal("<=", 1.05),
+                       note=f"p50 {warm.ttft_p50_ms} vs {churn.ttft_p50_ms} ms; p90 {warm.ttft_p90_ms} vs "
+                       f"{churn.ttft_p90_ms} ms ({_ratio(warm.ttft_p90_ms, churn.ttft_p90_ms)}x)",
+                       requires={"every stream carried a token": warm.num_errors + churn.num_errors == 0})
+    return result
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return round(a / b, 3) if a is not None and b else None
+
+
+def format_report(details: dict[str, Any]) -> str:
+    """The two tables as Markdown (what BENCHMARKS.md shows)."""
+    config = details["config"]
+    lines = [f"{details['label']}; shared system prompt {details['prefix_tokens']} tokens; "
+             f"{config['max_tokens']} completion tokens per request; {config['rounds']} alternating blocks per "
+             f"configuration and level; churn {details['churn_tokens_per_s_measured']} tokens/s "
+             f"(the KV cache cycled every {details['kv_cache_cycle_s']} s)", "",
+             "| configuration | concurrency | requests | errors | TTFT p50 ms | TTFT p90 ms | completion tokens/s "
+             "| cached tokens/request (usage) | prefix-cache hit tokens (/metrics) |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in details["rows"]:
+        hits = "n/a" if r["vllm_hit_tokens"] is None else f"{r['vllm_hit_tokens']:,.0f}"
+        lines.append(f"| {r['configuration']} | {r['concurrency']} | {r['num_requests']} | {r['num_errors']} | "
+                     f"{r['ttft_p50_ms']} | {r['ttft_p90_ms']} | {r['tokens_per_s']} | "
+                     f"{r['cached_tokens_per_request']} of {r['prompt_tokens_per_request']} | {hits} |")
+    if details["rag"]:
+        lines += ["", "| RAG assembly | requests | prompt tokens/request | cached tokens/request |", "|---|---|---|---|"]
+        lines += [f"| {r['assembly']} | {r['num_requests']} | {r['prompt_tokens_per_request']} | "
+                  f"{r['cached_tokens_per_request']} |" for r in details["rag"]]
+        lines.append(f"\nassembled / naive cached tokens per request: {details['rag_ratio']}")
+    return "\n".join(lines)
