@@ -11,9 +11,12 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["BareModel", "CountingModel", "LangChainCache", "RedisVLCache", "RedisFloor", "DictFloor", "RagcacheLibrary"]
+__all__ = ["PEER_MODEL_NAME", "BareModel", "CountingModel", "LangChainCache", "RedisVLCache", "RedisFloor", "DictFloor",
+           "RagcacheLibrary"]
 
 BATCH_SIZE = 32
+# The model name RedisVL records with each cached vector (the shared model object is this one).
+PEER_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 
 
 class CountingModel:

@@ -116,7 +116,7 @@ def test_a_crashed_benchmark_is_a_miss_and_makes_the_command_fail():
 
 
 def test_exact_lru_simulation_counts_hits_to_the_item():
-    from ragcache_bench.library import simulate_exact_lru
+    from ragcache_bench.library_zipf import simulate_exact_lru
 
     # Capacity 2. Request 1 computes a, b. Request 2: a hits; c computed, evicting b (a was just used).
     # Request 3: b was evicted (found in L2, written back: evicts a... no: a and c are resident, b evicts
