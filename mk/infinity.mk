@@ -1,6 +1,6 @@
 # The provider tests' real upstream: Infinity (infinity-emb, PyPI), an independent OpenAI-compatible
 # embedding server, in its own virtual environment. The tests start it on a free loopback port from the
-# packaged all-MiniLM-L6-v2 folder, offline (tests/models/remote/conftest.py); RAGCACHE_INFINITY_PYTHON tells
+# packaged all-MiniLM-L6-v2 folder, offline (tests/models/conftest.py); RAGCACHE_INFINITY_PYTHON tells
 # them where it is, and under CI a missing one fails the run instead of skipping the provider tests.
 # torch first (the CPU wheel on local disk), then Infinity constrained to it.
 INFINITY_VENV := .venv-infinity

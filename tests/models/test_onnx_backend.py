@@ -1,5 +1,6 @@
 """The ONNX Runtime backend (ragcache.models.onnx) with the real packaged model, exported here: its vectors
-against torch's, its own spaces, the export kept and reused, and serving through the cache and the service."""
+against torch's, its own spaces, the export kept and reused, and serving through the cache and the service.
+The encoders are tests/models/conftest.py's; what every encoder must do is tests/models/test_encoder_contract.py."""
 
 from __future__ import annotations
 
@@ -34,22 +35,6 @@ FLOAT32_BOUND = 1e-5
 INT8_BOUND = 0.05
 
 
-@pytest.fixture(scope="session")
-def onnx_data_dir(tmp_path_factory):
-    """A data_dir whose onnx/ folder the whole session shares: the model is exported once."""
-    return tmp_path_factory.mktemp("onnx_data")
-
-
-@pytest.fixture(scope="session")
-def onnx_encoder(onnx_data_dir):
-    return OnnxEncoder(backend="onnx", cache_dir=onnx_data_dir / "onnx")
-
-
-@pytest.fixture(scope="session")
-def int8_encoder(onnx_data_dir):
-    return OnnxEncoder(backend="onnx-int8", cache_dir=onnx_data_dir / "onnx")
-
-
 def cosine_distances(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return 1 - torch.nn.functional.cosine_similarity(a, b)
 
@@ -62,13 +47,6 @@ def test_onnx_vectors_match_torch(encoder, onnx_encoder):
 def test_int8_vectors_are_close_to_torch(encoder, int8_encoder):
     distances = cosine_distances(encoder.encode(TEXTS), int8_encoder.encode(TEXTS))
     assert distances.max().item() < INT8_BOUND, f"largest cosine distance {distances.max().item():.3g}"
-
-
-def test_the_output_follows_the_encoder_contract(onnx_encoder):
-    vectors = onnx_encoder.encode(["b", "a", "b"])  # duplicates computed once, order kept
-    assert vectors.shape == (3, 384) and vectors.dtype == torch.float32 and vectors.device.type == "cpu"
-    assert torch.equal(vectors[0], vectors[2])
-    assert onnx_encoder.stats().num_texts >= 2
 
 
 def test_normalize_and_prompt_are_applied_like_torch(encoder, onnx_data_dir):
