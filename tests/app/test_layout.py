@@ -90,3 +90,16 @@ def test_the_http_client_imports_neither_torch_nor_milvus():
     check = "import sys, ragcache.client; print(sorted({'torch', 'pymilvus', 'fastapi'} & set(sys.modules)))"
     loaded = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, check=True).stdout.strip()
     assert loaded == "[]"
+
+
+MAX_MODULE_LINES = 450  # one concern per module: past this, a module holds several
+
+
+def test_no_module_of_the_library_the_service_or_the_benchmarks_is_over_the_bound():
+    long = []
+    for package in ("ragcache", "ragcache_server", "benchmarks"):
+        for path in sorted((ROOT / package).rglob("*.py")):
+            num_lines = len(path.read_text().splitlines())
+            if num_lines > MAX_MODULE_LINES:
+                long.append(f"{path.relative_to(ROOT)}: {num_lines} lines")
+    assert long == []

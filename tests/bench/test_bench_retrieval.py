@@ -12,12 +12,12 @@ import pytest
 
 from ragcache.retrieval.results import SearchHit
 from ragcache_bench.faq import PERLFAQ_DIR, PYTHON_FAQ_DIR, parse_pod, parse_rst, perlfaq, python_faq
-from ragcache_bench.retrieval import (
+from ragcache_bench.retrieval import headword_idf_ranking
+from ragcache_bench.retrieval_stats import (
     Scores,
     Split,
     bootstrap_ci,
     evaluate_split,
-    headword_idf_ranking,
     paired_difference,
     split_halves,
     splits_difference,
