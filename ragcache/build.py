@@ -8,7 +8,6 @@ from typing import Any
 
 from ragcache.core.cache import EmbeddingCache
 from ragcache.core.flight import RedisFlight
-from ragcache.core.keys import Generation
 from ragcache.errors import ConfigError
 from ragcache.models.drift import DriftGuard, DriftMonitor
 from ragcache.models.fingerprints import Fingerprints
@@ -72,16 +71,13 @@ def build_cache(
     encoder: ModelEncoder | RemoteEncoder,
     *,
     on_close=None,
-    l1: MemoryTier | None = None,
-    generation: Generation | None = None,
 ) -> EmbeddingCache:
-    """L1 (device slab) -> L2 (Redis, unless off) -> L3 (Milvus, unless off) -> the encoder's model.
-
-    ``l1``: an existing slab to share (keys differ by space, so one memory budget serves several spaces).
-    ``generation``: the model's drift generation, shared with its other caches (``drift_monitor``)."""
+    """L1 (device slab) -> L2 (Redis, unless off) -> L3 (Milvus, unless off) -> the encoder's model: one cache per
+    model, serving every scope (tenant, prompt: ``ragcache.core.scope``); keys differ by space, so one L1 budget
+    serves them all."""
     space = encoder.space
     dtype = TORCH_DTYPES[space.dtype]
-    tiers: list = [l1 if l1 is not None else MemoryTier(settings.levels.l1_bytes, space.dim, dtype, device=encoder.device)]
+    tiers: list = [MemoryTier(settings.levels.l1_bytes, space.dim, dtype, device=encoder.device)]
     if stores.redis is not None:
         tiers.append(
             RedisTier(
@@ -113,7 +109,6 @@ def build_cache(
         device=encoder.device,
         on_close=on_close,
         flight=_flight(settings, stores),
-        generation=generation,
         tracer=stores.tracing.tracer,
     )
 

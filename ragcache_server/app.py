@@ -41,7 +41,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         # Rerank score caches count like the models' (their model label names the reranker; a "text" is a pair).
         rerank_caches = [reranker.cache for reranker in state.rerankers.values()]
         app.state.metrics_registry.register(
-            CacheCollector(lambda: [*state.caches.values(), *state.prompted.values(), *rerank_caches])
+            CacheCollector(lambda: [*state.caches.values(), *rerank_caches])
         )
         register_prefix_metrics(state.prefixes, app.state.metrics_registry)
         app.state.metrics_registry.register(DriftCollector(lambda: state.drift.states() if state.drift else []))

@@ -37,16 +37,8 @@ async def stats(request: Request) -> JSONResponse:
             # Each tenant's key namespace (tenant_cache_namespaces): its share of the figures above.
             "namespaces": _namespaces_of(cache),
             **_upstream_of(cache),
-            # The model under each named prompt used so far (ragcache.models.prompts): a space and cache of its own.
-            "prompts": {
-                prompt_name: {
-                    "space": prompted.space.describe(),
-                    "since_start": asdict(prompted.stats()),
-                    "recent": asdict(prompted.stats(recent=True)),
-                }
-                for (model, prompt_name), prompted in list(state.prompted.items())
-                if model == name
-            },
+            # The model under each named prompt used so far (ragcache.models.prompts): its space, its share of the figures above.
+            "prompts": _prompts_of(state, name, cache),
         }
         for name, cache in state.caches.items()
     }
@@ -158,6 +150,13 @@ def _admin_info(state: ServiceState, models: list[dict]) -> dict:
             "fastapi": fastapi.__version__,
         },
     }
+
+
+def _prompts_of(state: ServiceState, model: str, cache) -> dict[str, dict]:
+    since_start, recent = cache.prompt_stats(), cache.prompt_stats(recent=True)
+    return {name: {"space": state.cache_for(model, name).space.describe(), "since_start": asdict(figures),
+                   "recent": asdict(recent[name]) if name in recent else None}
+            for name, figures in since_start.items()}
 
 
 def _namespaces_of(cache) -> dict[str, dict]:

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import logging
-import threading
 from dataclasses import dataclass, field
 
 from ragcache.build import build_cache, drift_monitor, load_encoder, load_remote_encoders
 from ragcache.core.cache import EmbeddingCache
+from ragcache.core.scope import UNSCOPED, Prompt, Scope
 from ragcache.errors import ConfigError, InvalidInputError, NotFoundError
 from ragcache.models.drift import DriftMonitor
 from ragcache.models.local import PACKAGED_MODEL
-from ragcache.models.prompts import PromptedEncoder, known_prompts
+from ragcache.models.prompts import known_prompts
 from ragcache.models.remote import load_models
 from ragcache.prefixes import PrefixRegistry, PrefixRegistryConfig
 from ragcache.rerank.build import build_rerankers, score_cache
@@ -35,9 +35,6 @@ class ServiceState:
     prefixes: PrefixRegistry
     rerankers: dict[str, RerankCache] = field(default_factory=dict)  # served name -> reranker behind its cache
     drift: DriftMonitor | None = None
-    # (model, prompt name) -> the model's cache under that named prompt (ragcache.models.prompts), made on first use
-    prompted: dict[tuple[str, str], EmbeddingCache] = field(default_factory=dict)
-    _prompted_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @classmethod
     def open(cls, settings: Settings) -> ServiceState:
@@ -104,35 +101,33 @@ class ServiceState:
     def default_model(self) -> str:
         return self.settings.space.model
 
-    def cache_for(self, model: str | None, prompt_name: str | None = None, *, optional: bool = False) -> EmbeddingCache:
-        """The cache of ``model`` (the default when None); ``NotFoundError`` lists what is served. With
-        ``prompt_name``: the model's cache under that named prompt; a name the model does not have is an
-        ``InvalidInputError`` naming ``prompt_name``, or (``optional``) the unprompted cache."""
+    def cache_for(self, model: str | None, prompt_name: str | None = None, *, optional: bool = False,
+                  tenant: str | None = None) -> EmbeddingCache:
+        """The cache of ``model`` (the default when None); ``NotFoundError`` lists what is served. Seen from the
+        request's scope (``ragcache.core.scope``): ``tenant``'s keys, and ``prompt_name``, the model's named prompt;
+        a name the model does not have is an ``InvalidInputError`` naming ``prompt_name``, or (``optional``) no
+        prompt. One cache per model serves every scope."""
         name = ALIASES.get(model, model) if model else self.default_model
         cache = self.caches.get(name)
         if cache is None:
             served = ", ".join(self.caches)
             raise NotFoundError(f"model {model!r} is not served here; served models: {served}")
+        scope = Scope(tenant, self._prompt(name, prompt_name, optional=optional))
+        return cache if scope == UNSCOPED else cache.scoped(scope)
+
+    def _prompt(self, model: str, prompt_name: str | None, *, optional: bool) -> Prompt | None:
         if prompt_name is None:
-            return cache
-        text = self.prompts_of(name).get(prompt_name)
+            return None
+        text = self.prompts_of(model).get(prompt_name)
         if text is None:
             if optional:
-                return cache
+                return None
             raise InvalidInputError(
-                f"model {name!r} has no prompt named {prompt_name!r}; its prompts: {sorted(self.prompts_of(name)) or 'none'} "
+                f"model {model!r} has no prompt named {prompt_name!r}; its prompts: {sorted(self.prompts_of(model)) or 'none'} "
                 "(its own, and RAGCACHE_MODEL_PROMPTS)",
                 field="prompt_name",
             )
-        with self._prompted_lock:
-            prompted = self.prompted.get((name, prompt_name))
-            if prompted is None:
-                # One L1 slab and one generation with the unprompted cache: keys differ by space, and a drift
-                # switch of the model moves the prompted spaces too.
-                encoder = PromptedEncoder(cache.encoder, prompt_name, text)
-                prompted = build_cache(self.settings, self.stores, encoder, l1=cache.tiers[0], generation=cache.generation)  # type: ignore[arg-type]
-                self.prompted[(name, prompt_name)] = prompted
-            return prompted
+        return Prompt(prompt_name, text)
 
     def prompts_of(self, model: str) -> dict[str, str]:
         """The named prompts of a served model: its own, overlaid with RAGCACHE_MODEL_PROMPTS."""
@@ -155,7 +150,7 @@ class ServiceState:
         self.prefixes.close()
         if self.drift is not None:
             self.drift.close()
-        for cache in [*self.prompted.values(), *self.caches.values()]:
+        for cache in self.caches.values():
             cache.close()
         for reranker in self.rerankers.values():
             reranker.close()

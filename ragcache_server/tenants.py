@@ -5,9 +5,9 @@ Tenant names hold no '-', so the prefix is unambiguous, and a request for anothe
 looks up a name that does not exist: 404, never 403, so names do not leak. A key without a tenant sees the stored
 names (the operator's view).
 
-With ``tenant_cache_namespaces`` a tenant embeds through a key namespace of the model's cache: the space
+With ``tenant_cache_namespaces`` a tenant's requests carry it in their scope (``ragcache.core.scope``): the space
 carries the tenant as ``namespace``, so the same model and vectors sit under other keys, and a text another
-tenant embedded is still a miss (no hit to time, no ``X-Cache-L1`` to read). One cache per space serves every
+tenant embedded is still a miss (no hit to time, no ``X-Cache-L1`` to read). One cache per model serves every
 tenant: one L1 budget, one set of threads and breakers; L3 keeps each namespace in its own collection.
 """
 
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import cast
 
 from ragcache.core.cache import EmbeddingCache
 from ragcache.errors import ConflictError, InvalidInputError, NotFoundError
@@ -83,17 +82,13 @@ def public_names(stored: str, public: str) -> Iterator[None]:
 
 
 class TenantCaches:
-    """The cache a request embeds through: the model's, or (``tenant_cache_namespaces``) its tenant's key
-    namespace inside it (``EmbeddingCache.namespace``): no cache, threads or levels of its own, and its
-    traffic counted both in the model's figures and, per tenant, in ``namespace_stats`` (/stats)."""
+    """The cache a request embeds through: the model's, seen from the request's scope (``EmbeddingCache.scoped``):
+    its prompt and (``tenant_cache_namespaces``) its tenant. No cache, threads or levels of its own; its traffic
+    is counted both in the model's figures and, per tenant, in ``namespace_stats`` (/stats)."""
 
     def __init__(self, state: ServiceState, *, enabled: bool):
         self.state = state
         self.enabled = enabled
 
     def cache_for(self, model: str | None, tenant: str | None, prompt_name: str | None = None, *, optional: bool = False) -> EmbeddingCache:
-        shared = self.state.cache_for(model, prompt_name, optional=optional)
-        if not self.enabled or tenant is None:
-            return shared
-        # Typed as the cache it stands for: it answers whatever a route or the knowledge base asks of one.
-        return cast(EmbeddingCache, shared.namespace(tenant))
+        return self.state.cache_for(model, prompt_name, optional=optional, tenant=tenant if self.enabled else None)

@@ -14,6 +14,9 @@ takes their keys out of flight, and a caller asking for a key no longer in fligh
 more, under the same lock. A key is thus either still in flight, or already in L1 (unless evicted since),
 and a hit found there is reported as an L1 hit, never as a computation.
 
+Texts under different prompts (``ragcache.core.scope``) wait in one queue; a batch holds one prompt's texts
+(the first waiting text's), handed to ``encode(texts, prompt=...)``; texts without one go to ``encode(texts)``.
+
 Calls flow down only: the batcher is given the levels and the counter of calls, and hands what it computed
 back as a ``ComputeOutcome`` (a failure included), never through a callback into its owner.
 """
@@ -93,6 +96,7 @@ class _Item:
 
     key: str
     text: str
+    prompt: str | None = None
     num_waiters: int = 0
     taken: bool = False  # handed to the model: too late to drop
     done: bool = False
@@ -106,7 +110,7 @@ class ComputeBatcher:
 
     def __init__(
         self,
-        encode: Callable[[Sequence[str]], torch.Tensor],
+        encode: Callable[..., torch.Tensor],
         *,
         max_batch: int = 64,
         max_wait_s: float = 0.002,
@@ -140,16 +144,17 @@ class ComputeBatcher:
         """Texts queued and not yet handed to the model."""
         return len(self._pending)
 
-    def compute(self, keys: Sequence[str], texts: Sequence[str]) -> torch.Tensor:
+    def compute(self, keys: Sequence[str], texts: Sequence[str], *, prompt: str | None = None) -> torch.Tensor:
         """Vectors for ``texts`` (one per key, in order); the first failure is raised (``compute_detailed``)."""
-        outcome = self.compute_detailed(keys, texts)
+        outcome = self.compute_detailed(keys, texts, prompt=prompt)
         if outcome.failure is not None:
             raise outcome.failure
         return outcome.vectors
 
-    def compute_detailed(self, keys: Sequence[str], texts: Sequence[str]) -> ComputeOutcome:
-        """Vectors for ``texts`` (one per key, in order); blocks until all are computed or one has failed (the
-        outcome's ``failure``, with the vectors of the texts already done at ``done``).
+    def compute_detailed(self, keys: Sequence[str], texts: Sequence[str], *, prompt: str | None = None) -> ComputeOutcome:
+        """Vectors for ``texts`` under ``prompt`` (one per key, in order; a key names its prompt, the space's);
+        blocks until all are computed or one has failed (the outcome's ``failure``, with the vectors of the
+        texts already done at ``done``).
 
         Raises ``OverloadedError`` (queueing nothing) when the queue holds texts and these would take it past
         ``max_pending``; one call larger than that is still taken into an empty queue, so that no request
@@ -172,7 +177,7 @@ class ComputeBatcher:
                     continue
                 item = self._in_flight.get(key)
                 if item is None:
-                    item = self._in_flight[key] = _Item(key, text)
+                    item = self._in_flight[key] = _Item(key, text, prompt)
                     self._pending.append(item)
                 item.num_waiters += 1
                 items.append(item)
@@ -249,7 +254,9 @@ class ComputeBatcher:
             if len(self._pending) < self.max_batch and self.max_wait_s > 0 and self._others_may_come():
                 self._cond.wait_for(lambda: len(self._pending) >= self.max_batch or not self._others_may_come(),
                                     timeout=self.max_wait_s)
-            batch, self._pending = self._pending[: self.max_batch], self._pending[self.max_batch :]
+            if not self._pending:
+                return []
+            batch, self._pending = _one_prompt(self._pending, self.max_batch)
             for item in batch:
                 item.taken = True
             return batch
@@ -263,7 +270,7 @@ class ComputeBatcher:
             if not batch:
                 continue  # every text that filled the wait was dropped meanwhile
             try:
-                outcome = self._encode_isolating([item.text for item in batch])
+                outcome = self._encode_isolating([item.text for item in batch], batch[0].prompt)
             except BaseException as exc:  # noqa: BLE001 - e.g. KeyboardInterrupt: no caller may wait forever
                 outcome = [exc] * len(batch)
             self._settle(batch, outcome)
@@ -297,7 +304,7 @@ class ComputeBatcher:
                 self._in_flight.pop(item.key, None)
             self._done.notify_all()
 
-    def _encode_isolating(self, texts: list[str]) -> torch.Tensor | list:
+    def _encode_isolating(self, texts: list[str], prompt: str | None) -> torch.Tensor | list:
         """The batch's vectors (one tensor), or when encoding failed, a vector or an exception per text. A
         failed batch is split in halves and each half encoded again, so a text the model cannot take (or a
         batch too big for memory) fails only the texts that fail alone, not every request that happened to
@@ -307,22 +314,22 @@ class ComputeBatcher:
         down, timed out, garbled), where halving would only send a failing server more calls; and a remote
         model's partial answer (``PartialEncodeError``), whose texts already carry their own outcome."""
         try:
-            return self._encode(texts)
+            return self._encode(texts) if prompt is None else self._encode(texts, prompt=prompt)
         except PartialEncodeError as exc:
-            return self._isolate_failed(texts, exc.outcome)
+            return self._isolate_failed(texts, prompt, exc.outcome)
         except Exception as exc:  # noqa: BLE001 - converted, then handed to the waiting callers
             if len(texts) == 1 or not _is_per_text(exc):
                 return [_as_compute_error(exc)] * len(texts)
         middle = len(texts) // 2
-        return _per_text(self._encode_isolating(texts[:middle])) + _per_text(self._encode_isolating(texts[middle:]))
+        return _per_text(self._encode_isolating(texts[:middle], prompt)) + _per_text(self._encode_isolating(texts[middle:], prompt))
 
-    def _isolate_failed(self, texts: list[str], outcome: list) -> list:
+    def _isolate_failed(self, texts: list[str], prompt: str | None, outcome: list) -> list:
         """Keep a partial answer's vectors and errors; encode again, isolating, the texts of failed upstream
         requests that may have failed because of one of their texts (always fewer than ``texts``)."""
         outcome = [_as_compute_error(result) if isinstance(result, Exception) else result for result in outcome]
         again = [i for i, result in enumerate(outcome) if isinstance(result, Exception) and _is_per_text(result)]
         if 1 < len(again) < len(texts):
-            for i, result in zip(again, _per_text(self._encode_isolating([texts[i] for i in again]))):
+            for i, result in zip(again, _per_text(self._encode_isolating([texts[i] for i in again], prompt))):
                 outcome[i] = result
         return outcome
 
@@ -332,6 +339,19 @@ class ComputeBatcher:
             self._closed = True
             self._cond.notify_all()
         self._worker.join(timeout=60)
+
+
+def _one_prompt(pending: list[_Item], max_batch: int) -> tuple[list[_Item], list[_Item]]:
+    """A batch of at most ``max_batch`` of the pending texts under the first one's prompt, in queue order, and
+    the texts left waiting. The common case, one prompt throughout, is a slice."""
+    prompt = pending[0].prompt
+    if all(item.prompt == prompt for item in pending[:max_batch]):
+        return pending[:max_batch], pending[max_batch:]
+    batch: list[_Item] = []
+    rest: list[_Item] = []
+    for item in pending:
+        (batch if item.prompt == prompt and len(batch) < max_batch else rest).append(item)
+    return batch, rest
 
 
 def _per_text(outcome: torch.Tensor | list) -> list:

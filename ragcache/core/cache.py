@@ -2,13 +2,16 @@
 its distinct keys walk the levels (``Levels.walk``: each asked only for what is still missing, hits written back
 into the levels above), and what no level holds goes to the ``MissResolver`` (computed once per key, batched
 across callers, once across processes with single flight). Neither calls back up into the facade.
+
+One cache per model serves every ``Scope`` (a tenant's keys, a named prompt): a request carries its scope
+(``scope=``, or a view's, ``scoped``), which selects its space and so its keys (``ragcache.core.scope``).
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import logging
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -22,6 +25,7 @@ from ragcache.core.flight import Flight
 from ragcache.core.keys import EmbeddingSpace, Generation, KeyList
 from ragcache.core.levels import Levels
 from ragcache.core.misses import MissResolver
+from ragcache.core.scope import UNSCOPED, Scope, ScopeRecorders, ScopeStats
 from ragcache.core.stats import CacheStats, LatencyHistogram, LevelRecorder
 from ragcache.core.tier import Tier, TierHits
 from ragcache.core.tokens import TokenCounter
@@ -30,7 +34,7 @@ from ragcache.errors import ConfigError, InvalidInputError
 if TYPE_CHECKING:
     from opentelemetry.trace import Tracer
 
-__all__ = ["CacheNamespace", "EmbeddingCache", "EmbedResult", "Encoder", "NamespaceStats", "Probe"]
+__all__ = ["EmbeddingCache", "EmbedResult", "Encoder", "Probe"]
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +77,7 @@ class Probe:
     keys: KeyList
     first: TierHits
     started: float
-    namespace: str | None
+    scope: Scope
 
 
 class EmbeddingCache:
@@ -109,22 +113,22 @@ class EmbeddingCache:
         self.generation = generation if generation is not None else Generation()
         self._space = dataclasses.replace(encoder.space, generation=self.generation.value)
         self.device = torch.device(device)
-        self.dtype = getattr(torch, self.space.dtype)
-        self.levels = Levels(tiers, dim=self.space.dim, dtype=self.dtype, write_behind=write_behind,
+        self.dtype = getattr(torch, self._space.dtype)
+        self.levels = Levels(tiers, dim=self._space.dim, dtype=self.dtype, write_behind=write_behind,
                              write_linger_s=write_linger_s, window_s=window_s, clock=clock, tracer=tracer)
         # Calls inside embed_detailed: the batcher waits for company only while one has not reached it yet.
         self._calls = CallsInProgress()
-        self.resolver = MissResolver(encoder.encode, self.levels, self._calls, flight=flight, device=self.device,
+        self.resolver = MissResolver(encoder, self.levels, self._calls, flight=flight, device=self.device,
                                      dtype=self.dtype, max_batch=compute_max_batch, max_wait_s=compute_max_wait_s,
                                      max_pending=compute_max_pending, tracer=tracer)
         self.level_names = self.levels.names + (COMPUTE,)
         self._clock = clock
         self._requests = LevelRecorder("cache", window_s=window_s)
-        self._window_s = window_s
-        # Per key namespace (a tenant's, ``namespace()``): its space at each generation, and its own counters.
-        self._namespace_spaces: dict[tuple[str, int], EmbeddingSpace] = {}
-        self._namespace_requests: dict[str, LevelRecorder] = {}
-        self._namespaces_lock = threading.Lock()
+        # Per scope (a tenant's keys, a named prompt): its space at each generation, and its own counters.
+        self._scope = UNSCOPED  # this view's (``scoped``)
+        self._scope_spaces: dict[tuple[Scope, int], EmbeddingSpace] = {}
+        self._scopes = ScopeRecorders(window_s=window_s)
+        self._is_view = False
         self._on_close = on_close
         self._closed = False
         self._tracer = tracer  # None: no spans, no tracing work (ragcache.observe.tracing)
@@ -136,7 +140,16 @@ class EmbeddingCache:
 
     @property
     def space(self) -> EmbeddingSpace:
-        """The space at the model's current generation (a new one after a drift switch, ``ragcache.models.drift``)."""
+        """This view's space (``scoped``; the model's own unless scoped) at the model's current generation."""
+        return self.space_in(self._scope)
+
+    @property
+    def scope(self) -> Scope:
+        """The scope this view's requests carry when they name none."""
+        return self._scope
+
+    def _model_space(self) -> EmbeddingSpace:
+        """The model's space at its current generation (a new one after a drift switch, ``ragcache.models.drift``)."""
         space = self._space
         if space.generation != self.generation.value:
             # Two threads may both rebuild it after a switch: they build the same value.
@@ -153,33 +166,36 @@ class EmbeddingCache:
 
     # ---- the read path -------------------------------------------------------------------------------
 
-    def namespace(self, name: str) -> CacheNamespace:
-        """A key namespace inside this cache (a tenant's): the same levels, model and threads, its own keys, so
-        one namespace's entries never serve another's, and its own request counters (``namespace_stats``)."""
-        return CacheNamespace(self, name)
+    def scoped(self, scope: Scope) -> EmbeddingCache:
+        """This cache as ``scope`` sees it, for code that takes a cache (the knowledge base, a route): the same
+        levels, model, batcher and counters, its requests carrying ``scope``, its ``space`` the scope's. No
+        thread or level of its own: closing it closes nothing."""
+        view = copy.copy(self)  # every part shared but the scope (and the space memo, rebuilt alike)
+        view._scope, view._is_view = scope, True
+        return view
 
-    def space_in(self, namespace: str | None) -> EmbeddingSpace:
-        """The space (and so the keys) of ``namespace`` at the model's current generation; None: the cache's."""
-        space = self.space
-        if namespace is None:
+    def space_in(self, scope: Scope) -> EmbeddingSpace:
+        """The space (and so the keys) of ``scope`` at the model's current generation."""
+        space = self._model_space()
+        if scope == UNSCOPED:
             return space
-        found = self._namespace_spaces.get((namespace, space.generation))
+        found = self._scope_spaces.get((scope, space.generation))
         if found is None:
-            # A handful of namespaces (tenants come from the key file) times the generations seen.
-            found = self._namespace_spaces[(namespace, space.generation)] = dataclasses.replace(space, namespace=namespace)
+            # A handful of tenants (from the key file) and prompts (the model's) times the generations seen.
+            found = self._scope_spaces[(scope, space.generation)] = scope.space_of(space)
         return found
 
     def embed(self, texts: Sequence[str], *, normalize: bool = False, as_tensor: bool = False,
-              namespace: str | None = None) -> np.ndarray | torch.Tensor:
+              scope: Scope | None = None) -> np.ndarray | torch.Tensor:
         """One vector per text, in input order (duplicates included), as numpy (or a torch tensor)."""
-        return self.embed_detailed(texts, normalize=normalize, as_tensor=as_tensor, namespace=namespace).vectors
+        return self.embed_detailed(texts, normalize=normalize, as_tensor=as_tensor, scope=scope).vectors
 
-    def embed_resident(self, texts: Sequence[str], *, normalize: bool = False, namespace: str | None = None) -> EmbedResult | None:
+    def embed_resident(self, texts: Sequence[str], *, normalize: bool = False, scope: Scope | None = None) -> EmbedResult | None:
         """The result when the first level (L1) holds every text, else None with nothing recorded."""
-        outcome = self.probe(texts, normalize=normalize, namespace=namespace)
+        outcome = self.probe(texts, normalize=normalize, scope=scope)
         return outcome if isinstance(outcome, EmbedResult) else None
 
-    def probe(self, texts: Sequence[str], *, normalize: bool = False, namespace: str | None = None) -> EmbedResult | Probe:
+    def probe(self, texts: Sequence[str], *, normalize: bool = False, scope: Scope | None = None) -> EmbedResult | Probe:
         """The result when the first level (L1) holds every text; else, with nothing recorded, where the probe
         stopped, for ``embed_detailed(..., probe=)`` to continue from.
 
@@ -187,58 +203,61 @@ class EmbeddingCache:
         remaining requests to a worker thread.
         """
         if self._tracer is None:
-            return self._probe(texts, normalize=normalize, namespace=namespace)
+            return self._probe(texts, normalize=normalize, scope=scope)
         started_ns = time.time_ns()
-        result = self._probe(texts, normalize=normalize, namespace=namespace)
+        result = self._probe(texts, normalize=normalize, scope=scope)
         # A span only when L1 answered: a probe that finds a text missing leaves it to embed_detailed's span.
         if isinstance(result, EmbedResult):
             attributes = {"ragcache.num_texts": len(texts), "ragcache.resident": True, **_served_attributes(result)}
             self._tracer.start_span("ragcache.embed", attributes=attributes, start_time=started_ns).end()
         return result
 
-    def _probe(self, texts: Sequence[str], *, normalize: bool, namespace: str | None) -> EmbedResult | Probe:
+    def _probe(self, texts: Sequence[str], *, normalize: bool, scope: Scope | None) -> EmbedResult | Probe:
         if isinstance(texts, str) or not isinstance(texts, Sequence):
             raise InvalidInputError("texts must be a list of strings", field="inputs")
         started = self._clock()
-        space = self.space_in(namespace)
+        scope = self._scope if scope is None else scope
+        space = self.space_in(scope)
         prepared = space.prepare(texts)
         keys = space.keys(prepared)
         hits = self.levels.first.get_many(keys)
         if len(hits.index) != len(keys):
-            return Probe(space, prepared, keys, hits, started, namespace)
+            return Probe(space, prepared, keys, hits, started, scope)
         latency_s = self._clock() - started
         self.levels.record(0, hits=len(keys), misses=0, latency_s=latency_s, traced=False)
-        self._record_request(namespace, hits=len(keys), misses=0, latency_s=latency_s)
+        self._record_request(scope, hits=len(keys), misses=0, latency_s=latency_s)
         vectors = hits.vectors
         if normalize:
             vectors = torch.nn.functional.normalize(vectors.float(), dim=-1).to(self.dtype)
         return EmbedResult(_to_numpy(vectors), np.zeros(len(keys), dtype=np.int8), self.level_names)
 
     def embed_detailed(self, texts: Sequence[str], *, normalize: bool = False, as_tensor: bool = False,
-                       namespace: str | None = None, probe: Probe | None = None) -> EmbedResult:
+                       scope: Scope | None = None, probe: Probe | None = None) -> EmbedResult:
         """Like ``embed``, plus the level that served each input. ``probe``: this request's resident probe
-        (``probe``, for the same texts and namespace), continued from where it stopped."""
+        (``probe``, for the same texts and scope), continued from where it stopped. ``scope``: the request's
+        (None: this view's, ``scoped``)."""
         with self._calls:
             if self._tracer is None:
-                return self._embed_detailed(texts, normalize=normalize, as_tensor=as_tensor, namespace=namespace, probe=probe)
+                return self._embed_detailed(texts, normalize=normalize, as_tensor=as_tensor, scope=scope, probe=probe)
             attributes: dict[str, str | int] = {"ragcache.num_texts": len(texts), "ragcache.model": self.space.model}
             with self._tracer.start_as_current_span("ragcache.embed", attributes=attributes) as current:
-                result = self._embed_detailed(texts, normalize=normalize, as_tensor=as_tensor, namespace=namespace, probe=probe)
+                result = self._embed_detailed(texts, normalize=normalize, as_tensor=as_tensor, scope=scope, probe=probe)
                 current.set_attributes(_served_attributes(result))
                 return result
 
-    def _embed_detailed(self, texts: Sequence[str], *, normalize: bool, as_tensor: bool, namespace: str | None,
+    def _embed_detailed(self, texts: Sequence[str], *, normalize: bool, as_tensor: bool, scope: Scope | None,
                         probe: Probe | None) -> EmbedResult:
+        scope = self._scope if scope is None else scope
         if probe is not None:
-            if probe.namespace != namespace or len(probe.keys) != len(texts):
-                raise InvalidInputError("probe: not this request's (another namespace or other texts)", field="inputs")
+            if probe.scope != scope or len(probe.keys) != len(texts):
+                raise InvalidInputError("probe: not this request's (another scope or other texts)", field="inputs")
             space, prepared, keys, started = probe.space, probe.texts, probe.keys, probe.started
         else:
             if isinstance(texts, str) or not isinstance(texts, Sequence):
                 raise InvalidInputError("texts must be a list of strings", field="inputs")
             # The space is taken once: every key this request reads or writes is of one generation, so vectors
             # computed while a drift switch happens are written under the generation they were computed for.
-            space = self.space_in(namespace)
+            space = self.space_in(scope)
             prepared = space.prepare(texts)
             keys = space.keys(prepared)
             started = self._clock()
@@ -265,11 +284,12 @@ class EmbeddingCache:
         vectors, levels = found.vectors, found.served
         num_computed = 0
         if len(found.missing):
-            num_computed = self.resolver.resolve(vectors, levels, found.missing, unique_keys, unique_texts)
+            prompt = scope.prompt.text if scope.prompt is not None else None  # None: the model's own (a default prompt included)
+            num_computed = self.resolver.resolve(vectors, levels, found.missing, unique_keys, unique_texts, prompt=prompt)
 
         # A vector another replica computed while this one waited counts as a hit: nothing was computed here.
         num_served = len(keys) - num_computed
-        self._record_request(namespace, hits=num_served, misses=num_computed, latency_s=self._clock() - started)
+        self._record_request(scope, hits=num_served, misses=num_computed, latency_s=self._clock() - started)
         if inverse is not None:
             index = torch.tensor(inverse, device=self.device)
             vectors, levels = vectors.index_select(0, index), levels[inverse]
@@ -307,25 +327,18 @@ class EmbeddingCache:
             levels=self.levels.snapshots(recent=recent),
         )
 
-    def _record_request(self, namespace: str | None, *, hits: int, misses: int, latency_s: float) -> None:
+    def _record_request(self, scope: Scope, *, hits: int, misses: int, latency_s: float) -> None:
         self._requests.record(hits=hits, misses=misses, latency_s=latency_s)
-        if namespace is None:
-            return
-        recorder = self._namespace_requests.get(namespace)
-        if recorder is None:
-            with self._namespaces_lock:
-                recorder = self._namespace_requests.setdefault(namespace, LevelRecorder(namespace, window_s=self._window_s))
-        recorder.record(hits=hits, misses=misses, latency_s=latency_s)
+        if scope != UNSCOPED:
+            self._scopes.record(scope, hits=hits, misses=misses, latency_s=latency_s)
 
-    def namespace_stats(self, *, recent: bool = False) -> dict[str, NamespaceStats]:
-        """Per namespace that has embedded anything: its requests, texts and hits (they are also in ``stats``)."""
-        with self._namespaces_lock:
-            recorders = dict(self._namespace_requests)
-        stats = {}
-        for name, recorder in sorted(recorders.items()):
-            figures = recorder.snapshot(recent=recent)
-            stats[name] = NamespaceStats(recorder.num_calls(recent=recent), figures.lookups, figures.hits, figures.hit_rate)
-        return stats
+    def namespace_stats(self, *, recent: bool = False) -> dict[str, ScopeStats]:
+        """Per tenant that has embedded anything: its requests, texts and hits (they are also in ``stats``)."""
+        return self._scopes.tenants(recent=recent)
+
+    def prompt_stats(self, *, recent: bool = False) -> dict[str, ScopeStats]:
+        """Per named prompt embedded under: its requests, texts and hits (they are also in ``stats``)."""
+        return self._scopes.prompts(recent=recent)
 
     def latency_histograms(self) -> dict[str, LatencyHistogram]:
         """Per level, and for whole requests (``"request"``), every batch lookup's latency since start."""
@@ -336,8 +349,9 @@ class EmbeddingCache:
         self.levels.flush()
 
     def close(self) -> None:
-        """Compute what is pending, flush queued writes, and release what this cache started."""
-        if self._closed:
+        """Compute what is pending, flush queued writes, and release what this cache started (a view, ``scoped``,
+        started nothing: closing it closes nothing)."""
+        if self._closed or self._is_view:
             return
         self._closed = True
         self.resolver.close()
@@ -361,46 +375,3 @@ def _to_numpy(vectors: torch.Tensor) -> np.ndarray:
     if vectors.dtype == torch.bfloat16:
         vectors = vectors.float()
     return vectors.cpu().numpy()
-
-
-@dataclass(frozen=True)
-class NamespaceStats:
-    """One key namespace's share of its cache's traffic."""
-
-    requests: int
-    texts: int
-    hits: int
-    hit_rate: float
-
-
-class CacheNamespace:
-    """A key namespace inside an ``EmbeddingCache`` (``EmbeddingCache.namespace``), used where a cache is: its
-    embed calls go through the cache with ``namespace`` set, its ``space`` is the namespace's, and everything
-    else (levels, stats, tokenizer) is the cache's own. Nothing to close: the cache is."""
-
-    def __init__(self, cache: EmbeddingCache, name: str):
-        self.cache = cache
-        self.name = name
-
-    @property
-    def space(self) -> EmbeddingSpace:
-        return self.cache.space_in(self.name)
-
-    def embed(self, texts: Sequence[str], *, normalize: bool = False, as_tensor: bool = False) -> np.ndarray | torch.Tensor:
-        return self.cache.embed(texts, normalize=normalize, as_tensor=as_tensor, namespace=self.name)
-
-    def embed_detailed(self, texts: Sequence[str], *, normalize: bool = False, as_tensor: bool = False,
-                       probe: Probe | None = None) -> EmbedResult:
-        return self.cache.embed_detailed(texts, normalize=normalize, as_tensor=as_tensor, namespace=self.name, probe=probe)
-
-    def embed_resident(self, texts: Sequence[str], *, normalize: bool = False) -> EmbedResult | None:
-        return self.cache.embed_resident(texts, normalize=normalize, namespace=self.name)
-
-    def probe(self, texts: Sequence[str], *, normalize: bool = False) -> EmbedResult | Probe:
-        return self.cache.probe(texts, normalize=normalize, namespace=self.name)
-
-    def close(self) -> None:
-        """Nothing of its own to close (closing the cache would close it for every namespace)."""
-
-    def __getattr__(self, name: str):
-        return getattr(self.cache, name)

@@ -1,7 +1,7 @@
 """What no level holds, computed: once per key in this process (the batcher) and, with a ``Flight``, once per key
 across the processes of a fleet.
 
-The resolver is given what it needs (the cache's ``Levels``, the model's ``encode``, the flight, the counter of
+The resolver is given what it needs (the cache's ``Levels``, the model's encoder, the flight, the counter of
 calls in progress) and calls only down into them: computed vectors are written up into the levels here, and a
 vector another replica published is taken from the shared level (L2). The facade hands it the positions the walk
 left missing and gets back how many of them were computed.
@@ -9,8 +9,8 @@ left missing and gets back how many of them were computed.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import torch
@@ -28,12 +28,16 @@ if TYPE_CHECKING:
 __all__ = ["MissResolver"]
 
 
+class _Model(Protocol):
+    def encode(self, texts: Sequence[str]) -> torch.Tensor: ...
+
+
 class MissResolver:
     """Computes a request's missing keys into its vectors, through one ``ComputeBatcher`` (``batcher``)."""
 
     def __init__(
         self,
-        encode: Callable[[Sequence[str]], torch.Tensor],
+        encoder: _Model,
         levels: Levels,
         calls: CallsInProgress,
         *,
@@ -49,21 +53,35 @@ class MissResolver:
         if flight is not None and self._shared is None:
             raise ConfigError("single flight across processes needs a shared level (L2) after L1 to publish vectors in")
         self.levels = levels
-        self.batcher = ComputeBatcher(encode, max_batch=max_batch, max_wait_s=max_wait_s, max_pending=max_pending,
+        self._encoder = encoder
+        self.batcher = ComputeBatcher(self._encode, max_batch=max_batch, max_wait_s=max_wait_s, max_pending=max_pending,
                                       levels=levels, calls=calls)
         self._flight = flight
         self._device, self._dtype = device, dtype
         self._tracer = tracer  # None: no spans, no tracing work (ragcache.observe.tracing)
 
-    def resolve(self, vectors: torch.Tensor, served: np.ndarray, missing: np.ndarray, keys: KeyList, texts: list[str]) -> int:
-        """Compute the keys at positions ``missing`` of ``keys`` (texts ``texts``) into ``vectors`` and mark in
-        ``served`` the level that answered each instead, if one did; returns how many were computed here."""
+    def resolve(self, vectors: torch.Tensor, served: np.ndarray, missing: np.ndarray, keys: KeyList, texts: list[str],
+                *, prompt: str | None = None) -> int:
+        """Compute the keys at positions ``missing`` of ``keys`` (texts ``texts``, under ``prompt``) into
+        ``vectors`` and mark in ``served`` the level that answered each instead, if one did; returns how many
+        were computed here."""
         if self._flight is None:
-            return self._compute(vectors, served, missing, keys, texts)
-        return self._compute_once_across_processes(self._flight, vectors, served, missing, keys, texts)
+            return self._compute(vectors, served, missing, keys, texts, prompt=prompt)
+        return self._compute_once_across_processes(self._flight, vectors, served, missing, keys, texts, prompt)
+
+    def _encode(self, texts: Sequence[str], *, prompt: str | None = None) -> torch.Tensor:
+        """The model's vectors for ``texts`` under a named prompt's text. A local model applies it as
+        ``SentenceTransformer.encode(texts, prompt=text)`` does (models whose pooling leaves the prompt's tokens
+        out need that); any other (a remote provider) gets it put before each text, which is what
+        sentence-transformers itself sends through the model."""
+        if prompt is None:
+            return self._encoder.encode(texts)
+        if getattr(self._encoder, "takes_prompt", False):
+            return self._encoder.encode(texts, prompt=prompt)  # type: ignore[call-arg]
+        return self._encoder.encode([prompt + text for text in texts])
 
     def _compute(self, vectors: torch.Tensor, served: np.ndarray, positions: np.ndarray, unique_keys: KeyList,
-                 unique_texts: list[str], *, num_sync: int = 1) -> int:
+                 unique_texts: list[str], *, prompt: str | None, num_sync: int = 1) -> int:
         """Compute the keys at ``positions`` into ``vectors`` and write them up; returns how many were computed.
 
         The batcher has already stored computed vectors in L1, so the write-up starts at L2. A key another
@@ -72,7 +90,7 @@ class MissResolver:
         below = len(self.levels)
         # The span covers this caller's wait: the batcher may add other callers' texts to the model call.
         with span(self._tracer, "ragcache.compute", {"ragcache.num_texts": len(keys)}):
-            outcome = self.batcher.compute_detailed(keys, [unique_texts[i] for i in positions])
+            outcome = self.batcher.compute_detailed(keys, [unique_texts[i] for i in positions], prompt=prompt)
         if outcome.failure is not None:
             if outcome.done:
                 self.levels.write_up(below, [keys[i] for i in outcome.done], outcome.vectors, num_sync=num_sync, first=1)
@@ -89,8 +107,8 @@ class MissResolver:
         self.levels.write_up(below, keys, outcome.vectors, num_sync=num_sync, first=1)
         return len(positions)
 
-    def _compute_once_across_processes(self, flight: Flight, vectors: torch.Tensor, served: np.ndarray,
-                                       missing: np.ndarray, unique_keys: KeyList, unique_texts: list[str]) -> int:
+    def _compute_once_across_processes(self, flight: Flight, vectors: torch.Tensor, served: np.ndarray, missing: np.ndarray,
+                                       unique_keys: KeyList, unique_texts: list[str], prompt: str | None) -> int:
         """Compute the missing keys this process wins, wait for the others' vectors, compute what never came.
 
         Computed vectors go to the shared level (L2) synchronously before the claim is released, so a waiting
@@ -104,7 +122,7 @@ class MissResolver:
         num_computed = 0
         if len(mine):
             try:
-                num_computed += self._compute(vectors, served, mine, unique_keys, unique_texts, num_sync=shared + 1)
+                num_computed += self._compute(vectors, served, mine, unique_keys, unique_texts, prompt=prompt, num_sync=shared + 1)
             finally:
                 flight.release([unique_keys[i] for i in mine])
         if len(theirs):
@@ -117,7 +135,7 @@ class MissResolver:
                 self.levels.write_up(shared, [unique_keys[i] for i in arrived], arrived_vectors)
             never = np.array([i for o, i in enumerate(theirs) if o not in found], dtype=missing.dtype)
             if len(never):
-                num_computed += self._compute(vectors, served, never, unique_keys, unique_texts, num_sync=shared + 1)
+                num_computed += self._compute(vectors, served, never, unique_keys, unique_texts, prompt=prompt, num_sync=shared + 1)
         return num_computed
 
     def close(self) -> None:

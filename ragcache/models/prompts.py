@@ -8,21 +8,19 @@ text-embeddings-inference takes ``prompt_name`` in ``/embed``.
 
 A model's known prompts are its own (non-empty ones) overlaid with those configured for it
 (``RAGCACHE_MODEL_PROMPTS``). A prompt is part of the embedding space (``EmbeddingSpace.prompt`` holds its
-text), so a text embedded under two prompts has two keys, and each prompted space is a cache of its own that
-shares the model (and the L1 slab) with the unprompted one. A model with no known prompts behaves exactly as
-before: no space id changes.
+text), so a text embedded under two prompts has two keys. A request names its prompt in its scope
+(``ragcache.core.scope``): one cache per model serves every prompt, its batcher giving the model one prompt per
+batch (``ragcache.core.misses`` applies it). A model with no known prompts behaves exactly as before: no space id
+changes.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Mapping, Sequence
-
-import torch
+from collections.abc import Mapping
 
 from ragcache.errors import InvalidInputError
 
-__all__ = ["QUERY", "DOCUMENT", "INPUT_TYPES", "PromptedEncoder", "known_prompts", "prompt_name_of"]
+__all__ = ["QUERY", "DOCUMENT", "INPUT_TYPES", "known_prompts", "prompt_name_of"]
 
 # The names the retrieval routes use: /search embeds queries under QUERY, /documents documents under DOCUMENT
 # (each only when the model has a prompt of that name).
@@ -54,33 +52,3 @@ def prompt_name_of(prompt_name: str | None, input_type: str | None) -> str | Non
             f"prompt_name {prompt_name!r} contradicts input_type {input_type!r}: send one of them", field="prompt_name"
         )
     return prompt_name if prompt_name is not None else implied
-
-
-class PromptedEncoder:
-    """A model under one named prompt: the same weights, a space (so keys) of its own.
-
-    A local model gets the prompt through sentence-transformers' ``encode(prompt=...)``, exactly as
-    ``SentenceTransformer.encode(texts, prompt=text)`` applies it (models whose pooling leaves the prompt's
-    tokens out need that); any other encoder (a remote provider) gets it prepended to each text, which is
-    what sentence-transformers itself sends through the model."""
-
-    def __init__(self, encoder, name: str, text: str):
-        self._encoder = encoder
-        self.prompt_name = name
-        self.space = dataclasses.replace(encoder.space, prompt=text)
-        self.device = encoder.device
-
-    def encode(self, texts: Sequence[str]) -> torch.Tensor:
-        prompt = self.space.prompt or ""
-        if getattr(self._encoder, "takes_prompt", False):
-            return self._encoder.encode(texts, prompt=prompt)
-        return self._encoder.encode([prompt + text for text in texts])
-
-    def stats(self):
-        return self._encoder.stats()
-
-    def count_tokens(self, texts: Sequence[str]) -> list[int]:
-        return self._encoder.count_tokens(texts)
-
-    def check_lengths(self, texts: Sequence[str], field: str = "inputs") -> None:
-        self._encoder.check_lengths(texts, field)

@@ -8,6 +8,7 @@ import torch
 
 from ragcache.core.batching import CallsInProgress, ComputeBatcher
 from ragcache.core.cache import EmbeddingCache
+from ragcache.core.scope import Prompt, Scope
 from ragcache.errors import ComputeError, InvalidInputError, TierUnavailableError
 from ragcache.storage.processes import poll_until
 from ragcache.tiers import MemoryTier
@@ -283,3 +284,62 @@ def test_a_request_whose_every_text_arrived_in_l1_meanwhile_writes_nothing_below
         first.join(30)
         late.join(30)
     assert l2.stored == [list(cache.space.keys(["x", "y"]))]  # the first caller's write only
+
+
+class PromptRecording(HashEncoder):
+    """Takes sentence-transformers' ``prompt=`` and records each call's prompt; holds its first call until ``gate``."""
+
+    takes_prompt = True
+
+    def __init__(self):
+        super().__init__(DIM)
+        self.prompts: list[str | None] = []
+        self.gate = threading.Event()
+
+    def encode(self, texts, *, prompt=None):
+        if not self.prompts:
+            self.gate.wait(20)
+        self.prompts.append(prompt)
+        return super().encode([(prompt or "") + text for text in texts])
+
+
+def test_a_batch_holds_one_prompts_texts_in_queue_order():
+    encoder = PromptRecording()
+    batcher = ComputeBatcher(encoder.encode, max_batch=64, max_wait_s=0)
+    held = threading.Thread(target=batcher.compute, args=(["k0"], ["held"]))
+    held.start()
+    assert poll_until(lambda: encoder.calls == [] and batcher.num_pending == 0, timeout_s=10, interval_s=0.005)
+    asks = [(["k1"], ["one"], "q: "), (["k2"], ["two"], None), (["k3"], ["three"], "q: "), (["k4"], ["four"], "p: ")]
+    callers = [threading.Thread(target=batcher.compute, args=(keys, texts), kwargs={"prompt": prompt}) for keys, texts, prompt in asks]
+    for number, caller in enumerate(callers, start=1):
+        caller.start()
+        assert poll_until(lambda number=number: batcher.num_pending == number, timeout_s=10, interval_s=0.005)
+    encoder.gate.set()
+    for thread in (held, *callers):
+        thread.join(timeout=20)
+        assert not thread.is_alive()
+    batcher.close()
+    assert encoder.prompts == [None, "q: ", None, "p: "]
+    assert encoder.calls == [["held"], ["q: one", "q: three"], ["two"], ["p: four"]]
+
+
+def test_one_cache_serves_every_scope_with_keys_of_its_own_and_no_thread_of_its_own():
+    encoder = HashEncoder(DIM)  # no prompt argument: the prompt is put before each text
+    query, document = Prompt("query", "query: "), Prompt("document", "passage: ")
+    with EmbeddingCache(encoder, levels((1000,)), write_behind=False) as cache:
+        threads = threading.active_count()
+        acme_query = cache.scoped(Scope("acme", query))
+        assert acme_query.space.namespace == "acme" and acme_query.space.prompt == "query: "
+        assert acme_query.embed_detailed(["x"]).served["compute"] == 1
+        assert cache.embed_detailed(["x"], scope=Scope("acme", query)).served["L1"] == 1  # the same scope, the same key
+        assert cache.embed_detailed(["x"], scope=Scope(prompt=query)).served["compute"] == 1  # another tenant
+        assert cache.embed_detailed(["x"], scope=Scope(prompt=document)).served["compute"] == 1  # another prompt
+        assert cache.embed_detailed(["x"]).served["compute"] == 1  # the model's own space
+        acme_query.close()  # a view: closes nothing
+        assert cache.embed_detailed(["x"]).served["L1"] == 1 and threading.active_count() == threads
+        prompts, tenants = cache.prompt_stats(), cache.namespace_stats()
+    assert encoder.calls == [["query: x"], ["query: x"], ["passage: x"], ["x"]]
+    assert {name: (figures.texts, figures.hits) for name, figures in prompts.items()} == {"query": (3, 1), "document": (1, 0)}
+    assert {name: (figures.texts, figures.hits) for name, figures in tenants.items()} == {"acme": (2, 1)}
+    assert cache.stats().texts == 6
+

@@ -11,6 +11,7 @@ import torch
 
 from ragcache.build import build_cache, drift_monitor
 from ragcache.core.keys import EmbeddingSpace, Generation
+from ragcache.core.scope import Scope
 from ragcache.models.drift import CANARY_TEXTS, TOLERANCES, DriftGuard, fingerprint_distance
 from ragcache.models.fingerprints import Fingerprint, Fingerprints, MemoryFingerprints, MilvusFingerprints, RedisFingerprints
 from ragcache.settings import Settings
@@ -27,9 +28,9 @@ def swappable(request):
     return lambda **kwargs: SwappableEncoder(model=f"fake/{request.node.name}", **kwargs)
 
 
-def make_cache(encoder, redis_client, milvus_client, generation=None):
+def make_cache(encoder, redis_client, milvus_client):
     settings = Settings(redis_url="redis://unused", milvus_uri="unused.db", write_behind=False, drift_check_interval_s=0)
-    return build_cache(settings, Stores(redis_client, milvus_client), encoder, generation=generation)
+    return build_cache(settings, Stores(redis_client, milvus_client), encoder)
 
 
 def guard_of(cache, redis_client, milvus_client, name="fake"):
@@ -199,7 +200,7 @@ def test_the_monitor_switches_tenants_caches_with_the_model(redis_client, milvus
     shared = make_cache(encoder, redis_client, milvus_client)
     settings = Settings(redis_url="redis://unused", milvus_uri="unused.db", write_behind=False, drift_check_interval_s=0)
     monitor = drift_monitor(settings, Stores(redis_client, milvus_client), {"fake": shared}).start()
-    tenant = shared.namespace("acme")
+    tenant = shared.scoped(Scope(tenant="acme"))
     tenant.embed(TEXTS)
     encoder.version = 1
     assert monitor.check_all() == 1

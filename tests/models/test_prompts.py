@@ -9,25 +9,35 @@ import numpy as np
 import pytest
 import torch
 
+from ragcache.core.cache import EmbeddingCache
+from ragcache.core.scope import Prompt, Scope
 from ragcache.errors import ConfigError, InvalidInputError
 from ragcache.models.local import PACKAGED_MODEL
-from ragcache.models.prompts import PromptedEncoder, known_prompts, prompt_name_of
+from ragcache.models.prompts import known_prompts, prompt_name_of
 from ragcache.settings import Settings
+from ragcache.tiers import MemoryTier
 from ragcache_server.state import ServiceState
 from tests.live_server import LiveServer
 
 PROMPTS = {"query": "query: ", "document": "passage: "}
 TEXTS = ["how do I restart the pump?", "Error E4711 means the pump stalled."]
+QUERY_SCOPE = Scope(prompt=Prompt("query", "query: "))
 
 
-def test_a_prompted_encoder_is_sentence_transformers_with_that_prompt(encoder):
-    prompted = PromptedEncoder(encoder, "query", "query: ")
-    vectors = prompted.encode(TEXTS).cpu().numpy()
+def cache_over(encoder) -> EmbeddingCache:
+    return EmbeddingCache(encoder, [MemoryTier(1 << 20, encoder.space.dim, torch.float32)], write_behind=False)
+
+
+def test_a_prompted_scope_is_sentence_transformers_with_that_prompt(encoder):
+    with cache_over(encoder) as cache:
+        result = cache.embed_detailed(TEXTS, scope=QUERY_SCOPE)
+        plain = cache.embed_detailed(TEXTS)
+        prompted_space = cache.scoped(QUERY_SCOPE).space
     expected = encoder.model.encode(TEXTS, prompt="query: ", convert_to_numpy=True)
-    np.testing.assert_allclose(vectors, expected, rtol=1e-4, atol=1e-6)
-    plain = encoder.encode(TEXTS).cpu().numpy()
-    assert not np.allclose(vectors, plain, atol=1e-3)  # the prompt changes every vector
-    assert prompted.space.prompt == "query: " and prompted.space.space_id != encoder.space.space_id
+    np.testing.assert_allclose(result.vectors, expected, rtol=1e-4, atol=1e-6)
+    assert result.served["compute"] == 2 and plain.served["compute"] == 2  # one cache, a space (keys) per prompt
+    assert not np.allclose(result.vectors, plain.vectors, atol=1e-3)  # the prompt changes every vector
+    assert prompted_space.prompt == "query: " and prompted_space.space_id != encoder.space.space_id
     assert encoder.space.prompt is None  # the unprompted space (and its id) is as before
 
 
@@ -112,7 +122,7 @@ def test_documents_use_the_document_prompt_and_search_the_query_prompt(http, enc
     documents = [{"id": str(i), "text": text} for i, text in enumerate(TEXTS)]
     assert http.post("/documents", json={"collection": "prompted", "documents": documents}).status_code == 200
     info = {c["name"]: c for c in http.get("/collections").json()["collections"]}["prompted"]
-    assert info["space_id"] == PromptedEncoder(encoder, "document", "passage: ").space.space_id
+    assert info["space_id"] == Scope(prompt=Prompt("document", "passage: ")).space_of(encoder.space).space_id
     hits = http.post("/search", json={"collection": "prompted", "query": "restart the pump", "top_k": 2}).json()["hits"]
     query = encoder.model.encode(["restart the pump"], prompt="query: ")[0]
     passages = encoder.model.encode([hit["text"] for hit in hits], prompt="passage: ")
@@ -151,5 +161,6 @@ class PlainEncoder:
 
 def test_an_encoder_without_prompt_support_gets_the_prompt_prepended(encoder):
     plain = PlainEncoder(encoder)
-    PromptedEncoder(plain, "query", "query: ").encode(TEXTS)
+    with cache_over(plain) as cache:
+        cache.embed(TEXTS, scope=QUERY_SCOPE)
     assert plain.texts == ["query: " + text for text in TEXTS]

@@ -10,10 +10,15 @@ import numpy as np
 import torch
 
 from ragcache.core.cache import EmbeddingCache
+from ragcache.core.scope import Scope
 from ragcache.tiers import MemoryTier
 from tests.fakes import HashEncoder
 
 DIM = 8
+
+
+def tenant_of(cache: EmbeddingCache, name: str) -> EmbeddingCache:
+    return cache.scoped(Scope(tenant=name))
 
 
 def make_cache():
@@ -25,7 +30,7 @@ def make_cache():
 
 def test_a_namespace_has_its_own_keys_and_hits():
     encoder, cache = make_cache()
-    acme, globex = cache.namespace("acme"), cache.namespace("globex")
+    acme, globex = tenant_of(cache, "acme"), tenant_of(cache, "globex")
     assert acme.space.namespace == "acme" and acme.space.space_id != cache.space.space_id
     assert acme.space.keys(["x"]) != globex.space.keys(["x"])
     first = acme.embed_detailed(["a text acme embedded"])
@@ -43,9 +48,9 @@ def test_a_namespace_has_its_own_keys_and_hits():
 
 def test_namespaces_are_counted_apart_and_in_the_cache_figures():
     _, cache = make_cache()
-    cache.namespace("acme").embed(["one", "two"])
-    cache.namespace("acme").embed(["one"])
-    cache.namespace("globex").embed(["one"])
+    tenant_of(cache, "acme").embed(["one", "two"])
+    tenant_of(cache, "acme").embed(["one"])
+    tenant_of(cache, "globex").embed(["one"])
     figures = cache.namespace_stats()
     assert sorted(figures) == ["acme", "globex"]
     assert (figures["acme"].requests, figures["acme"].texts, figures["acme"].hits) == (2, 3, 1)
@@ -59,10 +64,10 @@ def test_a_namespace_adds_no_thread_and_leaves_the_shared_levels_alone():
     cache.embed(["shared text"])
     threads = threading.active_count()
     for name in ("acme", "globex", "initech"):
-        view = cache.namespace(name)
+        view = tenant_of(cache, name)
         view.embed([f"{name} text"])
         view.close()  # nothing of its own to close: the cache's L1 keeps everything
     assert threading.active_count() == threads
     assert cache.embed_detailed(["shared text"]).served["L1"] == 1
-    assert cache.namespace("acme").embed_detailed(["acme text"]).served["L1"] == 1
+    assert tenant_of(cache, "acme").embed_detailed(["acme text"]).served["L1"] == 1
     cache.close()

@@ -1,0 +1,98 @@
+"""Whose request, under which prompt: the one way to select the keys a request reads and writes in its model's cache.
+
+One ``EmbeddingCache`` (one set of levels, one batcher, one compute thread) serves every scope of its model. A
+scope changes the request's space, so its keys: a tenant's (``tenant_cache_namespaces``) entries never serve
+another tenant, and a named prompt's (``ragcache.models.prompts``) vectors are the model's under that prompt.
+The batcher gives the model one prompt per batch. Space ids are unchanged: a tenant is the space's
+``namespace`` and a prompt its ``prompt``, exactly as the per-tenant and per-prompt caches set them before.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from dataclasses import dataclass
+
+from ragcache.core.keys import EmbeddingSpace
+from ragcache.core.stats import LevelRecorder
+
+__all__ = ["Prompt", "Scope", "ScopeRecorders", "ScopeStats"]
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """A model's named prompt: the text put before each input (``name`` is how requests ask for it)."""
+
+    name: str
+    text: str
+
+
+@dataclass(frozen=True)
+class Scope:
+    """A request's tenant (None: the shared keys) and prompt (None: the model's own space)."""
+
+    tenant: str | None = None
+    prompt: Prompt | None = None
+
+    def space_of(self, space: EmbeddingSpace) -> EmbeddingSpace:
+        """The model's ``space`` as this scope sees it."""
+        if self.tenant is None and self.prompt is None:
+            return space
+        changes: dict[str, str] = {}
+        if self.tenant is not None:
+            changes["namespace"] = self.tenant
+        if self.prompt is not None:
+            changes["prompt"] = self.prompt.text
+        return dataclasses.replace(space, **changes)  # type: ignore[arg-type]
+
+
+UNSCOPED = Scope()
+
+
+@dataclass(frozen=True)
+class ScopeStats:
+    """One tenant's or one prompt's share of its cache's traffic."""
+
+    requests: int
+    texts: int
+    hits: int
+    hit_rate: float
+
+
+class ScopeRecorders:
+    """Request counters per tenant and per prompt name, made on first use (tenants come from the key file,
+    prompts from the model's configuration: a handful each)."""
+
+    def __init__(self, *, window_s: float):
+        self._window_s = window_s
+        self._tenants: dict[str, LevelRecorder] = {}
+        self._prompts: dict[str, LevelRecorder] = {}
+        self._lock = threading.Lock()
+
+    def record(self, scope: Scope, *, hits: int, misses: int, latency_s: float) -> None:
+        if scope.tenant is not None:
+            self._recorder(self._tenants, scope.tenant).record(hits=hits, misses=misses, latency_s=latency_s)
+        if scope.prompt is not None:
+            self._recorder(self._prompts, scope.prompt.name).record(hits=hits, misses=misses, latency_s=latency_s)
+
+    def _recorder(self, recorders: dict[str, LevelRecorder], name: str) -> LevelRecorder:
+        recorder = recorders.get(name)
+        if recorder is None:
+            with self._lock:
+                recorder = recorders.setdefault(name, LevelRecorder(name, window_s=self._window_s))
+        return recorder
+
+    def tenants(self, *, recent: bool = False) -> dict[str, ScopeStats]:
+        return self._stats(self._tenants, recent=recent)
+
+    def prompts(self, *, recent: bool = False) -> dict[str, ScopeStats]:
+        return self._stats(self._prompts, recent=recent)
+
+    def _stats(self, recorders: dict[str, LevelRecorder], *, recent: bool) -> dict[str, ScopeStats]:
+        with self._lock:
+            found = dict(recorders)
+        stats = {}
+        for name, recorder in sorted(found.items()):
+            figures = recorder.snapshot(recent=recent)
+            stats[name] = ScopeStats(recorder.num_calls(recent=recent), figures.lookups, figures.hits, figures.hit_rate)
+        return stats
