@@ -21,6 +21,7 @@ import orjson
 
 from ragcache.retrieval.documents import MAX_TEXT_BYTES, Document
 from ragcache.retrieval.knowledge import KnowledgeBase, in_order_asked
+from ragcache.retrieval.names import CollectionName
 from ragcache.retrieval.results import SearchResult
 from ragcache_server.errors import HTTPError
 
@@ -80,7 +81,7 @@ def may_pass(num_hits: int, max_bytes: int) -> bool:
     return num_hits * (MAX_TEXT_BYTES + HIT_OVERHEAD_BYTES) > max_bytes
 
 
-def fill_texts(knowledge: KnowledgeBase, collection: str, results: list[SearchResult], max_bytes: int) -> list[SearchResult]:
+def fill_texts(knowledge: KnowledgeBase, collection: CollectionName, results: list[SearchResult], max_bytes: int) -> list[SearchResult]:
     """``results`` (searched without their texts) with each hit's text, read by id a batch at a time; a 413 as soon
     as the distinct texts alone pass ``max_bytes`` (the answer holds each at least once). A document deleted
     since the search answers an empty text."""
@@ -95,7 +96,7 @@ def fill_texts(knowledge: KnowledgeBase, collection: str, results: list[SearchRe
             for result in results]
 
 
-def documents_within(knowledge: KnowledgeBase, collection: str, ids: list[str], max_bytes: int) -> list[Document]:
+def documents_within(knowledge: KnowledgeBase, collection: CollectionName, ids: list[str], max_bytes: int) -> list[Document]:
     """``KnowledgeBase.get_documents`` read a batch at a time, with a 413 as soon as the answer passes ``max_bytes``."""
     documents: list[Document] = []
     used = 0

@@ -28,9 +28,10 @@ from ragcache.prefixes import (
     WarmResult,
 )
 from ragcache.prefixes.model import MAX_USES_PER_REPORT
+from ragcache.retrieval.names import public_name
 from ragcache_server.auth import principal_of
 from ragcache_server.deps import prefixes_of
-from ragcache_server.tenants import public_collection, public_names, stored_prefix
+from ragcache_server.tenants import public_names, stored_prefix
 
 __all__ = ["router"]
 
@@ -77,7 +78,7 @@ def register_prefix(spec: PrefixSpec, request: Request, response: Response) -> R
 def list_prefixes(request: Request) -> list[Prefix]:
     """The caller's tenant's prefixes, by name (every prefix, under its stored name, for a key without a tenant)."""
     tenant = principal_of(request).tenant
-    own = [(prefix, public_collection(tenant, prefix.name)) for prefix in _registry(request).list()]
+    own = [(prefix, public_name(tenant, prefix.name)) for prefix in _registry(request).list()]
     return [_public(prefix, name) for prefix, name in own if name is not None]
 
 

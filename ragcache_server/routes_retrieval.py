@@ -1,7 +1,8 @@
 """/documents, /collections and /search over the knowledge base, each caller within its tenant.
 
-A tenant's collections are stored under a tenant prefix (ragcache_server/tenants.py); the routes translate the
-names both ways, so a tenant never sees, nor can name, another tenant's collection.
+A tenant's collections are stored under a tenant prefix (``ragcache.retrieval.names``): each route names its
+collection as a ``CollectionName`` (the caller's name and the stored one), and the knowledge base's errors say the
+caller's, so a tenant never sees, nor can name, another tenant's collection.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ from ragcache.models.prompts import DOCUMENT, QUERY
 from ragcache.prefixes import Prefix, PrefixRegistry, assemble_prompt, render_text
 from ragcache.rerank.scores import RerankCache
 from ragcache.rerank.stage import rerank_result
-from ragcache.retrieval.documents import check_collection_name
 from ragcache.retrieval.knowledge import KnowledgeBase
+from ragcache.retrieval.names import CollectionName, public_name, tenant_prefix
 from ragcache.retrieval.results import SearchResult
 from ragcache.retrieval.sync import SyncOptions
 from ragcache_server.answers import SEARCH_ADVICE, check_answer_bytes, documents_within, fill_texts, may_pass, without_texts
@@ -35,7 +36,7 @@ from ragcache_server.schemas import (
     SearchRequest,
 )
 from ragcache_server.state import ServiceState
-from ragcache_server.tenants import public_collection, public_names, stored_collection, stored_prefix, tenant_prefix
+from ragcache_server.tenants import public_names, stored_prefix
 
 router = APIRouter(tags=["retrieval"])
 
@@ -50,7 +51,7 @@ def knowledge_of(state: ServiceState) -> KnowledgeBase:
 async def add_documents(body: AddDocumentsRequest, request: Request) -> JSONResponse:
     state = state_of(request)
     check_count(body.documents, "documents", state.settings.service.max_batch)
-    stored = stored_collection(principal_of(request).tenant, body.collection)
+    name = CollectionName.of(body.collection, principal_of(request).tenant)
     cache = cache_of(request, body.model, DOCUMENT, optional=True)
     documents = [document.model_dump() for document in body.documents]
     sync = None
@@ -61,27 +62,25 @@ async def add_documents(body: AddDocumentsRequest, request: Request) -> JSONResp
         sync = SyncOptions(body.sync.cleanup, body.sync.scope)
     tenant, quota = principal_of(request).tenant, state.settings.access.tenant_max_collections
     if tenant is not None and quota is not None:
-        await blocking(check_collection_quota, knowledge_of(state), tenant, stored, body.collection, quota)
-    with public_names(stored, body.collection):
-        result = await blocking(knowledge_of(state).add_documents, stored, documents, cache=cache, sync=sync)
-    return JSONResponse(dataclasses.replace(result, collection=body.collection))
+        await blocking(check_collection_quota, knowledge_of(state), tenant, name, quota)
+    result = await blocking(knowledge_of(state).add_documents, name, documents, cache=cache, sync=sync)
+    return JSONResponse(result)
 
 
-def check_collection_quota(knowledge: KnowledgeBase, tenant: str, stored: str, public: str, quota: int) -> None:
+def check_collection_quota(knowledge: KnowledgeBase, tenant: str, name: CollectionName, quota: int) -> None:
     """403 when an ingest would create one collection more than the tenant may have. Checked per request,
     not under a lock: two first ingests racing into new collections may pass it together (one over)."""
     names = knowledge.collection_names(prefix=tenant_prefix(tenant))
-    if stored not in names and len(names) >= quota:
-        message = (f"collection {public!r} would be this tenant's {len(names) + 1}th, over its quota of {quota} "
+    if name.stored not in names and len(names) >= quota:
+        message = (f"collection {name.public!r} would be this tenant's {len(names) + 1}th, over its quota of {quota} "
                    "(RAGCACHE_TENANT_MAX_COLLECTIONS): ingest into an existing collection, or delete one")
         raise HTTPError(403, message, field="collection", type="quota_exceeded")
 
 
 @router.post("/documents/ids", summary="The ids of a collection's documents (optionally filtered), for syncing")
 async def list_ids(body: ListIdsRequest, request: Request) -> JSONResponse:
-    stored = stored_collection(principal_of(request).tenant, body.collection)
-    with public_names(stored, body.collection):
-        ids = await blocking(knowledge_of(state_of(request)).list_ids, stored, body.filter)
+    name = CollectionName.of(body.collection, principal_of(request).tenant)
+    ids = await blocking(knowledge_of(state_of(request)).list_ids, name, body.filter)
     return JSONResponse({"collection": body.collection, "ids": ids})
 
 
@@ -90,9 +89,8 @@ async def get_documents(body: GetDocumentsRequest, request: Request) -> JSONResp
     """``{"collection", "documents": [{id, text, metadata}], "missing": [ids]}``, documents in the order asked."""
     state = state_of(request)
     check_count(body.ids, "ids", state.settings.service.max_batch)
-    stored = stored_collection(principal_of(request).tenant, body.collection)
-    with public_names(stored, body.collection):
-        documents = await blocking(documents_within, knowledge_of(state), stored, body.ids, state.settings.service.max_answer_bytes)
+    name = CollectionName.of(body.collection, principal_of(request).tenant)
+    documents = await blocking(documents_within, knowledge_of(state), name, body.ids, state.settings.service.max_answer_bytes)
     found = {document.id for document in documents}
     missing = [doc_id for doc_id in dict.fromkeys(body.ids) if doc_id not in found]
     return JSONResponse({"collection": body.collection, "documents": documents, "missing": missing})
@@ -101,9 +99,8 @@ async def get_documents(body: GetDocumentsRequest, request: Request) -> JSONResp
 @router.delete("/collections/{collection}", summary="Drop a collection and all its documents")
 async def drop_collection(collection: str, request: Request) -> JSONResponse:
     """404 when it does not exist (for a tenant: when it is not the tenant's)."""
-    stored = stored_collection(principal_of(request).tenant, check_collection_name(collection))
-    with public_names(stored, collection):
-        await blocking(knowledge_of(state_of(request)).drop_collection, stored)
+    name = CollectionName.of(collection, principal_of(request).tenant)
+    await blocking(knowledge_of(state_of(request)).drop_collection, name)
     return JSONResponse({"collection": collection, "dropped": True})
 
 
@@ -111,9 +108,8 @@ async def drop_collection(collection: str, request: Request) -> JSONResponse:
 async def delete_documents(body: DeleteDocumentsRequest, request: Request) -> JSONResponse:
     state = state_of(request)
     check_count(body.ids, "ids", state.settings.service.max_batch)
-    stored = stored_collection(principal_of(request).tenant, body.collection)
-    with public_names(stored, body.collection):
-        num_deleted = await blocking(knowledge_of(state).delete_documents, stored, body.ids)
+    name = CollectionName.of(body.collection, principal_of(request).tenant)
+    num_deleted = await blocking(knowledge_of(state).delete_documents, name, body.ids)
     return JSONResponse({"collection": body.collection, "num_deleted": num_deleted})
 
 
@@ -122,7 +118,7 @@ async def list_collections(request: Request) -> JSONResponse:
     tenant = principal_of(request).tenant
     # Only the tenant's own collections are read: another tenant's broken one cannot fail this listing.
     infos = await blocking(knowledge_of(state_of(request)).list_collections, prefix=tenant_prefix(tenant))
-    own = [(info, public_collection(tenant, info.name)) for info in infos]
+    own = [(info, public_name(tenant, info.name)) for info in infos]
     return JSONResponse({"collections": [dataclasses.replace(info, name=name) for info, name in own if name is not None]})
 
 
@@ -136,26 +132,25 @@ async def search(body: SearchRequest, request: Request) -> JSONResponse:
     state = state_of(request)
     check_text_size(body.query, "query", state.settings.service.max_text_bytes)
     reranker = reranker_of(state, body)
-    stored = stored_collection(principal_of(request).tenant, body.collection)
+    name = CollectionName.of(body.collection, principal_of(request).tenant)
     cache, knowledge = cache_of(request, body.model, DOCUMENT, optional=True), knowledge_of(state)
     query_cache = cache_of(request, body.model, QUERY, optional=True)
     arguments: dict[str, Any] = dict(cache=cache, query_cache=query_cache, top_k=body.top_k, filter=body.filter, options=body.options())
     with_text = reads_texts_with_hits(body, 1, state)
     # The filter is Milvus' expression language over this one collection's fields; it cannot name another
     # collection, and tenants are kept apart by collection, so no filter reaches another tenant's documents.
-    with public_names(stored, body.collection):
-        # A repeated query's result list comes from Redis without leaving the event loop; the rest
-        # (embedding, Milvus) blocks, so it runs in a worker thread.
-        result = await knowledge.search_cached(stored, body.query, **arguments)
-        if result is None:
-            try:
-                result = await blocking(knowledge.search, stored, body.query, **arguments, with_text=with_text)
-            except TierUnavailableError as exc:
-                if body.filter is None or not await searches_without_filter(knowledge, stored, body.query, cache, query_cache):
-                    raise
-                raise InvalidInputError(f"filter could not be evaluated by Milvus: {exc}", field="filter") from exc
-            if needs_texts(body) and not with_text:
-                [result] = await blocking(fill_texts, knowledge, stored, [result], state.settings.service.max_answer_bytes)
+    # A repeated query's result list comes from Redis without leaving the event loop; the rest
+    # (embedding, Milvus) blocks, so it runs in a worker thread.
+    result = await knowledge.search_cached(name, body.query, **arguments)
+    if result is None:
+        try:
+            result = await blocking(knowledge.search, name, body.query, **arguments, with_text=with_text)
+        except TierUnavailableError as exc:
+            if body.filter is None or not await searches_without_filter(knowledge, name, body.query, cache, query_cache):
+                raise
+            raise InvalidInputError(f"filter could not be evaluated by Milvus: {exc}", field="filter") from exc
+        if needs_texts(body) and not with_text:
+            [result] = await blocking(fill_texts, knowledge, name, [result], state.settings.service.max_answer_bytes)
     headers = search_headers([result])
     if reranker is not None and body.rerank is not None:
         top_n = body.rerank.top_n or body.top_k
@@ -184,16 +179,15 @@ async def search_batch(body: BatchSearchRequest, request: Request) -> JSONRespon
     state = state_of(request)
     for index, query in enumerate(body.queries):
         check_text_size(query, f"queries[{index}]", state.settings.service.max_text_bytes)
-    stored = stored_collection(principal_of(request).tenant, body.collection)
+    name = CollectionName.of(body.collection, principal_of(request).tenant)
     cache, knowledge = cache_of(request, body.model, DOCUMENT, optional=True), knowledge_of(state)
     query_cache = cache_of(request, body.model, QUERY, optional=True)
     arguments = dict(cache=cache, query_cache=query_cache, top_k=body.top_k, filter=body.filter, options=body.options())
     reranker = reranker_of(state, body)
     with_text = reads_texts_with_hits(body, len(body.queries), state)
-    with public_names(stored, body.collection):
-        results = await blocking(knowledge.search_many, stored, body.queries, **arguments, with_text=with_text)
-        if needs_texts(body) and not with_text:
-            results = await blocking(fill_texts, knowledge, stored, results, state.settings.service.max_answer_bytes)
+    results = await blocking(knowledge.search_many, name, body.queries, **arguments, with_text=with_text)
+    if needs_texts(body) and not with_text:
+        results = await blocking(fill_texts, knowledge, name, results, state.settings.service.max_answer_bytes)
     headers = search_headers(results)
     if reranker is not None and body.rerank is not None:
         top_n, namespace = body.rerank.top_n or body.top_k, rerank_namespace(request)
@@ -261,7 +255,7 @@ def plain_prefix_used(registry: PrefixRegistry, name: str) -> Prefix:
     return prefix
 
 
-async def searches_without_filter(knowledge: KnowledgeBase, collection: str, query: str, cache, query_cache) -> bool:
+async def searches_without_filter(knowledge: KnowledgeBase, collection: CollectionName, query: str, cache, query_cache) -> bool:
     """Whether the search works without its filter. Milvus answers some expressions it parses but cannot
     run (a constant such as ``1 == 1``) with a generic engine error, not its invalid-parameter code: when
     the same search without the filter works, the filter was at fault (422), not the store (503)."""

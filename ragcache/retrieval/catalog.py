@@ -3,6 +3,9 @@
 A collection records, in its Milvus description, the space its vectors belong to: vectors of two spaces are not
 comparable, so using a collection with a cache of another space is a ``ConflictError`` rather than a silently
 meaningless ranking.
+
+A collection is asked for by its ``CollectionName`` (``ragcache.retrieval.names``); records are kept by the stored
+name, and each caller gets its record with the name it knows (``public``), which every error here says.
 """
 
 from __future__ import annotations
@@ -25,12 +28,12 @@ from ragcache.retrieval.documents import (
     CONTENT_HASH_LENGTH,
     MAX_ID_BYTES,
     MAX_TEXT_BYTES,
-    check_collection_name,
     collection_name_from_milvus,
     milvus_collection_name,
 )
 from ragcache.retrieval.gateway import MilvusGateway
 from ragcache.retrieval.keyword import add_keyword_index, has_keyword_index
+from ragcache.retrieval.names import CollectionName
 from ragcache.retrieval.results import CollectionInfo
 
 __all__ = ["Catalog", "CollectionRecord", "DEFAULT_INDEX_TYPE", "DESCRIPTION_FORMAT", "METRIC", "RECORD_TTL_S",
@@ -66,6 +69,7 @@ class CollectionRecord:
     hashed: bool = False  # has the content_hash field; collections made before it are compared by their text
     keyword: bool = False  # has the BM25 field (ragcache.retrieval.keyword); collections made before it do not
     read_at: float = field(default=0.0, compare=False)  # when this process read the record (the catalog's clock)
+    public: str = field(default="", compare=False)  # the name the caller that asked for it knows (its errors say)
 
 
 class Catalog:
@@ -89,13 +93,13 @@ class Catalog:
         self._creating: dict[str, threading.Lock] = {}  # one per collection name, held while creating it
         self._lock = threading.Lock()  # guards the two dicts only, never held while Milvus is asked
 
-    def create_collection(self, collection: str, space: EmbeddingSpace) -> CollectionInfo:
+    def create_collection(self, name: CollectionName, space: EmbeddingSpace) -> CollectionInfo:
         """Create an empty collection for ``space`` (nothing happens when it exists in that space)."""
-        return self._info(self.ensure(check_collection_name(collection), space))
+        return self._info(self.ensure(name, space))
 
-    def drop_collection(self, collection: str) -> CollectionRecord:
+    def drop_collection(self, name: CollectionName) -> CollectionRecord:
         """Delete a collection and all its documents; returns the record it had."""
-        meta = self.lookup(check_collection_name(collection))
+        meta = self.lookup(name)
         self.call(meta, "drop_collection", meta.milvus_name)
         with self._lock:
             self._collections.pop(meta.name, None)
@@ -122,7 +126,7 @@ class Catalog:
             if name is None or not name.startswith(prefix):
                 continue  # L3 cache collections, anything else in the same database, other tenants'
             try:
-                meta = self._read_record(name)
+                meta = self._read_record(CollectionName(name, name))
                 stats = self.call(meta, "get_collection_stats", meta.milvus_name)
                 infos.append(CollectionInfo(meta.name, meta.space_id, meta.model, meta.dim, int(stats["row_count"])))
             except (NotFoundError, ConflictError, InvalidInputError):
@@ -134,10 +138,10 @@ class Catalog:
             raise failures[-1]
         return sorted(infos, key=lambda info: info.name)
 
-    def collection_info(self, collection: str) -> CollectionInfo:
-        return self._info(self.lookup(check_collection_name(collection)))
+    def collection_info(self, name: CollectionName) -> CollectionInfo:
+        return self._info(self.lookup(name))
 
-    def lookup(self, name: str) -> CollectionRecord:
+    def lookup(self, name: CollectionName) -> CollectionRecord:
         """The collection's record, read from Milvus (and loaded for search) on first use in this process.
 
         No lock is held while Milvus is asked: a slow or hung Milvus must not stall every other collection's
@@ -147,23 +151,24 @@ class Catalog:
         if meta is not None:
             return meta
         meta = self._read_record(name)
-        previous = self._collections.get(name)
+        previous = self._collections.get(name.stored)
         if previous is None or previous.uid != meta.uid:
             # A collection must be loaded before search or get; after a restart (or a re-creation) it is not.
-            self.gateway.call("load_collection", meta.milvus_name, collection=name)
+            self.gateway.call("load_collection", meta.milvus_name, collection=name.public)
         with self._lock:
-            self._collections[name] = meta
+            self._collections[name.stored] = meta
         return meta
 
-    def known(self, name: str) -> CollectionRecord | None:
+    def known(self, name: CollectionName) -> CollectionRecord | None:
         """This process's record of the collection, unless older than ``record_ttl_s``: another process may
         have dropped and re-created it since (a new uid for the result cache, perhaps another space)."""
-        meta = self._collections.get(name)
+        meta = self._collections.get(name.stored)
         if meta is None or self._clock() - meta.read_at > self.record_ttl_s:
             return None
-        return meta
+        # One record per collection, whoever asks; each caller's copy names it as that caller does.
+        return meta if meta.public == name.public else dataclasses.replace(meta, public=name.public)
 
-    def ensure(self, name: str, space: EmbeddingSpace) -> CollectionRecord:
+    def ensure(self, name: CollectionName, space: EmbeddingSpace) -> CollectionRecord:
         """The collection, created for ``space`` when missing; ``ConflictError`` when it has another space."""
         try:
             meta = self.lookup(name)
@@ -175,25 +180,25 @@ class Catalog:
     def call(self, meta: CollectionRecord, method: str, *args, filter_given: bool = False, **kwargs) -> Any:
         """Call a Milvus method on a known collection; one another process dropped is forgotten here too."""
         try:
-            return self.gateway.call(method, *args, collection=meta.name, filter_given=filter_given, **kwargs)
+            return self.gateway.call(method, *args, collection=meta.public, filter_given=filter_given, **kwargs)
         except NotFoundError:
             with self._lock:
                 self._collections.pop(meta.name, None)
             raise
 
-    def _read_record(self, name: str) -> CollectionRecord:
+    def _read_record(self, name: CollectionName) -> CollectionRecord:
         """The collection's record as Milvus describes it now (nothing is loaded)."""
-        milvus_name = milvus_collection_name(name)
-        if not self.gateway.call("has_collection", milvus_name, collection=name):
-            raise NotFoundError(f"collection {name!r} does not exist")
-        described = self.gateway.call("describe_collection", milvus_name, collection=name)
+        milvus_name = milvus_collection_name(name.stored)
+        if not self.gateway.call("has_collection", milvus_name, collection=name.public):
+            raise NotFoundError(f"collection {name.public!r} does not exist")
+        described = self.gateway.call("describe_collection", milvus_name, collection=name.public)
         return dataclasses.replace(_parse_description(name, milvus_name, described), read_at=self._clock())
 
-    def _create(self, name: str, space: EmbeddingSpace) -> CollectionRecord:
-        milvus_name = milvus_collection_name(name)
+    def _create(self, name: CollectionName, space: EmbeddingSpace) -> CollectionRecord:
+        milvus_name = milvus_collection_name(name.stored)
         description = {
             "format": DESCRIPTION_FORMAT,
-            "name": name,
+            "name": name.stored,
             "space_id": space.space_id,
             "model": space.model,
             "dim": space.dim,
@@ -215,24 +220,24 @@ class Catalog:
         # One creation at a time per name (two would race to write different descriptions); other
         # collections go on meanwhile, and each call here has the Milvus deadline.
         with self._lock:
-            creating = self._creating.setdefault(name, threading.Lock())
+            creating = self._creating.setdefault(name.stored, threading.Lock())
         with creating:
-            if not self.gateway.call("has_collection", milvus_name, collection=name):
+            if not self.gateway.call("has_collection", milvus_name, collection=name.public):
                 # Strong consistency: a search right after an ingest sees the ingested documents.
                 self.gateway.call("create_collection", milvus_name, schema=schema, index_params=index_params,
-                                  consistency_level="Strong", collection=name)
+                                  consistency_level="Strong", collection=name.public)
         return self.lookup(name)  # also when another process created it first: its record wins
 
     def _info(self, meta: CollectionRecord) -> CollectionInfo:
         rows = self.call(meta, "query", meta.milvus_name, filter="", output_fields=["count(*)"])
-        return CollectionInfo(meta.name, meta.space_id, meta.model, meta.dim, int(rows[0]["count(*)"]))
+        return CollectionInfo(meta.public, meta.space_id, meta.model, meta.dim, int(rows[0]["count(*)"]))
 
 
 def check_space(meta: CollectionRecord, space: EmbeddingSpace) -> None:
     """``ConflictError`` unless the collection holds vectors of ``space``."""
     if meta.space_id != space.space_id:
         raise ConflictError(
-            f"collection {meta.name!r} holds vectors of embedding space {meta.space_id} "
+            f"collection {meta.public!r} holds vectors of embedding space {meta.space_id} "
             f"({meta.model}, {meta.dim}-d), but this cache embeds in space {space.space_id} "
             f"({space.model}, {space.dim}-d); vectors of two spaces cannot be compared. Use the model and "
             "settings the collection was built with, or ingest into another collection" + _drift_hint(space)
@@ -254,19 +259,19 @@ def primary_key(document_id: str) -> str:
     return xxhash.xxh3_128_hexdigest(document_id.encode("utf-8"))
 
 
-def _parse_description(name: str, milvus_name: str, described: dict) -> CollectionRecord:
+def _parse_description(name: CollectionName, milvus_name: str, described: dict) -> CollectionRecord:
     try:
         record = json.loads(described.get("description") or "")
         found = record.get("format")
         if isinstance(found, str) and found.startswith("ragcache.knowledge/") and found != DESCRIPTION_FORMAT:
             raise ConflictError(
-                f"collection {name!r} was written by another ragcache version ({found}, this one reads "
+                f"collection {name.public!r} was written by another ragcache version ({found}, this one reads "
                 f"{DESCRIPTION_FORMAT}): ingest into a new collection, or drop it and ingest again"
             )
         if found != DESCRIPTION_FORMAT:
             raise ValueError(found)
         hashed = any(field.get("name") == "content_hash" for field in described.get("fields", []))
-        return CollectionRecord(name, milvus_name, record["space_id"], record["model"], int(record["dim"]),
-                                record["uid"], hashed=hashed, keyword=has_keyword_index(described))
+        return CollectionRecord(name.stored, milvus_name, record["space_id"], record["model"], int(record["dim"]),
+                                record["uid"], hashed=hashed, keyword=has_keyword_index(described), public=name.public)
     except (ValueError, TypeError, KeyError, AttributeError) as exc:
         raise ConflictError(f"Milvus collection {milvus_name!r} exists but is not a ragcache knowledge base") from exc

@@ -16,12 +16,12 @@ from ragcache.errors import InvalidInputError, TierUnavailableError
 from ragcache.retrieval.catalog import Catalog, CollectionRecord, primary_key
 from ragcache.retrieval.documents import (
     Document,
-    check_collection_name,
     check_documents,
     check_filter,
     check_ids,
     content_hash,
 )
+from ragcache.retrieval.names import CollectionName
 from ragcache.retrieval.result_cache import ResultCache
 from ragcache.retrieval.results import IngestResult
 from ragcache.retrieval.sync import MAX_LISTED_IDS, SyncOptions, source_expression, sources_of
@@ -40,12 +40,13 @@ class DocumentStore:
         self.results = results
 
     def add_documents(
-        self, collection: str, documents: Sequence[Document | dict], cache: EmbeddingCache, sync: SyncOptions | None
+        self, collection: str | CollectionName, documents: Sequence[Document | dict], cache: EmbeddingCache,
+        sync: SyncOptions | None,
     ) -> IngestResult:
         """``KnowledgeBase.add_documents``: a document stored with the same content hash is left alone (nothing
         embedded or written); ``sync`` then deletes what is gone from the source."""
         checked = check_documents(documents)
-        meta = self.catalog.ensure(check_collection_name(collection), cache.space)
+        meta = self.catalog.ensure(CollectionName.of(collection), cache.space)
         hashes = [content_hash(document) for document in checked]
         stored = self._stored_hashes(meta, [document.id for document in checked])
         changed = [index for index, document in enumerate(checked) if stored.get(document.id) != hashes[index]]
@@ -56,7 +57,7 @@ class DocumentStore:
         num_deleted = 0 if sync is None else self._clean_up(meta, checked, sync)
         num_computed = served.get(cache.level_names[-1], 0)
         return IngestResult(
-            collection=meta.name,
+            collection=meta.public,
             num_received=len(checked),
             num_inserted=len(changed) - num_replaced,
             num_replaced=num_replaced,
@@ -67,28 +68,28 @@ class DocumentStore:
             num_deleted=num_deleted,
         )
 
-    def list_ids(self, collection: str, filter: str | None = None) -> list[str]:  # noqa: A002 - the API's name
+    def list_ids(self, collection: str | CollectionName, filter: str | None = None) -> list[str]:  # noqa: A002 - the API's name
         """The ids of the collection's documents (matching ``filter``), at most ``MAX_LISTED_IDS``."""
-        meta = self.catalog.lookup(check_collection_name(collection))
+        meta = self.catalog.lookup(CollectionName.of(collection))
         return self._list_ids(meta, check_filter(filter) or "")
 
-    def get_documents(self, collection: str, ids: Sequence[str]) -> list[Document]:
+    def get_documents(self, collection: str | CollectionName, ids: Sequence[str]) -> list[Document]:
         """The documents with these ids, in the order asked (repeats folded); unknown ids are left out."""
         checked = check_ids(ids)
         return in_order_asked(checked, [document for batch in self.document_batches(collection, checked) for document in batch])
 
-    def document_batches(self, collection: str, ids: Sequence[str]) -> Iterator[list[Document]]:
+    def document_batches(self, collection: str | CollectionName, ids: Sequence[str]) -> Iterator[list[Document]]:
         """``get_documents`` one Milvus call at a time (``BATCH_ROWS`` ids each, unknown ids left out), so that a
         caller with a byte budget can stop reading as soon as it is spent."""
         checked = check_ids(ids)
-        meta = self.catalog.lookup(check_collection_name(collection))
+        meta = self.catalog.lookup(CollectionName.of(collection))
         for rows in self._rows_of(meta, checked, ["id", "text", "metadata"]):
             yield [Document(row["id"], row["text"], row.get("metadata") or {}) for row in rows]
 
-    def delete_documents(self, collection: str, ids: Sequence[str]) -> int:
+    def delete_documents(self, collection: str | CollectionName, ids: Sequence[str]) -> int:
         """Delete documents by id; returns how many existed (unknown ids are ignored)."""
         checked = check_ids(ids)
-        meta = self.catalog.lookup(check_collection_name(collection))
+        meta = self.catalog.lookup(CollectionName.of(collection))
         return self._delete_existing(meta, checked)
 
     def _upsert(
@@ -156,7 +157,7 @@ class DocumentStore:
         )
         ids: list[str] = []
         try:
-            while batch := self.catalog.gateway.next_page(iterator, meta.name, filter_given):
+            while batch := self.catalog.gateway.next_page(iterator, meta.public, filter_given):
                 ids.extend(row["id"] for row in batch)
                 if len(ids) > MAX_LISTED_IDS:
                     raise InvalidInputError(
@@ -192,7 +193,7 @@ class DocumentStore:
             outcome = ("the change may have landed, and searches on other replicas may show the old contents until it is "
                        "repeated: retry the request") if written else "nothing was changed: retry when Redis is back"
             raise TierUnavailableError(
-                "result cache", f"cached search results of collection {meta.name!r} could not be invalidated; {outcome}"
+                "result cache", f"cached search results of collection {meta.public!r} could not be invalidated; {outcome}"
             ) from exc
 
 

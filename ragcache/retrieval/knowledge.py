@@ -12,6 +12,9 @@ than a silently meaningless ranking.
 ``KnowledgeBase`` is the facade: collections live in ``catalog``, documents in ``document_store``, searches in
 ``search``, and every Milvus call goes through ``gateway`` (its breaker and error conversion).
 
+A collection is named by a string, or by a ``CollectionName`` (``ragcache.retrieval.names``: a tenant's name and
+the name it is stored under); errors name it as the caller does.
+
     >>> kb = KnowledgeBase(stores.milvus, redis=stores.redis)
     >>> kb.add_documents("docs", [{"id": "1", "text": "KV caches hold attention keys"}], cache=cache)
     >>> kb.search("docs", "what is a KV cache?", cache=cache, top_k=3).hits[0].id
@@ -30,6 +33,7 @@ from ragcache.retrieval.catalog import DEFAULT_INDEX_TYPE, DESCRIPTION_FORMAT, M
 from ragcache.retrieval.document_store import DocumentStore, in_order_asked
 from ragcache.retrieval.documents import Document
 from ragcache.retrieval.gateway import MilvusGateway
+from ragcache.retrieval.names import CollectionName
 from ragcache.retrieval.ranking import SearchOptions
 from ragcache.retrieval.result_cache import DEFAULT_MAX_VALUE_BYTES, ResultCache
 from ragcache.retrieval.results import CollectionInfo, IngestResult, SearchHit, SearchResult, SearchTimings
@@ -38,7 +42,7 @@ from ragcache.retrieval.sync import SyncOptions
 
 # What callers import from here, wherever it is defined: the facade is the knowledge base's public surface.
 __all__ = [
-    "KnowledgeBase", "CollectionInfo", "IngestResult", "SearchHit", "SearchOptions", "SearchResult", "SearchTimings",
+    "KnowledgeBase", "CollectionInfo", "CollectionName", "IngestResult", "SearchHit", "SearchOptions", "SearchResult", "SearchTimings",
     "DESCRIPTION_FORMAT", "MAX_QUERIES", "METRIC", "in_order_asked",
 ]
 
@@ -78,13 +82,13 @@ class KnowledgeBase:
 
     # ---- collections -----------------------------------------------------------------------------------
 
-    def create_collection(self, collection: str, *, cache: EmbeddingCache) -> CollectionInfo:
+    def create_collection(self, collection: str | CollectionName, *, cache: EmbeddingCache) -> CollectionInfo:
         """Create an empty collection for the cache's space (nothing happens when it exists in that space)."""
-        return self.catalog.create_collection(collection, cache.space)
+        return self.catalog.create_collection(CollectionName.of(collection), cache.space)
 
-    def drop_collection(self, collection: str) -> None:
+    def drop_collection(self, collection: str | CollectionName) -> None:
         """Delete a collection and all its documents (and its cached search results)."""
-        dropped = self.catalog.drop_collection(collection)
+        dropped = self.catalog.drop_collection(CollectionName.of(collection))
         if self.results is not None:
             self.results.discard(dropped.uid)
 
@@ -96,14 +100,14 @@ class KnowledgeBase:
         """The collections whose names start with ``prefix`` (a tenant's), by name; see ``Catalog.list_collections``."""
         return self.catalog.list_collections(prefix=prefix)
 
-    def collection_info(self, collection: str) -> CollectionInfo:
-        return self.catalog.collection_info(collection)
+    def collection_info(self, collection: str | CollectionName) -> CollectionInfo:
+        return self.catalog.collection_info(CollectionName.of(collection))
 
     # ---- documents -------------------------------------------------------------------------------------
 
     def add_documents(
         self,
-        collection: str,
+        collection: str | CollectionName,
         documents: Sequence[Document | dict],
         *,
         cache: EmbeddingCache,
@@ -115,19 +119,19 @@ class KnowledgeBase:
         then deletes what is gone from the source (``ragcache.retrieval.sync``)."""
         return self.documents.add_documents(collection, documents, cache, sync)
 
-    def list_ids(self, collection: str, filter: str | None = None) -> list[str]:  # noqa: A002 - the API's name
+    def list_ids(self, collection: str | CollectionName, filter: str | None = None) -> list[str]:  # noqa: A002 - the API's name
         """The ids of the collection's documents (matching ``filter``), at most ``MAX_LISTED_IDS``."""
         return self.documents.list_ids(collection, filter)
 
-    def get_documents(self, collection: str, ids: Sequence[str]) -> list[Document]:
+    def get_documents(self, collection: str | CollectionName, ids: Sequence[str]) -> list[Document]:
         """The documents with these ids, in the order asked (repeats folded); unknown ids are left out."""
         return self.documents.get_documents(collection, ids)
 
-    def document_batches(self, collection: str, ids: Sequence[str]) -> Iterator[list[Document]]:
+    def document_batches(self, collection: str | CollectionName, ids: Sequence[str]) -> Iterator[list[Document]]:
         """``get_documents`` one Milvus call at a time, so that a caller with a byte budget can stop early."""
         return self.documents.document_batches(collection, ids)
 
-    def delete_documents(self, collection: str, ids: Sequence[str]) -> int:
+    def delete_documents(self, collection: str | CollectionName, ids: Sequence[str]) -> int:
         """Delete documents by id; returns how many existed (unknown ids are ignored)."""
         return self.documents.delete_documents(collection, ids)
 
@@ -135,7 +139,7 @@ class KnowledgeBase:
 
     def search(
         self,
-        collection: str,
+        collection: str | CollectionName,
         query: str,
         *,
         cache: EmbeddingCache,
@@ -155,7 +159,7 @@ class KnowledgeBase:
 
     def search_many(
         self,
-        collection: str,
+        collection: str | CollectionName,
         queries: Sequence[str],
         *,
         cache: EmbeddingCache,
@@ -175,7 +179,7 @@ class KnowledgeBase:
 
     async def search_cached(
         self,
-        collection: str,
+        collection: str | CollectionName,
         query: str,
         *,
         cache: EmbeddingCache,

@@ -20,9 +20,10 @@ from ragcache.core.health import TierHealth
 from ragcache.core.keys import EmbeddingSpace
 from ragcache.errors import ConflictError, InvalidInputError, TierUnavailableError
 from ragcache.retrieval.catalog import METRIC, Catalog, CollectionRecord, check_space
-from ragcache.retrieval.documents import check_collection_name, check_filter, check_query, check_top_k
+from ragcache.retrieval.documents import check_filter, check_query, check_top_k
 from ragcache.retrieval.gateway import converted
 from ragcache.retrieval.keyword import SPARSE_FIELD, keyword_search_params
+from ragcache.retrieval.names import CollectionName
 from ragcache.retrieval.ranking import SearchOptions, finish, fuse, group_hits
 from ragcache.retrieval.result_cache import ResultCache
 from ragcache.retrieval.results import SearchHit, SearchResult, SearchTimings
@@ -68,8 +69,9 @@ class Searcher:
         self._clock = clock
         self.keyword_health = TierHealth()  # the keyword (BM25) searches' own: dense search goes on without them
 
-    def search_many(self, collection: str, queries: Sequence[str], cache: EmbeddingCache, query_cache: EmbeddingCache | None,
-                    top_k: int, filter: str | None, options: SearchOptions | None, with_text: bool) -> list[SearchResult]:  # noqa: A002
+    def search_many(self, collection: str | CollectionName, queries: Sequence[str], cache: EmbeddingCache,
+                    query_cache: EmbeddingCache | None, top_k: int, filter: str | None,  # noqa: A002
+                    options: SearchOptions | None, with_text: bool) -> list[SearchResult]:
         """``KnowledgeBase.search_many`` (which holds the defaults): one embedding batch and one Milvus search per
         ranked list for all the queries; each query's result is cached on its own."""
         plan = self._plan(collection, queries, cache, query_cache, top_k, filter, options, self.catalog.lookup)
@@ -93,8 +95,9 @@ class Searcher:
                     self.results.put(plan.meta.uid, version, plan.query_keys[index], plan.params, value)
         return [result for result in results if result is not None]  # every one is set by now
 
-    async def search_cached(self, collection: str, query: str, cache: EmbeddingCache, query_cache: EmbeddingCache | None,
-                            top_k: int, filter: str | None, options: SearchOptions | None) -> SearchResult | None:  # noqa: A002
+    async def search_cached(self, collection: str | CollectionName, query: str, cache: EmbeddingCache,
+                            query_cache: EmbeddingCache | None, top_k: int, filter: str | None,  # noqa: A002
+                            options: SearchOptions | None) -> SearchResult | None:
         """``KnowledgeBase.search_cached``: the cached result, found without blocking, or None."""
         if self.results is None:
             return None
@@ -108,7 +111,7 @@ class Searcher:
     def _plan(self, collection, queries, cache, query_cache, top_k, filter, options, find) -> _Plan | None:  # noqa: A002
         """The search's checked arguments (every one checked before Milvus is asked); None when ``find``
         does not know the collection."""
-        name = check_collection_name(collection)
+        name = CollectionName.of(collection)
         checked = _check_queries(queries)
         top_k = check_top_k(top_k, self.max_top_k)
         expression = check_filter(filter)
@@ -121,7 +124,7 @@ class Searcher:
         check_space(meta, cache.space)
         if options.uses_keyword and not meta.keyword:
             raise InvalidInputError(
-                f"mode={options.mode!r} needs a keyword index, and collection {meta.name!r} was created without one "
+                f"mode={options.mode!r} needs a keyword index, and collection {meta.public!r} was created without one "
                 "(before ragcache kept one): search it with mode='dense', or ingest into a new collection",
                 field="mode",
             )
@@ -218,7 +221,7 @@ class Searcher:
         try:
             rows = self.catalog.gateway.milvus.search(meta.milvus_name, search_params=keyword_search_params(), **arguments)
         except milvus_failures as exc:
-            error = converted(exc, meta.name, filter_given=filter_given)
+            error = converted(exc, meta.public, filter_given=filter_given)
             if isinstance(error, TierUnavailableError) and self.keyword_health.record_failure(error):
                 log.warning("keyword index of %r is failing; keyword searches fall back to dense: %s", meta.name, error)
             raise error from exc
