@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import platform
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 from fastapi import APIRouter, Request
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -14,6 +14,7 @@ import ragcache
 from ragcache.models.drift import DriftState
 from ragcache.models.remote.stats import upstream_figures
 from ragcache.observe.redact import redact_url
+from ragcache.retrieval.names import own_named
 from ragcache_server.auth import principal_of
 from ragcache_server.deps import metrics_registry_of, state_of
 from ragcache_server.responses import JSONResponse
@@ -53,7 +54,13 @@ async def stats(request: Request) -> JSONResponse:
         }
         for name, reranker in state.rerankers.items()
     }
-    return JSONResponse({"models": models, "rerankers": rerankers, "prefixes": asdict(state.prefixes.stats())})
+    return JSONResponse({"models": models, "rerankers": rerankers, "prefixes": _prefixes_of(state, principal_of(request).tenant)})
+
+
+def _prefixes_of(state: ServiceState, tenant: str | None) -> dict:
+    """The prefix registry's figures; a tenant's admin key reads its own prefixes only, under their public names."""
+    stats = state.prefixes.stats()
+    return asdict(replace(stats, prefixes=tuple(own_named(tenant, stats.prefixes))))
 
 
 def _upstream_of(cache) -> dict:

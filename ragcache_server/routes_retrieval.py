@@ -15,11 +15,11 @@ from fastapi import APIRouter, Request
 
 from ragcache.errors import InvalidInputError, TierUnavailableError
 from ragcache.models.prompts import DOCUMENT, QUERY
-from ragcache.prefixes import Prefix, PrefixRegistry, assemble_prompt, render_text
+from ragcache.prefixes import Prefix, PrefixName, PrefixRegistry, assemble_prompt, render_text
 from ragcache.rerank.scores import RerankCache
 from ragcache.rerank.stage import rerank_result
 from ragcache.retrieval.knowledge import KnowledgeBase
-from ragcache.retrieval.names import CollectionName, public_name, tenant_prefix
+from ragcache.retrieval.names import CollectionName, own_named, tenant_prefix
 from ragcache.retrieval.results import SearchResult
 from ragcache.retrieval.sync import SyncOptions
 from ragcache_server.answers import SEARCH_ADVICE, check_answer_bytes, documents_within, fill_texts, may_pass, without_texts
@@ -36,7 +36,6 @@ from ragcache_server.schemas import (
     SearchRequest,
 )
 from ragcache_server.state import ServiceState
-from ragcache_server.tenants import public_names, stored_prefix
 
 router = APIRouter(tags=["retrieval"])
 
@@ -118,8 +117,7 @@ async def list_collections(request: Request) -> JSONResponse:
     tenant = principal_of(request).tenant
     # Only the tenant's own collections are read: another tenant's broken one cannot fail this listing.
     infos = await blocking(knowledge_of(state_of(request)).list_collections, prefix=tenant_prefix(tenant))
-    own = [(info, public_name(tenant, info.name)) for info in infos]
-    return JSONResponse({"collections": [dataclasses.replace(info, name=name) for info, name in own if name is not None]})
+    return JSONResponse({"collections": own_named(tenant, infos)})
 
 
 @router.post("/search", summary="The documents nearest to a query (dense, keyword or hybrid)")
@@ -239,19 +237,18 @@ async def with_prompt(answer: SearchResult | dict[str, Any], result: SearchResul
     volatile = f"Question: {body.query}\n" if body.prompt_volatile is None else body.prompt_volatile
     check_text_size(volatile, "prompt_volatile", state_of(request).settings.service.max_text_bytes)
     # The store is Redis (or a file): read it, and count the use, off the event loop.
-    stored = stored_prefix(principal_of(request).tenant, body.prompt_prefix, field="prompt_prefix")
-    with public_names(stored, body.prompt_prefix):  # the caller's own prefix (its tenant's), named as it knows it
-        prefix = await blocking(plain_prefix_used, prefixes_of(request), stored)
+    name = PrefixName.of(body.prompt_prefix, principal_of(request).tenant, field="prompt_prefix")  # its tenant's
+    prefix = await blocking(plain_prefix_used, prefixes_of(request), name)
     fields = dataclasses.asdict(answer) if isinstance(answer, SearchResult) else answer
     return {**fields, "prompt": assemble_prompt(render_text(prefix, {}), result.hits, volatile)}
 
 
-def plain_prefix_used(registry: PrefixRegistry, name: str) -> Prefix:
+def plain_prefix_used(registry: PrefixRegistry, name: PrefixName) -> Prefix:
     """The registered prefix ``name``, counted as used; a template is refused (its slots are the caller's)."""
     prefix = registry.get(name)
     if prefix.is_template:
         raise InvalidInputError("prompt_prefix must name a plain prefix, not a template", field="prompt_prefix")
-    registry.record_use(prefix.name)
+    registry.record_use(name)
     return prefix
 
 

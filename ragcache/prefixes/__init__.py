@@ -3,7 +3,7 @@
 Errors (all under :class:`ragcache.errors.RagCacheError`):
 
     InvalidInputError       a bad name, target, template or slots
-    NotFoundError           an unknown prefix name
+    NotFoundError           an unknown prefix name (a ``PrefixName``'s public name: a tenant's own, never the stored one)
     TierUnavailableError    the store (Redis or the local file) failed
     TargetUnavailableError  vLLM or an LMCache controller failed; the registry itself never lets it
                             escape from register/warm/tick (the target is reported down instead)
@@ -15,6 +15,7 @@ from .config import PrefixRegistryConfig
 from .metrics import PrefixMetricsCollector, register_prefix_metrics
 from .model import (
     Prefix,
+    PrefixName,
     PrefixSpec,
     PrefixStats,
     PromptForm,
@@ -37,6 +38,7 @@ __all__ = [
     "FilePrefixStore",
     "Prefix",
     "PrefixMetricsCollector",
+    "PrefixName",
     "PrefixRegistry",
     "PrefixRegistryConfig",
     "PrefixSpec",

@@ -7,7 +7,7 @@ import threading
 
 from ragcache.errors import NotFoundError, TierUnavailableError
 
-from .model import Prefix
+from .model import Prefix, PrefixName
 from .store import PrefixStore
 
 __all__ = ["KnownPrefixes"]
@@ -21,15 +21,15 @@ class KnownPrefixes:
         self._copies: dict[str, Prefix] = {}
         self._lock = threading.Lock()
 
-    def get(self, name: str) -> Prefix:
-        """The current version of prefix ``name`` (the last copy while the store is down); :class:`NotFoundError`
-        when there is none."""
+    def get(self, name: PrefixName) -> Prefix:
+        """The current version of prefix ``name``, as stored (the last copy while the store is down);
+        :class:`NotFoundError` naming the public name when there is none."""
         try:
-            prefix = self.store.get(name)
+            prefix = self.store.get(name.stored)
         except TierUnavailableError:
-            prefix = self._copies.get(name)  # serve the last copy while the store is down
+            prefix = self._copies.get(name.stored)  # serve the last copy while the store is down
         if prefix is None:
-            raise NotFoundError(f"no prefix named {name!r}")
+            raise NotFoundError(f"no prefix named {name.public!r}")
         return prefix
 
     def put(self, prefix: Prefix) -> None:
@@ -38,12 +38,13 @@ class KnownPrefixes:
         with self._lock:
             self._copies[prefix.name] = prefix
 
-    def delete(self, name: str) -> None:
-        """Delete prefix ``name`` and its copy; :class:`NotFoundError` when the store does not hold it."""
-        if not self.store.delete(name):
-            raise NotFoundError(f"no prefix named {name!r}")
+    def delete(self, name: PrefixName) -> None:
+        """Delete prefix ``name`` and its copy; :class:`NotFoundError` naming the public name when the store does not
+        hold it."""
+        if not self.store.delete(name.stored):
+            raise NotFoundError(f"no prefix named {name.public!r}")
         with self._lock:
-            self._copies.pop(name, None)
+            self._copies.pop(name.stored, None)
 
     def replace(self, listed: list[Prefix]) -> None:
         """Keep copies of exactly ``listed`` (the store's whole list, just read)."""

@@ -11,10 +11,12 @@ from typing import Any
 import xxhash
 
 from ragcache.errors import InvalidInputError
+from ragcache.retrieval.names import TenantName
 
 __all__ = [
     "MAX_USES_PER_REPORT",
     "check_name",
+    "PrefixName",
     "PromptForm",
     "Target",
     "PrefixSpec",
@@ -34,17 +36,32 @@ __all__ = [
 # A name travels in URL paths (/prefixes/{name}), so it is limited to characters that need no escaping and
 # cannot be a dot segment; fullmatch, because "$" would also accept a trailing newline.
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+MAX_NAME_CHARS = 128
 # Uses one report may add (``POST /prefixes/{name}/uses``, ``PrefixRegistry.record_use``): a client reports what it
 # rendered since its last report, far below this; one call adding a billion would only falsify the counters.
 MAX_USES_PER_REPORT = 100_000
 
 
-def check_name(name: str) -> str:
-    """``name`` when it is a valid prefix name; :class:`InvalidInputError` naming the field otherwise."""
+def check_name(name: object, field: str = "name") -> str:
+    """``name`` when it is a valid prefix name; :class:`InvalidInputError` naming ``field`` otherwise."""
     if not isinstance(name, str) or not _NAME.fullmatch(name):
-        raise InvalidInputError("name must be 1-128 of [A-Za-z0-9._-], starting with a letter or digit",
-                                field="name")
+        raise InvalidInputError(f"{field} must be 1-128 of [A-Za-z0-9._-], starting with a letter or digit",
+                                field=field)
     return name
+
+
+@dataclass(frozen=True)
+class PrefixName(TenantName):
+    """A prefix's name as its caller knows it and as the store keeps it (``ragcache.retrieval.names``): a tenant's
+    ``system`` is stored as ``<tenant>--system``. The registry takes one wherever it takes a name."""
+
+    FIELD = "name"
+    MAX_CHARS = MAX_NAME_CHARS
+
+    @staticmethod
+    def check(name: object, field: str) -> str:
+        # The public name is checked, not the stored one: '-x' is no prefix name, though 'acme---x' would pass.
+        return check_name(name, field)
 
 
 class PromptForm(str, Enum):

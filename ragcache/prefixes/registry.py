@@ -11,6 +11,9 @@ is one of them) the deployment-wide ``config.endpoints``. Each endpoint has its 
 since each vLLM replica evicts on its own. Across ragcache replicas, a :class:`~.lease.WarmGate` decides
 which replica warms which (prefix, endpoint) and holds the fleet-wide budget.
 
+A prefix is named by a string, or by a :class:`~.model.PrefixName` (a tenant's name and the one it is stored under,
+``ragcache.retrieval.names``): errors and answers then carry the name the caller knows, never the stored one.
+
 The registry is a facade: the prefixes themselves live in the store (:mod:`.known` keeps this process's last copy),
 the schedules and loop of keep-warm in :mod:`.warming`, the vLLM endpoints' health and counters in :mod:`.targets`.
 """
@@ -35,13 +38,13 @@ from .lease import LocalWarmGate, RedisWarmGate, WarmGate
 from .model import (
     MAX_USES_PER_REPORT,
     Prefix,
+    PrefixName,
     PrefixSpec,
     PrefixStats,
     RegisterResult,
     RegistryStats,
     Target,
     WarmResult,
-    check_name,
     content_hash,
 )
 from .policy import WarmBudget
@@ -112,20 +115,22 @@ class PrefixRegistry:
 
     # ----- registration -------------------------------------------------------------------------
 
-    def register(self, spec: PrefixSpec) -> RegisterResult:
-        """Store ``spec`` (a new version when its content changed) and warm it once if pinned.
+    def register(self, spec: PrefixSpec, *, tenant: str | None = None) -> RegisterResult:
+        """Store ``spec`` (a new version when its content changed) and warm it once if pinned; ``tenant``'s
+        prefix is stored under ``<tenant>--<name>`` and answered under its own name.
 
         Succeeds even when vLLM is down: the warm then reports an error and the loop retries it.
         """
+        name = PrefixName.of(spec.name, tenant)
         head = _validate(spec)
         warnings = [span.message() for span in find_volatile(head)]
         digest = content_hash(spec.text, spec.target, spec.is_template, spec.form)
-        existing = self._known.store.get(spec.name)
+        existing = self._known.store.get(name.stored)
         now = self._wall_clock()
         new_version = existing is None or existing.content_hash != digest
         num_tokens = self._count_tokens(spec.target, head) if new_version else existing.num_tokens  # type: ignore[union-attr]
         prefix = Prefix(
-            name=spec.name,
+            name=name.stored,
             text=spec.text,
             target=spec.target,
             is_template=spec.is_template,
@@ -147,9 +152,9 @@ class PrefixRegistry:
                             "vLLM caches whole blocks only, so nothing of it is reused")
         warms: tuple[WarmResult, ...] = ()
         if prefix.pinned and (new_version or not primed):
-            warms = self.warm_all(prefix.name)
-        return RegisterResult(prefix, existing is None, new_version, tuple(warnings), warms[0] if warms else None,
-                              warms)
+            warms = self.warm_all(name)
+        return RegisterResult(name.named(prefix), existing is None, new_version, tuple(warnings),
+                              warms[0] if warms else None, warms)
 
     def endpoints_of(self, prefix: Prefix) -> tuple[str, ...]:
         """The vLLM base URLs that keep ``prefix`` warm: its target first, then its replicas, then the
@@ -170,56 +175,59 @@ class PrefixRegistry:
             log.info("cannot count tokens now (%s); filled in by the first warm", exc)
             return None
 
-    def get(self, name: str) -> Prefix:
+    def get(self, name: str | PrefixName) -> Prefix:
         """The current version of prefix ``name``; :class:`NotFoundError` when there is none."""
-        return self._known.get(name)
+        name = PrefixName.of(name)
+        return name.named(self._known.get(name))
 
     def list(self) -> list[Prefix]:
         """Every registered prefix, by name."""
         return self._known.store.list()
 
-    def delete(self, name: str) -> None:
+    def delete(self, name: str | PrefixName) -> None:
         """Forget prefix ``name`` (it is no longer warmed); :class:`NotFoundError` when unknown."""
+        name = PrefixName.of(name)
         self._known.delete(name)
         with self._lock:
-            self._uses.pop(name, None)
-        self._keep_warm.forget(name)
+            self._uses.pop(name.stored, None)
+        self._keep_warm.forget(name.stored)
 
     # ----- prompt building ----------------------------------------------------------------------
 
-    def render(self, name: str, **slots: Any) -> str:
+    def render(self, name: str | PrefixName, **slots: Any) -> str:
         """The prompt for prefix ``name``: its head byte for byte, then the slots filled in."""
         prefix = self.get(name)
         text = render_text(prefix, slots)
         self.record_use(name)
         return text
 
-    def messages(self, name: str, user: str, **slots: Any) -> builtins.list[dict[str, str]]:
+    def messages(self, name: str | PrefixName, user: str, **slots: Any) -> builtins.list[dict[str, str]]:
         """Chat form of :meth:`render`: the prefix as the first (system) message, then ``user``."""
         prefix = self.get(name)
         out = render_messages(prefix, user, slots)
         self.record_use(name)
         return out
 
-    def record_use(self, name: str, count: int = 1) -> None:
+    def record_use(self, name: str | PrefixName, count: int = 1) -> None:
         """Count requests that used prefix ``name`` (clients report the prompts they rendered), at most
         ``MAX_USES_PER_REPORT`` at a time."""
+        name = PrefixName.of(name)
         if not 0 <= count <= MAX_USES_PER_REPORT:
             raise InvalidInputError(f"count must be 0 to {MAX_USES_PER_REPORT}: report more uses in several calls", field="count")
-        self.get(name)
+        self._known.get(name)
         with self._lock:
-            self._uses[name] = self._uses.get(name, 0) + count
+            self._uses[name.stored] = self._uses.get(name.stored, 0) + count
 
     # ----- keep-warm (:mod:`.warming`) ----------------------------------------------------------
 
-    def warm_all(self, name: str) -> tuple[WarmResult, ...]:
+    def warm_all(self, name: str | PrefixName) -> tuple[WarmResult, ...]:
         """Warm prefix ``name`` on every one of its endpoints now (target first)."""
-        return self._keep_warm.warm_all(name)
+        return self._keep_warm.warm_all(PrefixName.of(name))
 
-    def warm(self, name: str, endpoint: str | None = None) -> WarmResult:
+    def warm(self, name: str | PrefixName, endpoint: str | None = None) -> WarmResult:
         """Warm prefix ``name`` on ``endpoint`` (default: its target) now, within the budget and the
         endpoint's back-off, and record the result."""
-        return self._keep_warm.warm(name, endpoint)
+        return self._keep_warm.warm(PrefixName.of(name), endpoint)
 
     def scrape(self, url: str) -> PrefixCacheCounters | None:
         """Read a target's prefix-cache counters; also a health probe (and restart detector)."""
@@ -240,12 +248,13 @@ class PrefixRegistry:
 
     # ----- stats --------------------------------------------------------------------------------
 
-    def prefix_stats(self, name: str) -> PrefixStats:
+    def prefix_stats(self, name: str | PrefixName) -> PrefixStats:
         """Counters of prefix ``name`` in this process, summed and per endpoint."""
-        prefix = self.get(name)
+        name = PrefixName.of(name)
+        prefix = self._known.get(name)
         with self._lock:
-            num_uses = self._uses.get(name, 0)
-        return self._keep_warm.summary(prefix, num_uses)
+            num_uses = self._uses.get(name.stored, 0)
+        return name.named(self._keep_warm.summary(prefix, num_uses))
 
     def stats(self) -> RegistryStats:
         """Counters of every known prefix and endpoint (endpoints from their last scrape)."""
@@ -260,8 +269,7 @@ class PrefixRegistry:
 
 
 def _validate(spec: PrefixSpec) -> str:
-    """Check a spec and return its constant head (the part that is warmed)."""
-    check_name(spec.name)
+    """Check a spec (its name is checked as a ``PrefixName``) and return its constant head (the part that is warmed)."""
     if not spec.target.base_url.startswith(("http://", "https://")):
         raise InvalidInputError("target base_url must be an http(s) URL", field="target.base_url")
     if not spec.target.model:

@@ -18,7 +18,7 @@ from ragcache.errors import InvalidInputError, TierUnavailableError
 from .config import PrefixRegistryConfig
 from .known import KnownPrefixes
 from .lease import WarmGate
-from .model import Prefix, PrefixStats, PromptForm, Target, WarmOutcome, WarmResult
+from .model import Prefix, PrefixName, PrefixStats, PromptForm, Target, WarmOutcome, WarmResult
 from .policy import Schedule, holds_warm, judge_residency, next_schedule
 from .state import WarmState, summarize
 from .targets import Targets
@@ -85,22 +85,22 @@ class KeepWarm:
 
     # ----- warming ------------------------------------------------------------------------------
 
-    def warm_all(self, name: str) -> tuple[WarmResult, ...]:
-        """Warm prefix ``name`` on every one of its endpoints now (target first)."""
+    def warm_all(self, name: PrefixName) -> tuple[WarmResult, ...]:
+        """Warm prefix ``name`` on every one of its endpoints now (target first); the results carry its public name."""
         prefix = self._known.get(name)
         return tuple(self.warm(name, url) for url in self.endpoints_of(prefix))
 
-    def warm(self, name: str, endpoint: str | None = None) -> WarmResult:
+    def warm(self, name: PrefixName, endpoint: str | None = None) -> WarmResult:
         """Warm prefix ``name`` on ``endpoint`` (default: its target) now, within the budget and the
-        endpoint's back-off, and record the result."""
+        endpoint's back-off, and record the result (under the public name, as errors name it)."""
         prefix = self._known.get(name)
         url = prefix.target.base_url if endpoint is None else endpoint.rstrip("/")
         if url not in self.endpoints_of(prefix):
-            raise InvalidInputError(f"prefix {name!r} is not served by {url!r}", field="endpoint")
+            raise InvalidInputError(f"prefix {name.public!r} is not served by {url!r}", field="endpoint")
         target = Target(url, prefix.target.model)
 
         def skipped(error: str) -> WarmResult:
-            return WarmResult(prefix.name, prefix.version, WarmOutcome.SKIPPED, error=error, endpoint=url)
+            return WarmResult(name.public, prefix.version, WarmOutcome.SKIPPED, error=error, endpoint=url)
 
         with self._lock:
             state = self._state_for(prefix, url)
@@ -118,7 +118,7 @@ class KeepWarm:
             with self._lock:
                 delay = self._targets.failed(url, exc)
                 log.warning("warming %s on %s failed (%s); it backs off %.1fs", prefix.name, url, exc, delay)
-                return self._finish(state, WarmResult(prefix.name, prefix.version, WarmOutcome.ERROR,
+                return self._finish(state, WarmResult(name.public, prefix.version, WarmOutcome.ERROR,
                                                       error=str(exc), endpoint=url))
         if self._targets.succeeded(url):
             self._reprime(url)
@@ -129,7 +129,7 @@ class KeepWarm:
             outcome = WarmOutcome.RESIDENT if resident else WarmOutcome.EVICTED
         else:
             outcome = WarmOutcome.PRIME
-        result = WarmResult(prefix.name, prefix.version, outcome, usage.num_prompt_tokens,
+        result = WarmResult(name.public, prefix.version, outcome, usage.num_prompt_tokens,
                             usage.num_cached_tokens, usage.latency_s, endpoint=url)
         if outcome is WarmOutcome.PRIME and prefix.lmcache_controller_url:
             self._lmcache_pin(prefix, target, head, state)
@@ -244,7 +244,7 @@ class KeepWarm:
         due = self._not_held_busy(due)
         # Longest-waiting first, so a spent budget delays every prefix fairly instead of starving
         # the ones that sort last.
-        return [self.warm(name, url) for _, name, url in sorted(due)]
+        return [self.warm(PrefixName(name, name), url) for _, name, url in sorted(due)]
 
     def _not_held_busy(self, due: list[tuple[float, str, str]]) -> list[tuple[float, str, str]]:
         """The due warms that may go out now: those whose endpoint is not busy with users by its own /metrics

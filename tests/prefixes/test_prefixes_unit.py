@@ -19,6 +19,7 @@ from ragcache.core.health import TierHealth
 from ragcache.errors import InvalidInputError, NotFoundError, RagCacheError
 from ragcache.prefixes import (
     FilePrefixStore,
+    PrefixName,
     PrefixRegistry,
     PrefixRegistryConfig,
     PrefixSpec,
@@ -406,6 +407,46 @@ def test_unknown_names_raise_not_found(registry):
     for call in (registry.get, registry.delete, registry.warm, registry.prefix_stats):
         with pytest.raises(NotFoundError):
             call("nope")
+
+
+def test_a_tenants_prefix_is_stored_under_its_tenant_and_named_as_the_tenant_does(registry, vllm):
+    """A ``PrefixName`` through the registry: every answer and every error carries the public name, never the
+    stored ``acme--system`` nor another tenant's."""
+    system = PrefixName.of("system", "acme")
+    assert (system.stored, system.public) == ("acme--system", "system")
+    registered = registry.register(PrefixSpec("system", SYSTEM, TARGET), tenant="acme")
+    assert registered.prefix.name == "system" and [warm.name for warm in registered.warms] == ["system"]
+    template = registry.register(PrefixSpec("qa", SYSTEM + " {question}", TARGET, is_template=True), tenant="acme")
+    assert [prefix.name for prefix in registry.list()] == ["acme--qa", "acme--system"]  # the store's (operator's) view
+    assert registry.get(system).name == "system" and registry.get(system).text == SYSTEM
+    assert registry.warm(system).name == "system"
+    registry.record_use(system, 3)
+    stats = registry.prefix_stats(system)
+    assert (stats.name, stats.num_uses) == ("system", 3)
+    assert [item.name for item in registry.stats().prefixes] == ["acme--qa", "acme--system"]
+    assert template.prefix.name == "qa"
+    errors = []
+    for call in (
+        lambda: registry.get(PrefixName.of("system", "globex")),  # another tenant's same name: not there
+        lambda: registry.get(PrefixName.of("globex--system", "acme")),
+        lambda: registry.delete(PrefixName.of("nope", "acme")),
+        lambda: registry.record_use(PrefixName.of("nope", "acme")),
+        lambda: registry.prefix_stats(PrefixName.of("nope", "acme")),
+        lambda: registry.warm(PrefixName.of("nope", "acme")),
+        lambda: registry.warm(system, "http://elsewhere.test"),
+        lambda: registry.render(PrefixName.of("qa", "acme")),
+        lambda: registry.render(system, question="?"),
+        lambda: registry.register(PrefixSpec("s" * 124, SYSTEM, TARGET), tenant="acme"),
+    ):
+        with pytest.raises((NotFoundError, InvalidInputError)) as caught:
+            call()
+        errors.append(str(caught.value))
+    assert "'system'" in errors[0] and "'globex--system'" in errors[1] and "'nope'" in errors[2]
+    assert "'system' is not served by" in errors[6] and "'qa' needs slots" in errors[7]
+    assert "'system' has no slots" in errors[8] and "at most 122 characters" in errors[9]
+    assert all("acme--" not in error for error in errors), errors
+    registry.delete(system)
+    assert [prefix.name for prefix in registry.list()] == ["acme--qa"]
 
 
 def test_vllm_client_converts_every_failure():

@@ -235,6 +235,56 @@ def test_prefixes_are_per_tenant_and_their_uses_bounded(clients):
         assert clients[f"{tenant}ops"].delete("/prefixes/system").status_code == 204
 
 
+def test_a_tenants_prefix_is_never_named_by_its_stored_or_another_tenants_name(clients):
+    """Every answer and error a tenant reads about its prefixes (register, read, list, warm, uses, stats, /stats,
+    /search's prompt_prefix) names them as the tenant does: no 'acme--', nothing of globex's."""
+    target = {"base_url": f"http://127.0.0.1:{free_port()}", "model": "tiny"}  # no vLLM: warms fail, names still show
+    guide, qa = "guide_" + uuid.uuid4().hex[:6], "qa_" + uuid.uuid4().hex[:6]
+    acme, acmeops = clients["acme"], clients["acmeops"]
+    answers = [acmeops.post("/prefixes", json={"name": guide, "text": "You are Acme's guide.\n\n", "target": target})]
+    answers.append(acmeops.post("/prefixes", json={"name": qa, "text": "Acme asks: {question}", "target": target, "is_template": True}))
+    assert clients["globexops"].post("/prefixes", json={"name": guide, "text": "Globex's.", "target": target}).status_code == 201
+    answers += [acme.get(f"/prefixes/{guide}"), acme.get("/prefixes"), acmeops.post(f"/prefixes/{guide}/warm"),
+                acme.post(f"/prefixes/{guide}/uses", json={"count": 2}), acme.get(f"/prefixes/{guide}/stats")]
+    assert [answer.status_code for answer in answers] == [201, 201, 200, 200, 200, 204, 200], [a.text for a in answers]
+    assert answers[0].json()["prefix"]["name"] == guide and {w["name"] for w in answers[0].json()["warms"]} == {guide}
+    assert answers[2].json()["name"] == guide and answers[4].json()["name"] == guide
+    assert sorted(p["name"] for p in answers[3].json()) == sorted([guide, qa])
+    assert answers[6].json()["name"] == guide and answers[6].json()["num_uses"] == 2
+    # /stats with a tenant's admin key: its own prefixes only, by their public names.
+    stats = acmeops.get("/stats").json()["prefixes"]
+    assert {guide, qa} <= {item["name"] for item in stats["prefixes"]}
+    answers.append(httpx.Response(200, json=stats))
+
+    collection = "names_" + uuid.uuid4().hex[:6]
+    assert acme.post("/documents", json={"collection": collection, "documents": [{"id": "d", "text": "guide"}]}).status_code == 200
+    errors = {
+        (404, None): acme.get("/prefixes/nope"),
+        (404, "globex"): acme.get(f"/prefixes/globex--{guide}/stats"),
+        (404, "uses"): acme.post("/prefixes/nope/uses", json={"count": 1}),
+        (404, "delete"): acmeops.delete("/prefixes/nope"),
+        (404, "warm"): acmeops.post("/prefixes/nope/warm"),
+        (422, "endpoint"): acmeops.post(f"/prefixes/{guide}/warm", params={"endpoint": "http://127.0.0.1:9"}),
+        (422, "name"): acmeops.post("/prefixes", json={"name": "n" * 124, "text": "t", "target": target}),
+        (404, "prompt_prefix"): acme.post("/search", json={"collection": collection, "query": "q", "prompt_prefix": "nope"}),
+        (422, "template"): acme.post("/search", json={"collection": collection, "query": "q", "prompt_prefix": qa}),
+        (422, "invalid"): acme.post("/search", json={"collection": collection, "query": "q", "prompt_prefix": "-x"}),
+    }
+    for (status, case), response in errors.items():
+        assert response.status_code == status, (case, response.text)
+    assert f"'{guide}' is not served by" in errors[(422, "endpoint")].text
+    assert "at most 122 characters" in errors[(422, "name")].text
+    assert errors[(422, "invalid")].json()["error"]["field"] == "prompt_prefix"
+    for response in [*answers, *errors.values()]:
+        text = response.text.replace(f"globex--{guide}", "")  # the one name acme itself sent
+        assert "acme--" not in text and "globex" not in text.lower(), response.text
+    # The operator (no tenant) sees every prefix, under its stored name.
+    stored = {item["name"] for item in clients["ops"].get("/stats").json()["prefixes"]["prefixes"]}
+    assert {f"acme--{guide}", f"acme--{qa}", f"globex--{guide}"} <= stored
+    for ops, name in (("acmeops", guide), ("acmeops", qa), ("globexops", guide)):
+        assert clients[ops].delete(f"/prefixes/{name}").status_code == 204
+
+
 def test_the_api_docs_load_nothing_from_another_origin(server):
     page = httpx.get(server.url + "/docs")
     assert page.status_code == 200 and page.headers["content-security-policy"] == UI_HEADERS["Content-Security-Policy"]
