@@ -50,4 +50,4 @@ def caller_scope(request: Request, cache: EmbeddingCache) -> Callable[[list[str]
     if not isinstance(encoder, RemoteEncoder) or not encoder.model.pass_through_auth:
         return lambda texts: nullcontext()
     api_key = caller_key_of(request)
-    return lambda texts: encoder.caller_key(cache.space.prepare(texts), api_key)
+    return lambda texts: encoder.caller_key(cache.model_inputs(texts), api_key)

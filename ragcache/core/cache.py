@@ -185,6 +185,14 @@ class EmbeddingCache:
             found = self._scope_spaces[(scope, space.generation)] = scope.space_of(space)
         return found
 
+    def model_inputs(self, texts: Sequence[str], scope: Scope | None = None) -> list[str]:
+        """``texts`` as the model is sent them on a miss under ``scope`` (None: this view's): prepared, and a named
+        prompt put before each where the model does not take it apart. A pass-through caller's key
+        (``RemoteEncoder.caller_key``) is registered under these, so it pays for its own prompted misses."""
+        scope = self._scope if scope is None else scope
+        prompt = scope.prompt.text if scope.prompt is not None else None
+        return self.resolver.model_inputs(self.space_in(scope).prepare(texts), prompt)
+
     def embed(self, texts: Sequence[str], *, normalize: bool = False, as_tensor: bool = False,
               scope: Scope | None = None) -> np.ndarray | torch.Tensor:
         """One vector per text, in input order (duplicates included), as numpy (or a torch tensor)."""

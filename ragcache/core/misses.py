@@ -69,16 +69,21 @@ class MissResolver:
             return self._compute(vectors, served, missing, keys, texts, prompt=prompt)
         return self._compute_once_across_processes(self._flight, vectors, served, missing, keys, texts, prompt)
 
+    def model_inputs(self, texts: Sequence[str], prompt: str | None) -> list[str]:
+        """``texts`` as the model's ``encode`` is given them under a named prompt's text: as they are for a model
+        that takes the prompt apart (``takes_prompt``), else with the prompt put before each."""
+        if prompt is None or getattr(self._encoder, "takes_prompt", False):
+            return list(texts)
+        return [prompt + text for text in texts]
+
     def _encode(self, texts: Sequence[str], *, prompt: str | None = None) -> torch.Tensor:
         """The model's vectors for ``texts`` under a named prompt's text. A local model applies it as
         ``SentenceTransformer.encode(texts, prompt=text)`` does (models whose pooling leaves the prompt's tokens
         out need that); any other (a remote provider) gets it put before each text, which is what
         sentence-transformers itself sends through the model."""
-        if prompt is None:
-            return self._encoder.encode(texts)
-        if getattr(self._encoder, "takes_prompt", False):
+        if prompt is not None and getattr(self._encoder, "takes_prompt", False):
             return self._encoder.encode(texts, prompt=prompt)  # type: ignore[call-arg]
-        return self._encoder.encode([prompt + text for text in texts])
+        return self._encoder.encode(self.model_inputs(texts, prompt))
 
     def _compute(self, vectors: torch.Tensor, served: np.ndarray, positions: np.ndarray, unique_keys: KeyList,
                  unique_texts: list[str], *, prompt: str | None, num_sync: int = 1) -> int:

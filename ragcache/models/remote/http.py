@@ -178,8 +178,9 @@ class RemoteEncoder:
     @contextmanager
     def caller_key(self, texts: Sequence[str], api_key: ApiKey | None) -> Iterator[None]:
         """While inside, misses among ``texts`` go upstream with the caller's ``api_key`` instead of the
-        model's (``pass_through_auth``; a no-op when off or without a key). ``texts`` as the space prepares
-        them. When two callers miss one text at once it is computed once, with the later caller's key."""
+        model's (``pass_through_auth``; a no-op when off or without a key). ``texts`` as ``encode`` is given them
+        (``EmbeddingCache.model_inputs``: prepared, a named prompt before each). When two callers miss one text at
+        once it is computed once, with the later caller's key."""
         if api_key is None or not self.model.pass_through_auth:
             yield
             return

@@ -31,6 +31,7 @@ DOWN = "down"
 BYOK = "byok"
 BYOK_OWN = "byok-own"
 QUOTA_LESS = "Bearer quota-less-key"
+QUERY_PROMPT = "query: "
 
 
 def known_vector(text: str) -> np.ndarray:
@@ -104,7 +105,8 @@ def service(upstream, redis_server, tmp_path_factory, monkeypatch_module):
     # Callers may pay with their own key; those who send none are served with the model's own.
     byok_own = {**model, "name": BYOK_OWN, "pass_through_auth": True}
     models_json = json.dumps({"models": [model, down, byok, byok_own]})
-    settings = Settings(model=MODEL, models_json=models_json, redis_url=redis_server, milvus_uri="off",
+    prompts = {BYOK: {"query": QUERY_PROMPT}, BYOK_OWN: {"query": QUERY_PROMPT}}
+    settings = Settings(model=MODEL, models_json=models_json, model_prompts=prompts, redis_url=redis_server, milvus_uri="off",
                         data_dir=tmp_path_factory.mktemp("data"), write_behind=False, single_flight=False)
     with LiveServer(settings) as server:
         yield server
@@ -311,6 +313,24 @@ def test_pass_through_sends_each_callers_misses_with_that_callers_key_only(servi
     for request in upstream.received:
         owners = {text.split()[0] for text in request.body["input"]}
         assert owners == {request.headers["authorization"].removeprefix("Bearer key-of-")}, request
+
+
+def test_a_callers_key_pays_for_its_own_misses_under_a_named_prompt(service, upstream):
+    """The model is sent a prompted text as prompt + text: the caller's key must be registered for that text, or
+    the miss goes upstream with the model's own key (BYOK_OWN) or with none (BYOK)."""
+    for model in (BYOK_OWN, BYOK):
+        upstream.received.clear()
+        text = f"prompted miss of {model}"
+        body = {"model": model, "input": [text], "prompt_name": "query", "encoding_format": "base64"}
+        response = httpx.post(f"{service.url}/v1/embeddings", json=body, headers={"Authorization": "Bearer key-of-q"}, timeout=30)
+        assert response.status_code == 200, response.text
+        assert [(r.headers["authorization"], r.body["input"]) for r in upstream.received] == [
+            ("Bearer key-of-q", [QUERY_PROMPT + text])]
+        assert np.array_equal(vectors_of(response)[0], known_vector(QUERY_PROMPT + text))
+        # The same text without the prompt is another space's miss, paid by its own caller.
+        upstream.received.clear()
+        assert post(service, [text], model, {"Authorization": "Bearer key-of-r"}).status_code == 200
+        assert [(r.headers["authorization"], r.body["input"]) for r in upstream.received] == [("Bearer key-of-r", [text])]
 
 
 def test_a_callers_refused_key_fails_that_caller_only(service, upstream):
