@@ -10,68 +10,50 @@ that only talk to the service over HTTP.
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
 
+from ragcache import errors
 from ragcache.errors import (
     AuthenticationError,
+    ComputeError,
     ConfigError,
     ConflictError,
     InvalidInputError,
     InvalidTextError,
+    ModelOutOfMemoryError,
     NotFoundError,
+    OverloadedError,
+    PartialEncodeError,
     RagCacheError,
     ServiceError,
     ServiceUnavailableError,
     TierUnavailableError,
+    UpstreamBadResponseError,
+    UpstreamError,
+    UpstreamTimeoutError,
+    UpstreamUnavailableError,
 )
+from ragcache.observe.exports import lazy_exports
 
 __version__ = "0.1.0"
 
-_LAZY = {
-    "EmbeddingCache": "ragcache.core.cache",
-    "EmbedResult": "ragcache.core.cache",
-    "EmbeddingSpace": "ragcache.core.keys",
-    "text_hash": "ragcache.core.keys",
-    "Settings": "ragcache.settings",
-    "Stores": "ragcache.storage.stores",
-    "CacheStats": "ragcache.core.stats",
-    "LevelStats": "ragcache.core.stats",
-    "build_cache": "ragcache.build",
-    "load_encoder": "ragcache.build",
-    "open_cache": "ragcache.build",
-    "KnowledgeBase": "ragcache.retrieval.knowledge",
-    "SearchOptions": "ragcache.retrieval.ranking",
-    "Client": "ragcache.client",
-    "AsyncClient": "ragcache.client",
+_EXPORTS = {
+    ".core.cache": ("EmbeddingCache", "EmbedResult"),
+    ".core.keys": ("EmbeddingSpace", "text_hash"),
+    ".settings": ("Settings",),
+    ".storage.stores": ("Stores",),
+    ".core.stats": ("CacheStats", "LevelStats"),
+    ".build": ("build_cache", "drift_monitor", "load_encoder", "load_remote_encoders", "open_cache"),
+    ".retrieval.knowledge": ("KnowledgeBase",),
+    ".retrieval.ranking": ("SearchOptions",),
+    ".client": ("Client", "AsyncClient"),
 }
 
-__all__ = [
-    *_LAZY,
-    "RagCacheError",
-    "InvalidInputError",
-    "InvalidTextError",
-    "NotFoundError",
-    "ConflictError",
-    "ConfigError",
-    "TierUnavailableError",
-    "AuthenticationError",
-    "ServiceUnavailableError",
-    "ServiceError",
-]
-
-
-def __getattr__(name: str):
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'ragcache' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
+__all__, __getattr__ = lazy_exports(__name__, _EXPORTS)
+__all__ += errors.__all__  # the whole error tree, imported above
 
 if TYPE_CHECKING:
-    from ragcache.build import build_cache, load_encoder, open_cache
+    from ragcache.build import build_cache, drift_monitor, load_encoder, load_remote_encoders, open_cache
     from ragcache.client import AsyncClient, Client
     from ragcache.core.cache import EmbeddingCache, EmbedResult
     from ragcache.core.keys import EmbeddingSpace, text_hash

@@ -19,10 +19,7 @@ from typing import Any, Protocol
 
 import orjson
 
-from ragcache.retrieval.documents import MAX_TEXT_BYTES, Document
-from ragcache.retrieval.knowledge import KnowledgeBase, in_order_asked
-from ragcache.retrieval.names import CollectionName
-from ragcache.retrieval.results import SearchResult
+from ragcache.retrieval import MAX_TEXT_BYTES, CollectionName, Document, KnowledgeBase, SearchResult, in_order_asked
 from ragcache_server.errors import HTTPError
 
 __all__ = ["SEARCH_ADVICE", "DOCUMENTS_ADVICE", "check_answer_bytes", "documents_within", "fill_texts", "hit_bytes",

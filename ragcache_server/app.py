@@ -12,10 +12,9 @@ from anyio import to_thread
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 
-from ragcache.app.allocator import retain_freed_memory
-from ragcache.app.metrics import CacheCollector, DriftCollector
-from ragcache.models.remote.metrics import UpstreamCollector
-from ragcache.prefixes.metrics import register_prefix_metrics
+from ragcache.app import CacheCollector, DriftCollector, retain_freed_memory
+from ragcache.models import UpstreamCollector
+from ragcache.prefixes import register_prefix_metrics
 from ragcache.settings import Settings
 from ragcache_server import prefixes_api, routes_docs, routes_embed, routes_ops, routes_rerank, routes_retrieval, routes_ui
 from ragcache_server.auth import OPEN_PATHS, AccessMiddleware, KeyRing

@@ -20,9 +20,8 @@ from starlette.responses import Response
 from starlette.routing import compile_path
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from ragcache.errors import ConfigError
-from ragcache.settings import Settings
-from ragcache.settings.files import load_file, load_json
+from ragcache import ConfigError
+from ragcache.settings import Settings, load_file, load_json
 from ragcache_server.errors import error_response
 from ragcache_server.limits import RateLimiter
 from ragcache_server.routes_docs import DOCS_PATHS

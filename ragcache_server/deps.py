@@ -8,8 +8,8 @@ from functools import partial
 from fastapi import Request
 from prometheus_client import CollectorRegistry
 
-from ragcache.core.cache import EmbeddingCache
-from ragcache.prefixes.registry import PrefixRegistry
+from ragcache.core import EmbeddingCache
+from ragcache.prefixes import PrefixRegistry
 from ragcache_server.auth import principal_of
 from ragcache_server.errors import HTTPError
 from ragcache_server.state import ServiceState

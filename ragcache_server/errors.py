@@ -14,7 +14,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ragcache.errors import (
+from ragcache import (
     ComputeError,
     ConfigError,
     ConflictError,

@@ -18,8 +18,8 @@ from contextlib import AbstractContextManager, nullcontext
 
 from fastapi import Request
 
-from ragcache.core.cache import EmbeddingCache
-from ragcache.models.remote import ApiKey, RemoteEncoder
+from ragcache.core import EmbeddingCache
+from ragcache.models import ApiKey, RemoteEncoder
 from ragcache_server.errors import HTTPError
 
 __all__ = ["UPSTREAM_HEADER", "caller_key_of", "caller_scope"]

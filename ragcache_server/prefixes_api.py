@@ -17,6 +17,7 @@ from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel, Field
 
 from ragcache.prefixes import (
+    MAX_USES_PER_REPORT,
     Prefix,
     PrefixName,
     PrefixRegistry,
@@ -25,8 +26,7 @@ from ragcache.prefixes import (
     RegisterResult,
     WarmResult,
 )
-from ragcache.prefixes.model import MAX_USES_PER_REPORT
-from ragcache.retrieval.names import own_named
+from ragcache.retrieval import own_named
 from ragcache_server.auth import principal_of
 from ragcache_server.deps import prefixes_of
 

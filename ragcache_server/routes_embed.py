@@ -9,10 +9,9 @@ from contextlib import nullcontext
 import numpy as np
 from fastapi import APIRouter, Request
 
-from ragcache.core.cache import EmbeddingCache, EmbedResult
-from ragcache.core.tokens import Tokenizer
-from ragcache.errors import InvalidInputError, InvalidTextError
-from ragcache.models.prompts import prompt_name_of
+from ragcache import InvalidInputError, InvalidTextError
+from ragcache.core import EmbeddingCache, EmbedResult, Tokenizer
+from ragcache.models import prompt_name_of
 from ragcache_server.deps import blocking, cache_of, check_count, check_text_size, served_count_headers, state_of
 from ragcache_server.errors import HTTPError
 from ragcache_server.passthrough import caller_scope

@@ -11,10 +11,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.responses import Response
 
 import ragcache
-from ragcache.models.drift import DriftState
-from ragcache.models.remote.stats import upstream_figures
-from ragcache.observe.redact import redact_url
-from ragcache.retrieval.names import own_named
+from ragcache.models import DriftState, upstream_figures
+from ragcache.observe import redact_url
+from ragcache.retrieval import own_named
 from ragcache_server.auth import principal_of
 from ragcache_server.deps import metrics_registry_of, state_of
 from ragcache_server.responses import JSONResponse

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
-from ragcache.rerank import RerankResult
-from ragcache.rerank.scores import RerankCache
+from ragcache.rerank import RerankCache, RerankResult
 from ragcache_server.deps import blocking, check_count, check_text_size, rerank_namespace, served_count_headers, state_of
 from ragcache_server.errors import HTTPError
 from ragcache_server.responses import JSONResponse

@@ -13,15 +13,11 @@ from urllib.parse import quote
 
 from fastapi import APIRouter, Request
 
-from ragcache.errors import InvalidInputError, TierUnavailableError
-from ragcache.models.prompts import DOCUMENT, QUERY
+from ragcache import InvalidInputError, TierUnavailableError
+from ragcache.models import DOCUMENT, QUERY
 from ragcache.prefixes import Prefix, PrefixName, PrefixRegistry, assemble_prompt, render_text
-from ragcache.rerank.scores import RerankCache
-from ragcache.rerank.stage import rerank_result
-from ragcache.retrieval.knowledge import KnowledgeBase
-from ragcache.retrieval.names import CollectionName, own_named, tenant_prefix
-from ragcache.retrieval.results import SearchResult
-from ragcache.retrieval.sync import SyncOptions
+from ragcache.rerank import RerankCache, rerank_result
+from ragcache.retrieval import CollectionName, KnowledgeBase, SearchResult, SyncOptions, own_named, tenant_prefix
 from ragcache_server.answers import SEARCH_ADVICE, check_answer_bytes, documents_within, fill_texts, may_pass, without_texts
 from ragcache_server.auth import principal_of
 from ragcache_server.deps import blocking, cache_of, check_count, check_text_size, prefixes_of, rerank_namespace, state_of

@@ -6,11 +6,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, field_validator
 
-from ragcache.errors import InvalidInputError
-from ragcache.retrieval.documents import COLLECTION_NAME_PATTERN, MAX_FILTER_CHARS
-from ragcache.retrieval.fusion import RRF_K
-from ragcache.retrieval.knowledge import MAX_QUERIES
-from ragcache.retrieval.ranking import MAX_GROUP_SIZE, MAX_OFFSET, SearchOptions
+from ragcache import InvalidInputError
+from ragcache.retrieval import COLLECTION_NAME_PATTERN, MAX_FILTER_CHARS, MAX_GROUP_SIZE, MAX_OFFSET, MAX_QUERIES, RRF_K, SearchOptions
 from ragcache.settings import MAX_BATCH_CEILING
 
 # Metadata nests at most this deep: Milvus stores it as JSON, and every layer of the checks below and in

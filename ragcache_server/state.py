@@ -5,20 +5,14 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from ragcache.build import build_cache, drift_monitor, load_encoder, load_remote_encoders
-from ragcache.core.cache import EmbeddingCache
-from ragcache.core.scope import UNSCOPED, Prompt, Scope
-from ragcache.errors import ConfigError, InvalidInputError, NotFoundError
-from ragcache.models.drift import DriftMonitor
-from ragcache.models.local import PACKAGED_MODEL
-from ragcache.models.prompts import known_prompts
-from ragcache.models.remote import load_models
+from ragcache import ConfigError, InvalidInputError, NotFoundError, build_cache, drift_monitor, load_encoder, load_remote_encoders
+from ragcache.core import UNSCOPED, EmbeddingCache, Prompt, Scope
+from ragcache.models import PACKAGED_MODEL, DriftMonitor, known_prompts, load_models
 from ragcache.prefixes import PrefixRegistry, PrefixRegistryConfig
-from ragcache.rerank.build import build_rerankers, score_cache
-from ragcache.rerank.scores import RerankCache
-from ragcache.retrieval.knowledge import KnowledgeBase
+from ragcache.rerank import RerankCache, build_rerankers, score_cache
+from ragcache.retrieval import KnowledgeBase
 from ragcache.settings import Settings
-from ragcache.storage.stores import Stores
+from ragcache.storage import Stores
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ tenant: one L1 budget, one set of threads and breakers; L3 keeps each namespace 
 
 from __future__ import annotations
 
-from ragcache.core.cache import EmbeddingCache
+from ragcache.core import EmbeddingCache
 from ragcache_server.state import ServiceState
 
 __all__ = ["TenantCaches"]

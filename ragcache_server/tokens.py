@@ -7,8 +7,7 @@ from collections import OrderedDict
 
 from fastapi import Request
 
-from ragcache.core.cache import EmbeddingCache
-from ragcache.core.keys import text_hashes
+from ragcache.core import EmbeddingCache, text_hashes
 
 
 class TokenCounts:

@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 import anyio
 from anyio import to_thread
 
-from ragcache.core.batching import CALLER_GONE
+from ragcache.core import CALLER_GONE
 
 __all__ = ["WorkerPool", "current_pool", "DEFAULT_MAX_THREADS"]
 

@@ -1,2 +1,22 @@
 """The shell around the library: the ``ragcache`` command (``cli``), the stats view, the README's settings table
-(``config_docs``), the Prometheus export (``metrics``) and the allocator tuning the service applies at start."""
+(``config_docs``), the Prometheus export (``metrics``) and the allocator tuning the service applies at start.
+
+Each name is imported on first use, so the command starts without loading torch (``metrics`` does).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ragcache.observe.exports import lazy_exports
+
+_EXPORTS = {
+    ".metrics": ("CacheCollector", "DriftCollector"),
+    ".allocator": ("retain_freed_memory",),
+}
+
+__all__, __getattr__ = lazy_exports(__name__, _EXPORTS)
+
+if TYPE_CHECKING:
+    from ragcache.app.allocator import retain_freed_memory
+    from ragcache.app.metrics import CacheCollector, DriftCollector

@@ -1,3 +1,38 @@
 """The cache itself: the facade (``cache``), the level walk (``levels``), the tier protocol and its breaker
-(``tier``), batching of misses (``batching``), single flight (``flight``), write-behind (``writeback``), keys and
-stats. It imports nothing above it: no concrete level, model, retrieval or service code."""
+(``tier``, ``health``), batching of misses (``batching``), single flight (``flight``), write-behind (``writeback``),
+keys, scopes and stats. It imports nothing above it: no concrete level, model, retrieval or service code.
+
+The names other rooms and the service use are exported here, each imported on first use: the HTTP client reaches
+this package (through ``health`` and ``keys``) and must not pull in torch, which ``cache`` and ``batching`` do.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ragcache.observe.exports import lazy_exports
+
+_EXPORTS = {
+    ".cache": ("EmbeddingCache", "EmbedResult"),
+    ".batching": ("CALLER_GONE",),
+    ".flight": ("RedisFlight",),
+    ".tier": ("Tier", "TierHits"),
+    ".health": ("TierHealth",),
+    ".keys": ("DTYPES", "EmbeddingSpace", "Generation", "key_digests", "text_hash", "text_hashes"),
+    ".scope": ("Prompt", "Scope", "UNSCOPED"),
+    ".stats": ("CacheStats", "LatencyHistogram", "LevelStats"),
+    ".tokens": ("Token", "Tokenizer"),
+}
+
+__all__, __getattr__ = lazy_exports(__name__, _EXPORTS)
+
+if TYPE_CHECKING:
+    from ragcache.core.batching import CALLER_GONE
+    from ragcache.core.cache import EmbeddingCache, EmbedResult
+    from ragcache.core.flight import RedisFlight
+    from ragcache.core.health import TierHealth
+    from ragcache.core.keys import DTYPES, EmbeddingSpace, Generation, key_digests, text_hash, text_hashes
+    from ragcache.core.scope import UNSCOPED, Prompt, Scope
+    from ragcache.core.stats import CacheStats, LatencyHistogram, LevelStats
+    from ragcache.core.tier import Tier, TierHits
+    from ragcache.core.tokens import Token, Tokenizer

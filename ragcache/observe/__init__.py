@@ -1,2 +1,24 @@
 """What the library shows of itself: spans (``tracing``), progress bars on stderr (``progress``) and the masking
-that keeps secrets out of every log line, error and repr (``redact``). Kept import-light: the HTTP client uses it."""
+that keeps secrets out of every log line, error and repr (``redact``).
+
+Kept import-light, the HTTP client uses it: each name is imported on first use (``progress`` pulls in tqdm).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ragcache.observe.exports import lazy_exports
+
+_EXPORTS = {
+    ".tracing": ("Tracing", "span"),
+    ".progress": ("progress_bar",),
+    ".redact": ("redact_text", "redact_url"),
+}
+
+__all__, __getattr__ = lazy_exports(__name__, _EXPORTS)
+
+if TYPE_CHECKING:
+    from ragcache.observe.progress import progress_bar
+    from ragcache.observe.redact import redact_text, redact_url
+    from ragcache.observe.tracing import Tracing, span

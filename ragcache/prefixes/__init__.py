@@ -14,6 +14,7 @@ Errors (all under :class:`ragcache.errors.RagCacheError`):
 from .config import PrefixRegistryConfig
 from .metrics import PrefixMetricsCollector, register_prefix_metrics
 from .model import (
+    MAX_USES_PER_REPORT,
     Prefix,
     PrefixName,
     PrefixSpec,
@@ -34,6 +35,7 @@ from .text import Chunk, assemble_prompt, find_volatile, render_messages, render
 from .vllm_client import TargetBadResponseError, TargetUnavailableError, VLLMClient
 
 __all__ = [
+    "MAX_USES_PER_REPORT",
     "Chunk",
     "FilePrefixStore",
     "Prefix",

@@ -25,6 +25,7 @@ from pydantic_settings import (
 )
 
 from ragcache.errors import ConfigError
+from ragcache.settings.files import load_file, load_json
 from ragcache.settings.sections import (
     MAX_BATCH_CEILING,
     Access,
@@ -50,6 +51,8 @@ __all__ = [
     "Service",
     "Settings",
     "Space",
+    "load_file",
+    "load_json",
 ]
 
 # hide_input_in_errors: an error about the whole input would print every value, secrets too; a section's own

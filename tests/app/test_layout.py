@@ -4,6 +4,7 @@ wheel holds only this project's own top-level packages."""
 from __future__ import annotations
 
 import ast
+import importlib
 import subprocess
 import sys
 import tomllib
@@ -103,3 +104,44 @@ def test_no_module_of_the_library_the_service_or_the_benchmarks_is_over_the_boun
             if num_lines > MAX_MODULE_LINES:
                 long.append(f"{path.relative_to(ROOT)}: {num_lines} lines")
     assert long == []
+
+
+def public_packages() -> list[str]:
+    """``ragcache`` and its room packages: the library's public surface, each with an explicit ``__all__``."""
+    rooms = sorted(path.parent.name for path in (ROOT / "ragcache").glob("*/__init__.py"))
+    return ["ragcache", *(f"ragcache.{room}" for room in rooms)]
+
+
+def library_imports(package: str) -> list[tuple[str, str, str | None]]:
+    """(file, module, name) of every import of the library in ``package``; the name is None for ``import ...``."""
+    found: list[tuple[str, str, str | None]] = []
+    for path in sorted((ROOT / package).rglob("*.py")):
+        relative = path.relative_to(ROOT).as_posix()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                found += [(relative, alias.name, None) for alias in node.names if alias.name.split(".")[0] == "ragcache"]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "ragcache":
+                found += [(relative, node.module, alias.name) for alias in node.names]
+    return found
+
+
+def test_every_public_package_declares_its_names_and_each_resolves():
+    unresolved = []
+    for package in public_packages():
+        module = importlib.import_module(package)
+        assert isinstance(getattr(module, "__all__", None), list), f"{package} has no __all__"
+        unresolved += [f"{package}.{name}" for name in module.__all__ if not hasattr(module, name)]
+    assert unresolved == []
+
+
+def test_the_service_imports_the_library_only_through_its_public_surface():
+    # The HTTP app adapts the library to HTTP: it names ragcache or a room package, never a module inside a room,
+    # and only names that package exports, so a room's modules can move or split without touching the service.
+    public = {package: importlib.import_module(package).__all__ for package in public_packages()}
+    offenders = []
+    for relative, module, name in library_imports("ragcache_server"):
+        if module not in public:
+            offenders.append(f"{relative}: {module} is not ragcache or a room package")
+        elif name is not None and name not in public[module]:
+            offenders.append(f"{relative}: {name} is not in {module}.__all__")
+    assert offenders == []
