@@ -8,14 +8,14 @@ from functools import partial
 from fastapi import Request
 from prometheus_client import CollectorRegistry
 
-from ragcache.core import EmbeddingCache
+from ragcache.core import UNSCOPED, EmbeddingCache, Scope
 from ragcache.prefixes import PrefixRegistry
 from ragcache_server.auth import principal_of
 from ragcache_server.errors import HTTPError
 from ragcache_server.state import ServiceState
 from ragcache_server.workers import current_pool
 
-__all__ = ["blocking", "cache_of", "check_count", "check_text_size", "prefixes_of", "metrics_registry_of", "rerank_namespace",
+__all__ = ["blocking", "cache_of", "check_count", "check_text_size", "prefixes_of", "metrics_registry_of", "rerank_scope",
            "served_count_headers", "state_of"]
 
 
@@ -37,10 +37,10 @@ def cache_of(request: Request, model: str | None, prompt_name: str | None = None
     return request.app.state.tenant_caches.cache_for(model, principal_of(request).tenant, prompt_name, optional=optional)
 
 
-def rerank_namespace(request: Request) -> str | None:
+def rerank_scope(request: Request) -> Scope:
     """The caller's tenant when tenants keep their own cache entries: then its scores are its own too."""
     state = state_of(request)
-    return principal_of(request).tenant if state.settings.access.tenant_cache_namespaces else None
+    return Scope(principal_of(request).tenant) if state.settings.access.tenant_cache_namespaces else UNSCOPED
 
 
 def check_count(items: list, field: str, max_batch: int) -> None:

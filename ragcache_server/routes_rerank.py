@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 
 from ragcache.rerank import RerankCache, RerankResult
-from ragcache_server.deps import blocking, check_count, check_text_size, rerank_namespace, served_count_headers, state_of
+from ragcache_server.deps import blocking, check_count, check_text_size, rerank_scope, served_count_headers, state_of
 from ragcache_server.errors import HTTPError
 from ragcache_server.responses import JSONResponse
 from ragcache_server.schemas import RerankRequest
@@ -43,7 +43,7 @@ async def rerank(body: RerankRequest, request: Request) -> JSONResponse:
     def work() -> RerankResult:
         if not truncate:
             check_lengths(reranker, body.query, texts, field)
-        return reranker.rerank(body.query, texts, top_n=body.top_n, namespace=rerank_namespace(request))
+        return reranker.rerank(body.query, texts, top_n=body.top_n, scope=rerank_scope(request))
 
     result = await blocking(work)
     headers = served_count_headers(result.served)

@@ -20,7 +20,7 @@ from ragcache.rerank import RerankCache, rerank_result
 from ragcache.retrieval import CollectionName, KnowledgeBase, SearchResult, SyncOptions, own_named, tenant_prefix
 from ragcache_server.answers import SEARCH_ADVICE, check_answer_bytes, documents_within, fill_texts, may_pass, without_texts
 from ragcache_server.auth import principal_of
-from ragcache_server.deps import blocking, cache_of, check_count, check_text_size, prefixes_of, rerank_namespace, state_of
+from ragcache_server.deps import blocking, cache_of, check_count, check_text_size, prefixes_of, rerank_scope, state_of
 from ragcache_server.errors import HTTPError
 from ragcache_server.responses import JSONResponse
 from ragcache_server.schemas import (
@@ -148,7 +148,7 @@ async def search(body: SearchRequest, request: Request) -> JSONResponse:
     headers = search_headers([result])
     if reranker is not None and body.rerank is not None:
         top_n = body.rerank.top_n or body.top_k
-        result = await blocking(rerank_result, result, body.query, reranker, top_n=top_n, namespace=rerank_namespace(request))
+        result = await blocking(rerank_result, result, body.query, reranker, top_n=top_n, scope=rerank_scope(request))
         headers.update(rerank_headers(result))
     max_bytes = state.settings.service.max_answer_bytes
     used = check_answer_bytes(result.hits, max_bytes, include_text=body.include_text, advice=SEARCH_ADVICE)
@@ -184,8 +184,8 @@ async def search_batch(body: BatchSearchRequest, request: Request) -> JSONRespon
         results = await blocking(fill_texts, knowledge, name, results, state.settings.service.max_answer_bytes)
     headers = search_headers(results)
     if reranker is not None and body.rerank is not None:
-        top_n, namespace = body.rerank.top_n or body.top_k, rerank_namespace(request)
-        results = [await blocking(rerank_result, result, query, reranker, top_n=top_n, namespace=namespace)
+        top_n, scope = body.rerank.top_n or body.top_k, rerank_scope(request)
+        results = [await blocking(rerank_result, result, query, reranker, top_n=top_n, scope=scope)
                    for result, query in zip(results, body.queries)]
         headers.update(rerank_headers(*results))
     hits = (hit for result in results for hit in result.hits)

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from ragcache.core.cache import EmbeddingCache
+from ragcache.core.scope import UNSCOPED, Scope
 from ragcache.errors import InvalidInputError
 from ragcache.models.local import EncoderStats
 from ragcache.rerank.base import Reranker, RerankHit, RerankResult
@@ -26,10 +27,10 @@ from ragcache.rerank.base import Reranker, RerankHit, RerankResult
 __all__ = ["RerankCache", "PairEncoder", "pair_text"]
 
 
-def pair_text(query: str, text: str, namespace: str | None = None) -> str:
+def pair_text(query: str, text: str, tenant: str | None = None) -> str:
     """One string per pair, the cache's "text": JSON keeps the boundary exact (no separator to collide with).
-    A namespace (a tenant keeping its own cache entries) changes the key, not the score."""
-    return json.dumps([query, text] if namespace is None else [query, text, namespace], ensure_ascii=False)
+    A tenant keeping its own cache entries changes the key, not the score."""
+    return json.dumps([query, text] if tenant is None else [query, text, tenant], ensure_ascii=False)
 
 
 class PairEncoder:
@@ -69,15 +70,16 @@ class RerankCache:
         self.cache = cache
         self.name = reranker.name
 
-    def rerank(self, query: str, texts: Sequence[str], *, top_n: int | None = None, namespace: str | None = None) -> RerankResult:
-        """The texts' indexes sorted by score, best first (ties keep the request's order), at most ``top_n``."""
+    def rerank(self, query: str, texts: Sequence[str], *, top_n: int | None = None, scope: Scope = UNSCOPED) -> RerankResult:
+        """The texts' indexes sorted by score, best first (ties keep the request's order), at most ``top_n``.
+        The request's ``scope`` keeps a tenant's scores its own (a reranker has no prompts: only its tenant counts)."""
         if isinstance(texts, str) or not isinstance(texts, Sequence):
             raise InvalidInputError("texts must be a list of strings", field="texts")
         if top_n is not None and (isinstance(top_n, bool) or not isinstance(top_n, int) or top_n < 1):
             raise InvalidInputError(f"top_n must be a positive integer, got {top_n!r}", field="top_n")
         if not texts:
             return RerankResult(self.name, (), {})
-        embedded = self.cache.embed_detailed([pair_text(query, text, namespace) for text in texts])
+        embedded = self.cache.embed_detailed([pair_text(query, text, scope.tenant) for text in texts])
         scores = np.asarray(embedded.vectors, dtype=np.float32).reshape(len(texts))
         order = np.argsort(-scores, kind="stable")[:top_n]
         hits = tuple(RerankHit(int(index), float(scores[index])) for index in order)

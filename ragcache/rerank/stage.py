@@ -12,6 +12,7 @@ import logging
 import time
 from collections.abc import Callable
 
+from ragcache.core.scope import UNSCOPED, Scope
 from ragcache.errors import ComputeError, TierUnavailableError
 from ragcache.rerank.scores import RerankCache
 from ragcache.retrieval.results import SearchResult
@@ -27,13 +28,13 @@ def rerank_result(
     reranker: RerankCache,
     *,
     top_n: int | None = None,
-    namespace: str | None = None,
+    scope: Scope = UNSCOPED,
     clock: Callable[[], float] = time.perf_counter,
 ) -> SearchResult:
     """The hits reordered by ``reranker`` (each ``score`` becomes the reranker's), at most ``top_n``."""
     started = clock()
     try:
-        ranked = reranker.rerank(query, [hit.text for hit in result.hits], top_n=top_n, namespace=namespace)
+        ranked = reranker.rerank(query, [hit.text for hit in result.hits], top_n=top_n, scope=scope)
     except (TierUnavailableError, ComputeError) as exc:
         reason = f"reranker {reranker.name!r} failed, so the hits are in search order: {exc}"
         log.warning("%s", reason)

@@ -12,6 +12,7 @@ import torch
 
 from ragcache.client import AsyncClient, Client
 from ragcache.core.cache import EmbeddingCache
+from ragcache.core.scope import Scope
 from ragcache.errors import InvalidInputError, UpstreamBadResponseError, UpstreamUnavailableError
 from ragcache.rerank.local import CrossEncoderReranker
 from ragcache.rerank.remote import RemoteReranker
@@ -64,7 +65,7 @@ def test_a_repeated_query_reranks_from_l1_then_from_redis_in_another_process(loc
     assert second.rerank(QUERY, TEXTS).served == {"L1": 0, "L2": len(TEXTS), "compute": 0}
     # Another query, or another tenant's namespace, is another key: computed.
     assert second.rerank(QUERY + "?", TEXTS).served["compute"] == len(TEXTS)
-    assert second.rerank(QUERY, TEXTS, namespace="tenant-b").served["compute"] == len(TEXTS)
+    assert second.rerank(QUERY, TEXTS, scope=Scope("tenant-b")).served["compute"] == len(TEXTS)
     first.close()
     second.close()
 
