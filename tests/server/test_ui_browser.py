@@ -18,13 +18,12 @@ from urllib.parse import urlsplit
 import httpx
 import numpy as np
 import pytest
+from playwright import sync_api as playwright_api
 
 from ragcache.settings import Settings
 from ragcache.storage.processes import free_port
 from tests.live_server import LiveServer
 from tests.models.remote.loopback import LoopbackServer, Received, Reply
-
-playwright_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright (the test extra)")
 
 CHROMIUM = "/usr/bin/chromium"
 ADMIN_KEY = "ui-admin-key-0123456789"
