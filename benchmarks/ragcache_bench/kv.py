@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import sys
 import tempfile
 import time
 from dataclasses import asdict
@@ -57,7 +56,7 @@ from ragcache_bench.kv_rag import RagResult, rag_ratio, run_rag
 from ragcache_bench.kv_report import format_report, verdicts
 from ragcache_bench.kv_workload import CACHING, CHURN, QUICK, ChurnMeter, KVConfig, churning
 from ragcache_bench.prefixes import build_prefix_text
-from ragcache_bench.report import BenchResult, format_table, machine_info, write_json
+from ragcache_bench.report import BenchResult, command_line, format_table, machine_info, write_json
 from ragcache_testing.vllm import VLLMServer, VLLMServerConfig
 
 __all__ = ["add_arguments", "kv_config", "main", "run"]
@@ -153,7 +152,7 @@ def run(args: argparse.Namespace) -> BenchResult:
         "rows": [asdict(r) for r in rows], "rag": [asdict(r) for r in rag], "rag_ratio": rag_ratio(rag)}
     result.seconds = time.perf_counter() - started
     print(format_report(result.details) + "\n\n" + format_table([result]))
-    write_json(args.json_out, {"mode": "quick" if args.quick else "full", "command": _command_line("kv"),
+    write_json(args.json_out, {"mode": "quick" if args.quick else "full", "command": command_line("kv"),
                                "machine": machine, "result": result.to_dict()})
     return result
 
@@ -225,12 +224,6 @@ def _count(http: httpx.Client, target: Target, text: str) -> int:
     r = http.post(f"{target.base_url}/tokenize", json={"model": target.model, "prompt": text})
     r.raise_for_status()
     return int(r.json()["count"])
-
-
-def _command_line(name: str) -> str:
-    """The command as typed, in its ``ragcache bench <name>`` form (for the JSON)."""
-    argv = sys.argv[sys.argv.index(name) + 1:] if name in sys.argv else sys.argv[1:]
-    return " ".join(["ragcache", "bench", name, *argv])
 
 
 def main() -> int:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import random
-import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass
@@ -27,7 +26,7 @@ import httpx
 
 from ragcache.prefixes import PrefixRegistry, PrefixRegistryConfig, PrefixSpec, Target
 from ragcache.prefixes.policy import judge_residency
-from ragcache_bench.report import BenchResult, format_table, machine_info, write_json
+from ragcache_bench.report import BenchResult, command_line, format_table, machine_info, write_json
 from ragcache_bench.report import Target as Goal
 from ragcache_testing.vllm import VLLMServer, VLLMServerConfig
 
@@ -256,7 +255,7 @@ def run(args: argparse.Namespace) -> BenchResult:
     result.details = details
     result.seconds = time.perf_counter() - started
     print(format_table([result]))
-    write_json(args.json_out, {"mode": "full", "command": _command_line("prefixes"), "machine": machine,
+    write_json(args.json_out, {"mode": "full", "command": command_line("prefixes"), "machine": machine,
                                "result": result.to_dict()})
     return result
 
@@ -265,12 +264,6 @@ def prefix_pair(http: httpx.Client, target: Target, num_tokens: int) -> dict[boo
     """Two different prefixes of the same rules (so of about the same length): True is pinned, False is not."""
     text = build_prefix_text(http, target, num_tokens)
     return {True: text, False: text.replace("You are a retrieval assistant.", "You are a research assistant.", 1)}
-
-
-def _command_line(name: str) -> str:
-    """The command as typed, in its ``ragcache bench <name>`` form (for the JSON)."""
-    argv = sys.argv[sys.argv.index(name) + 1:] if name in sys.argv else sys.argv[1:]
-    return " ".join(["ragcache", "bench", name, *argv])
 
 
 def main() -> int:

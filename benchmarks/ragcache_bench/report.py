@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
-    "Target", "Figure", "BenchResult", "format_table", "interleaved", "machine_info",
+    "Target", "Figure", "BenchResult", "command_line", "format_table", "interleaved", "machine_info",
     "markdown_from_json", "median", "measure", "plausible", "summary_line", "write_json",
 ]
 
@@ -234,6 +234,12 @@ def machine_info() -> dict:
     except (OSError, subprocess.SubprocessError):
         info["git_commit"] = None
     return info
+
+
+def command_line(name: str) -> str:
+    """The command as typed, in its ``ragcache bench <name>`` form (for the JSON)."""
+    argv = sys.argv[sys.argv.index(name) + 1:] if name in sys.argv else sys.argv[1:]
+    return " ".join(["ragcache", "bench", name, *argv])
 
 
 def write_json(path: Path, payload: dict) -> Path:
