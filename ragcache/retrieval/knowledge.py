@@ -30,20 +30,20 @@ from pymilvus import MilvusClient
 
 from ragcache.core.cache import EmbeddingCache
 from ragcache.retrieval.catalog import DEFAULT_INDEX_TYPE, DESCRIPTION_FORMAT, METRIC, RECORD_TTL_S, Catalog
-from ragcache.retrieval.document_store import DocumentStore, in_order_asked
+from ragcache.retrieval.document_store import DocumentStore
 from ragcache.retrieval.documents import Document
 from ragcache.retrieval.gateway import MilvusGateway
 from ragcache.retrieval.names import CollectionName
 from ragcache.retrieval.ranking import SearchOptions
 from ragcache.retrieval.result_cache import DEFAULT_MAX_VALUE_BYTES, ResultCache
 from ragcache.retrieval.results import CollectionInfo, IngestResult, SearchHit, SearchResult, SearchTimings
-from ragcache.retrieval.search import MAX_QUERIES, Searcher
+from ragcache.retrieval.search import Searcher
 from ragcache.retrieval.sync import SyncOptions
 
 # What callers import from here, wherever it is defined: the facade is the knowledge base's public surface.
 __all__ = [
     "KnowledgeBase", "CollectionInfo", "CollectionName", "IngestResult", "SearchHit", "SearchOptions", "SearchResult", "SearchTimings",
-    "DESCRIPTION_FORMAT", "MAX_QUERIES", "METRIC", "in_order_asked",
+    "DESCRIPTION_FORMAT", "METRIC",
 ]
 
 
