@@ -17,6 +17,7 @@ from ragcache.rerank.local import CrossEncoderReranker
 from ragcache.rerank.remote import RemoteReranker
 from ragcache.settings import Settings
 from ragcache_testing.infinity import InfinityServer, InfinityServerConfig
+from tests.conftest import in_ci
 from tests.live_server import LiveServer
 
 QUERY = "which sense of the word is meant?"
@@ -28,7 +29,7 @@ def infinity_reranker(tiny_cross_encoder, tmp_path_factory):
     python = os.environ.get("RAGCACHE_INFINITY_PYTHON")
     if not python or not Path(python).exists():
         message = "no Infinity environment: run `make infinity-env` (make test builds it and sets RAGCACHE_INFINITY_PYTHON)"
-        if os.environ.get("CI", "").lower() in {"1", "true", "yes"}:
+        if in_ci():
             pytest.fail(message)
         pytest.skip(message)
     log_path = tmp_path_factory.mktemp("infinity-rerank") / "server.log"
