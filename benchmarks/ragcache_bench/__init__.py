@@ -48,13 +48,14 @@ BENCH_EXTRA_HINT = "pip install 'ragcache[bench]' (in a checkout: make bench, or
 BENCHMARKS: dict[str, Benchmark] = {
     b.name: b
     for b in (
-        Benchmark("zipf", "ragcache_bench.library", "bench_zipf", "Zipf stream: all systems side by side; hit rates vs ideal (5)",
+        Benchmark("zipf", "ragcache_bench.library_zipf", "bench_zipf", "Zipf stream: all systems side by side; hit rates vs ideal (5)",
                   needs=PEER_CACHES),
-        Benchmark("l2", "ragcache_bench.library", "bench_l2", "1,000 keys from L2 vs MGET floor, LangChain, RedisVL (3)",
+        Benchmark("l2", "ragcache_bench.library_l2", "bench_l2", "1,000 keys from L2 vs MGET floor, LangChain, RedisVL (3)",
                   needs=PEER_CACHES),
-        Benchmark("misses", "ragcache_bench.library", "bench_misses", "all misses: cache layer vs bare model (4)"),
-        Benchmark("concurrency", "ragcache_bench.library", "bench_concurrency", "single flight and batching of concurrent misses (6)"),
-        Benchmark("scale", "ragcache_bench.library", "bench_scale", "lookup cost at 10k..1M entries per level, L1 memory (7)"),
+        Benchmark("misses", "ragcache_bench.library_misses", "bench_misses", "all misses: cache layer vs bare model (4)"),
+        Benchmark("concurrency", "ragcache_bench.library_misses", "bench_concurrency",
+                  "single flight and batching of concurrent misses (6)"),
+        Benchmark("scale", "ragcache_bench.library_scale", "bench_scale", "lookup cost at 10k..1M entries per level, L1 memory (7)"),
         Benchmark("levels", "ragcache_bench.levels", "bench_levels", "one embed call served entirely by L1, L2, L3 or computed"),
         Benchmark("cluster", "ragcache_bench.cluster", "bench_cluster",
                   "L2 get/put_many: 3-primary Redis Cluster vs one Redis, side by side"),

@@ -140,7 +140,7 @@ def test_an_implausible_speed_up_is_a_noisy_run_not_a_pass():
 def test_a_benchmark_whose_peer_caches_are_not_installed_says_which_extra_to_install():
     from ragcache_bench import Benchmark, missing_extra
 
-    absent = Benchmark("l2", "ragcache_bench.library", "bench_l2", "help", needs=("json", "no_such_module_for_ragcache"))
+    absent = Benchmark("l2", "ragcache_bench.library_l2", "bench_l2", "help", needs=("json", "no_such_module_for_ragcache"))
     message = missing_extra([absent, Benchmark("levels", "ragcache_bench.levels", "bench_levels", "help")])
     assert message is not None and message.startswith("l2 races the peer caches")
     assert "(missing: no_such_module_for_ragcache)" in message  # json is there: not named
