@@ -8,7 +8,7 @@ from functools import partial
 from fastapi import Request
 from prometheus_client import CollectorRegistry
 
-from ragcache.core import UNSCOPED, EmbeddingCache, Scope
+from ragcache.core import EmbeddingCache, Scope
 from ragcache.prefixes import PrefixRegistry
 from ragcache_server.auth import principal_of
 from ragcache_server.errors import HTTPError
@@ -39,8 +39,7 @@ def cache_of(request: Request, model: str | None, prompt_name: str | None = None
 
 def rerank_scope(request: Request) -> Scope:
     """The caller's tenant when tenants keep their own cache entries: then its scores are its own too."""
-    state = state_of(request)
-    return Scope(principal_of(request).tenant) if state.settings.access.tenant_cache_namespaces else UNSCOPED
+    return request.app.state.tenant_caches.scope(principal_of(request).tenant)
 
 
 def check_count(items: list, field: str, max_batch: int) -> None:

@@ -14,7 +14,7 @@ tenant: one L1 budget, one set of threads and breakers; L3 keeps each namespace 
 
 from __future__ import annotations
 
-from ragcache.core import EmbeddingCache
+from ragcache.core import UNSCOPED, EmbeddingCache, Scope
 from ragcache_server.state import ServiceState
 
 __all__ = ["TenantCaches"]
@@ -29,5 +29,9 @@ class TenantCaches:
         self.state = state
         self.enabled = enabled
 
+    def scope(self, tenant: str | None) -> Scope:
+        """The scope ``tenant``'s requests carry into a cache (the embedding and the rerank score caches alike)."""
+        return Scope(tenant) if self.enabled and tenant is not None else UNSCOPED
+
     def cache_for(self, model: str | None, tenant: str | None, prompt_name: str | None = None, *, optional: bool = False) -> EmbeddingCache:
-        return self.state.cache_for(model, prompt_name, optional=optional, tenant=tenant if self.enabled else None)
+        return self.state.cache_for(model, prompt_name, optional=optional, tenant=self.scope(tenant).tenant)
