@@ -111,10 +111,9 @@ class EmbeddingCache:
     ):
         self.encoder = encoder
         self.generation = generation if generation is not None else Generation()
-        self._space = dataclasses.replace(encoder.space, generation=self.generation.value)
         self.device = torch.device(device)
-        self.dtype = getattr(torch, self._space.dtype)
-        self.levels = Levels(tiers, dim=self._space.dim, dtype=self.dtype, write_behind=write_behind,
+        self.dtype = getattr(torch, encoder.space.dtype)
+        self.levels = Levels(tiers, dim=encoder.space.dim, dtype=self.dtype, write_behind=write_behind,
                              write_linger_s=write_linger_s, window_s=window_s, clock=clock, tracer=tracer)
         # Calls inside embed_detailed: the batcher waits for company only while one has not reached it yet.
         self._calls = CallsInProgress()
@@ -124,9 +123,10 @@ class EmbeddingCache:
         self.level_names = self.levels.names + (COMPUTE,)
         self._clock = clock
         self._requests = LevelRecorder("cache", window_s=window_s)
-        # Per scope (a tenant's keys, a named prompt): its space at each generation, and its own counters.
+        # Per scope (a tenant's keys, a named prompt; the model's own: UNSCOPED): its space at each generation,
+        # shared by every view (``scoped``), and its own counters.
         self._scope = UNSCOPED  # this view's (``scoped``)
-        self._scope_spaces: dict[tuple[Scope, int], EmbeddingSpace] = {}
+        self._spaces: dict[tuple[Scope, int], EmbeddingSpace] = {}
         self._scopes = ScopeRecorders(window_s=window_s)
         self._is_view = False
         self._on_close = on_close
@@ -148,14 +148,6 @@ class EmbeddingCache:
         """The scope this view's requests carry when they name none."""
         return self._scope
 
-    def _model_space(self) -> EmbeddingSpace:
-        """The model's space at its current generation (a new one after a drift switch, ``ragcache.models.drift``)."""
-        space = self._space
-        if space.generation != self.generation.value:
-            # Two threads may both rebuild it after a switch: they build the same value.
-            space = self._space = dataclasses.replace(space, generation=self.generation.value)
-        return space
-
     @property
     def tokenizer(self) -> TokenCounter:
         """The model's token counting (and, for a local model, a ``Tokenizer``): what the service needs to
@@ -170,19 +162,20 @@ class EmbeddingCache:
         """This cache as ``scope`` sees it, for code that takes a cache (the knowledge base, a route): the same
         levels, model, batcher and counters, its requests carrying ``scope``, its ``space`` the scope's. No
         thread or level of its own: closing it closes nothing."""
-        view = copy.copy(self)  # every part shared but the scope (and the space memo, rebuilt alike)
+        view = copy.copy(self)  # every part shared but the scope (the spaces' memo included)
         view._scope, view._is_view = scope, True
         return view
 
     def space_in(self, scope: Scope) -> EmbeddingSpace:
-        """The space (and so the keys) of ``scope`` at the model's current generation."""
-        space = self._model_space()
-        if scope == UNSCOPED:
-            return space
-        found = self._scope_spaces.get((scope, space.generation))
+        """The space (and so the keys) of ``scope`` at the model's current generation (a new one after a drift
+        switch, ``ragcache.models.drift``)."""
+        generation = self.generation.value
+        found = self._spaces.get((scope, generation))
         if found is None:
-            # A handful of tenants (from the key file) and prompts (the model's) times the generations seen.
-            found = self._scope_spaces[(scope, space.generation)] = scope.space_of(space)
+            # A handful of tenants (from the key file) and prompts (the model's) times the generations seen. Two
+            # threads may both build one: they build the same value.
+            model_space = dataclasses.replace(self.encoder.space, generation=generation)
+            found = self._spaces[(scope, generation)] = scope.space_of(model_space)
         return found
 
     def model_inputs(self, texts: Sequence[str], scope: Scope | None = None) -> list[str]:
