@@ -5,7 +5,6 @@ developer's machine and fails under CI, where `make test` has installed it (mk/s
 from __future__ import annotations
 
 import math
-import os
 from pathlib import Path
 
 import pytest
@@ -26,13 +25,14 @@ from ragcache_bench.retrieval_stats import (
     winning_mode,
 )
 from ragcache_bench.wordnet import WORDNET_DIR, build_retrieval_set
+from tests.conftest import in_ci
 
 
 def _require(path: Path, package: str) -> None:
     if path.is_file():
         return
     message = f"{path} is missing: {package} is installed by make test (mk/system.mk)"
-    if os.environ.get("CI", "").lower() in {"1", "true", "yes"}:
+    if in_ci():
         pytest.fail(message)
     pytest.skip(message)
 
