@@ -29,6 +29,16 @@ class ServiceState:
     prefixes: PrefixRegistry
     rerankers: dict[str, RerankCache] = field(default_factory=dict)  # served name -> reranker behind its cache
     drift: DriftMonitor | None = None
+    # Each served model's named prompts (its own, overlaid with RAGCACHE_MODEL_PROMPTS), resolved once at start-up:
+    # every /search and /documents request asks for one or two.
+    prompts: dict[str, dict[str, Prompt]] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.prompts = {
+            model: {name: Prompt(name, text) for name, text in
+                    known_prompts(cache.encoder, self.settings.space.model_prompts.get(model)).items()}
+            for model, cache in self.caches.items()
+        }
 
     @classmethod
     def open(cls, settings: Settings) -> ServiceState:
@@ -112,20 +122,20 @@ class ServiceState:
     def _prompt(self, model: str, prompt_name: str | None, *, optional: bool) -> Prompt | None:
         if prompt_name is None:
             return None
-        text = self.prompts_of(model).get(prompt_name)
-        if text is None:
+        prompt = self.prompts[model].get(prompt_name)
+        if prompt is None:
             if optional:
                 return None
             raise InvalidInputError(
-                f"model {model!r} has no prompt named {prompt_name!r}; its prompts: {sorted(self.prompts_of(model)) or 'none'} "
+                f"model {model!r} has no prompt named {prompt_name!r}; its prompts: {sorted(self.prompts[model]) or 'none'} "
                 "(its own, and RAGCACHE_MODEL_PROMPTS)",
                 field="prompt_name",
             )
-        return Prompt(prompt_name, text)
+        return prompt
 
     def prompts_of(self, model: str) -> dict[str, str]:
         """The named prompts of a served model: its own, overlaid with RAGCACHE_MODEL_PROMPTS."""
-        return known_prompts(self.caches[model].encoder, self.settings.space.model_prompts.get(model))
+        return {name: prompt.text for name, prompt in self.prompts[model].items()}
 
     def reranker_for(self, model: str | None, field: str = "model") -> RerankCache:
         """The reranker named ``model`` (the first served when None); ``InvalidInputError`` naming ``field``
