@@ -55,7 +55,7 @@ from ragcache_bench.kv_keep_warm import KeepWarm, registry_config
 from ragcache_bench.kv_rag import RagResult, rag_ratio, run_rag
 from ragcache_bench.kv_report import format_report, verdicts
 from ragcache_bench.kv_workload import CACHING, CHURN, QUICK, ChurnMeter, KVConfig, churning
-from ragcache_bench.prefixes import build_prefix_text
+from ragcache_bench.prefixes import build_prefix_text, count_tokens
 from ragcache_bench.report import BenchResult, command_line, format_table, machine_info, write_json
 from ragcache_testing.vllm import VLLMServer, VLLMServerConfig
 
@@ -173,7 +173,7 @@ def _measure(target: Target, config: KVConfig, registries: dict[str, PrefixRegis
     meter = ChurnMeter()
     with httpx.Client(timeout=300) as http:
         system = build_prefix_text(http, target, args.prefix_tokens)
-        prefix_tokens = _count(http, target, system)
+        prefix_tokens = count_tokens(http, target, system)
         spec = PrefixSpec(PREFIX_NAME, system, target, pinned=False)
         keep_warms = {name: KeepWarm(settings, spec) for name, settings in registries.items()}
         try:
@@ -218,12 +218,6 @@ def kv_cache_tokens(http: httpx.Client, target: Target) -> int | None:
                 except (KeyError, ValueError):
                     return None
     return None
-
-
-def _count(http: httpx.Client, target: Target, text: str) -> int:
-    r = http.post(f"{target.base_url}/tokenize", json={"model": target.model, "prompt": text})
-    r.raise_for_status()
-    return int(r.json()["count"])
 
 
 def main() -> int:
