@@ -59,7 +59,7 @@ from ragcache_bench.prefixes import build_prefix_text, count_tokens
 from ragcache_bench.report import BenchResult, command_line, format_table, machine_info, write_json
 from ragcache_testing.vllm import VLLMServer, VLLMServerConfig
 
-__all__ = ["add_arguments", "kv_config", "main", "run"]
+__all__ = ["add_arguments", "main", "run"]
 
 PREFIX_NAME = "bench-kv-system"
 

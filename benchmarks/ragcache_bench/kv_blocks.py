@@ -15,7 +15,7 @@ from ragcache.prefixes.vllm_client import VLLMClient
 from ragcache_bench.kv_keep_warm import KeepWarm
 from ragcache_bench.kv_workload import CACHING, CHURN, KVConfig, RequestResult, questions, run_requests
 
-__all__ = ["LevelResult", "Runner", "hit_tokens"]
+__all__ = ["LevelResult", "Runner"]
 
 
 @dataclass
@@ -46,7 +46,7 @@ class LevelResult:
     seconds: float
 
 
-def hit_tokens(vllm: VLLMClient, base_url: str) -> float | None:
+def _hit_tokens(vllm: VLLMClient, base_url: str) -> float | None:
     try:
         return vllm.prefix_cache_counters(base_url).hits
     except Exception:  # noqa: BLE001 - /metrics is an extra column; a server without it still gets measured
@@ -81,11 +81,11 @@ class Runner:
             time.sleep(config.settle_s)
         prompts = [self.system + q for q in questions(config, config.block_requests(concurrency), concurrency,
                                                         block_index)]
-        before = hit_tokens(self.vllm, self.target.base_url)
+        before = _hit_tokens(self.vllm, self.target.base_url)
         results, num_errors, wall_s = asyncio.run(run_requests(
             self.target, prompts, concurrency, max_tokens=config.max_tokens,
             think_s=config.churn_think_s if churn else config.think_s, salted=configuration == "off"))
-        after = hit_tokens(self.vllm, self.target.base_url)
+        after = _hit_tokens(self.vllm, self.target.base_url)
         gathered = self.blocks.setdefault((configuration, concurrency), _Block())
         gathered.results += results
         gathered.num_errors += num_errors
