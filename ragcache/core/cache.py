@@ -87,7 +87,7 @@ class EmbeddingCache:
     behind, by a worker thread per level, unless ``write_behind=False``. A level that raises ``TierUnavailableError``
     is a miss for that call, counted and logged once per outage, and skipped until its back-off passes.
 
-    ``generation``: the model's current generation (``ragcache.models.drift``), shared by every cache of the model;
+    ``generation``: the model's current generation (``ragcache.models.drift``), shared by every view (``scoped``);
     the space in use is the encoder's at that generation, and each request takes it once, at its start.
     """
 
@@ -105,12 +105,11 @@ class EmbeddingCache:
         clock: Callable[[], float] = time.perf_counter,
         on_close: Callable[[], None] | None = None,
         flight: Flight | None = None,
-        generation: Generation | None = None,
         tracer: Tracer | None = None,
         write_linger_s: Mapping[int, float] | None = None,
     ):
         self.encoder = encoder
-        self.generation = generation if generation is not None else Generation()
+        self.generation = Generation()  # the drift check (ragcache.models.drift) moves it
         self.device = torch.device(device)
         self.dtype = getattr(torch, encoder.space.dtype)
         self.levels = Levels(tiers, dim=encoder.space.dim, dtype=self.dtype, write_behind=write_behind,

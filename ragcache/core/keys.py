@@ -140,8 +140,9 @@ def _digests_of(keys: Sequence[str]) -> np.ndarray:
 
 
 class Generation:
-    """The generation a model's caches embed under (``ragcache.models.drift``); one object shared by every cache of
-    the model, so one assignment moves them all. An int assignment is atomic: no lock is needed to read it."""
+    """The generation a model's cache embeds under (``ragcache.models.drift``); one object shared by the cache, its
+    views (every scope) and the model's drift guard, so one assignment moves them all. An int assignment is atomic:
+    no lock is needed to read it."""
 
     def __init__(self, value: int = 0):
         self.value = value

@@ -6,8 +6,8 @@ through the encoder (never the cache) and compares them with the canaries stored
 (``ragcache.models.fingerprints``). A canary further than the dtype's tolerance from its stored vector means another
 model: the space moves to the next *generation* (``EmbeddingSpace.generation``, part of every key), so no
 vector of the old model is looked up again, in L1, L2 or L3; the old entries age out (L1's LRU, L2's TTL)
-or stay unreachable (L3). Every cache of the model (tenants' too) shares one ``Generation``, so one switch
-moves them all.
+or stay unreachable (L3). The model's one cache serves every scope (tenants, prompts) under one ``Generation``,
+so one switch moves them all.
 
 Requests racing a switch stay correct because a request takes the space once, at its start, and every key
 it reads or writes is of that space: a request that computed with the old model writes under the old
