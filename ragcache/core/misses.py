@@ -54,6 +54,8 @@ class MissResolver:
             raise ConfigError("single flight across processes needs a shared level (L2) after L1 to publish vectors in")
         self.levels = levels
         self._encoder = encoder
+        # Whether the model takes a named prompt apart (``encode(texts, prompt=...)``): a class attribute, read once.
+        self._takes_prompt = bool(getattr(encoder, "takes_prompt", False))
         self.batcher = ComputeBatcher(self._encode, max_batch=max_batch, max_wait_s=max_wait_s, max_pending=max_pending,
                                       levels=levels, calls=calls)
         self._flight = flight
@@ -72,7 +74,7 @@ class MissResolver:
     def model_inputs(self, texts: Sequence[str], prompt: str | None) -> list[str]:
         """``texts`` as the model's ``encode`` is given them under a named prompt's text: as they are for a model
         that takes the prompt apart (``takes_prompt``), else with the prompt put before each."""
-        if prompt is None or getattr(self._encoder, "takes_prompt", False):
+        if prompt is None or self._takes_prompt:
             return list(texts)
         return [prompt + text for text in texts]
 
@@ -81,7 +83,7 @@ class MissResolver:
         ``SentenceTransformer.encode(texts, prompt=text)`` does (models whose pooling leaves the prompt's tokens
         out need that); any other (a remote provider) gets it put before each text, which is what
         sentence-transformers itself sends through the model."""
-        if prompt is not None and getattr(self._encoder, "takes_prompt", False):
+        if prompt is not None and self._takes_prompt:
             return self._encoder.encode(texts, prompt=prompt)  # type: ignore[call-arg]
         return self._encoder.encode(self.model_inputs(texts, prompt))
 
