@@ -201,7 +201,7 @@ def bench_retrieval(ctx: BenchContext) -> BenchResult:
         _report_set(result, labelled.name, per_set[labelled.name], searcher.reranker_trained, seed=ctx.seed)
     _report_set(result, "both FAQs", pooled, searcher.reranker_trained, seed=ctx.seed)
     num_queries = sum(len(labelled.queries) for labelled in human)
-    _report_verdict(result, splits, num_queries, _searches_agree(headline, pooled), seed=ctx.seed)
+    _report_verdict(result, splits, num_queries, _num_disagreeing(headline, pooled), seed=ctx.seed)
     _report_set(result, "wordnet (favours keywords)", wordnet_scores, searcher.reranker_trained, seed=ctx.seed, with_ci=False)
     _report_rerank_gain(result, pooled, searcher.reranker_trained, searcher.reranker.name)
     first = human[0]
@@ -254,7 +254,7 @@ def _report_set(result: BenchResult, label: str, scores: dict[str, Scores], real
             result.add(f"{label}: {name}: latency p50", median(s.latency_s) * 1000, "ms", note=f"p99 {_p99(s.latency_s) * 1000:.1f} ms")
 
 
-def _searches_agree(headline: Split, pooled: dict[str, Scores]) -> int:
+def _num_disagreeing(headline: Split, pooled: dict[str, Scores]) -> int:
     """How many of the headline split's per-query nDCG@10 (dense, keyword, tuned hybrid) fused from the lists
     differ from the real searches': 0 when the splits measure what a search returns."""
     searched = {"dense": pooled["dense"].ndcg, "keyword": pooled["keyword"].ndcg, "hybrid": pooled[headline.hybrid_name].ndcg}
