@@ -76,14 +76,19 @@ class DocumentStore:
     def get_documents(self, collection: str | CollectionName, ids: Sequence[str]) -> list[Document]:
         """The documents with these ids, in the order asked (repeats folded); unknown ids are left out."""
         checked = check_ids(ids)
-        return in_order_asked(checked, [document for batch in self.document_batches(collection, checked) for document in batch])
+        meta = self.catalog.lookup(CollectionName.of(collection))
+        return in_order_asked(checked, [document for batch in self._documents_of(meta, checked) for document in batch])
 
     def document_batches(self, collection: str | CollectionName, ids: Sequence[str]) -> Iterator[list[Document]]:
         """``get_documents`` one Milvus call at a time (``BATCH_ROWS`` ids each, unknown ids left out), so that a
         caller with a byte budget can stop reading as soon as it is spent."""
         checked = check_ids(ids)
         meta = self.catalog.lookup(CollectionName.of(collection))
-        for rows in self._rows_of(meta, checked, ["id", "text", "metadata"]):
+        yield from self._documents_of(meta, checked)
+
+    def _documents_of(self, meta: CollectionRecord, ids: list[str]) -> Iterator[list[Document]]:
+        """The stored documents among ``ids`` (checked), one Milvus call of ``BATCH_ROWS`` ids at a time."""
+        for rows in self._rows_of(meta, ids, ["id", "text", "metadata"]):
             yield [Document(row["id"], row["text"], row.get("metadata") or {}) for row in rows]
 
     def delete_documents(self, collection: str | CollectionName, ids: Sequence[str]) -> int:

@@ -110,6 +110,16 @@ def test_delete_counts_only_existing_ids(kb, cache):
     assert "kv" not in {hit.id for hit in hits}
 
 
+def test_get_documents_in_the_order_asked_and_in_batches(kb, cache):
+    kb.add_documents("get", DOCS, cache=cache)
+    got = kb.get_documents("get", ["redis", "no-such-id", "kv", "redis"])
+    assert got == [Document("redis", DOCS[2]["text"], DOCS[2]["metadata"]), Document("kv", DOCS[0]["text"], DOCS[0]["metadata"])]
+    batches = list(kb.document_batches("get", [document["id"] for document in DOCS]))
+    assert sorted(document.id for batch in batches for document in batch) == sorted(document["id"] for document in DOCS)
+    with pytest.raises(NotFoundError):
+        kb.get_documents("no-such-collection", ["kv"])
+
+
 def test_filter_on_metadata(kb, cache):
     kb.add_documents("filter", DOCS, cache=cache)
     hits = kb.search("filter", "capital city", cache=cache, filter='metadata["lang"] == "de"').hits
