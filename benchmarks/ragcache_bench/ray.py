@@ -156,7 +156,7 @@ def _savings(result: BenchResult, settings, texts: list[str], model: str) -> dic
     output, timing = _run(texts, _cached(settings, model), 2)
     report = _report(output, settings, model)
     result.add("instant upstream: re-run, tokens saved", report.tokens_saved or 0, "tokens",
-               requires={"nothing sent upstream": report.computed == 0},
+               requires={"nothing sent upstream": report.computed == 0, "tokens saved counted": bool(report.tokens_saved)},
                note=f"{report.texts:,} texts from {report.served}; money saved {report.money_saved} at "
                     f"{PRICE_PER_MILLION_TOKENS}/M tokens; {timing['texts_per_s']:,.0f} texts/s")
     return {**timing, "computed": report.computed, "tokens_saved": report.tokens_saved, "money_saved": report.money_saved}
