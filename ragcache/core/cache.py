@@ -182,8 +182,7 @@ class EmbeddingCache:
         prompt put before each where the model does not take it apart. A pass-through caller's key
         (``RemoteEncoder.caller_key``) is registered under these, so it pays for its own prompted misses."""
         scope = self._scope if scope is None else scope
-        prompt = scope.prompt.text if scope.prompt is not None else None
-        return self.resolver.model_inputs(self.space_in(scope).prepare(texts), prompt)
+        return self.resolver.model_inputs(self.space_in(scope).prepare(texts), scope.prompt_text)
 
     def embed(self, texts: Sequence[str], *, normalize: bool = False, as_tensor: bool = False,
               scope: Scope | None = None) -> np.ndarray | torch.Tensor:
@@ -284,8 +283,8 @@ class EmbeddingCache:
         vectors, levels = found.vectors, found.served
         num_computed = 0
         if len(found.missing):
-            prompt = scope.prompt.text if scope.prompt is not None else None  # None: the model's own (a default prompt included)
-            num_computed = self.resolver.resolve(vectors, levels, found.missing, unique_keys, unique_texts, prompt=prompt)
+            num_computed = self.resolver.resolve(vectors, levels, found.missing, unique_keys, unique_texts,
+                                                 prompt=scope.prompt_text)
 
         # A vector another replica computed while this one waited counts as a hit: nothing was computed here.
         num_served = len(keys) - num_computed

@@ -34,6 +34,11 @@ class Scope:
     tenant: str | None = None
     prompt: Prompt | None = None
 
+    @property
+    def prompt_text(self) -> str | None:
+        """The text the model is given this scope's inputs under (None: the model's own, a default prompt included)."""
+        return self.prompt.text if self.prompt is not None else None
+
     def space_of(self, space: EmbeddingSpace) -> EmbeddingSpace:
         """The model's ``space`` as this scope sees it."""
         if self.tenant is None and self.prompt is None:
