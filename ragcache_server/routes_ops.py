@@ -11,6 +11,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.responses import Response
 
 import ragcache
+from ragcache.core import Scope
 from ragcache.models import DriftState, upstream_figures
 from ragcache.observe import redact_url
 from ragcache.retrieval import own_named
@@ -160,7 +161,7 @@ def _admin_info(state: ServiceState, models: list[dict]) -> dict:
 
 def _prompts_of(state: ServiceState, model: str, cache) -> dict[str, dict]:
     since_start, recent = cache.prompt_stats(), cache.prompt_stats(recent=True)
-    return {name: {"space": state.cache_for(model, name).space.describe(), "since_start": asdict(figures),
+    return {name: {"space": cache.space_in(Scope(prompt=state.prompts[model][name])).describe(), "since_start": asdict(figures),
                    "recent": asdict(recent[name]) if name in recent else None}
             for name, figures in since_start.items()}
 
