@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import builtins  # the class's own list() method shadows the builtin in its annotations
 import logging
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -87,8 +86,6 @@ class PrefixRegistry:
         self._vllm = vllm
         self._wall_clock = wall_clock
         self._token_counter = token_counter
-        self._lock = threading.Lock()  # guards the use counts
-        self._uses: dict[str, int] = {}
         gate = gate or LocalWarmGate(WarmBudget(self.config.warm_budget_per_minute, clock))
         self._targets = Targets(vllm, self.config, clock=clock)
         self._keep_warm = KeepWarm(self._known, self._targets, vllm, self.config, gate=gate, clock=clock,
@@ -188,8 +185,6 @@ class PrefixRegistry:
         """Forget prefix ``name`` (it is no longer warmed); :class:`NotFoundError` when unknown."""
         name = PrefixName.of(name)
         self._known.delete(name)
-        with self._lock:
-            self._uses.pop(name.stored, None)
         self._keep_warm.forget(name.stored)
 
     # ----- prompt building ----------------------------------------------------------------------
@@ -215,8 +210,7 @@ class PrefixRegistry:
         if not 0 <= count <= MAX_USES_PER_REPORT:
             raise InvalidInputError(f"count must be 0 to {MAX_USES_PER_REPORT}: report more uses in several calls", field="count")
         self._known.get(name)
-        with self._lock:
-            self._uses[name.stored] = self._uses.get(name.stored, 0) + count
+        self._keep_warm.record_use(name.stored, count)
 
     # ----- keep-warm (:mod:`.warming`) ----------------------------------------------------------
 
@@ -251,17 +245,12 @@ class PrefixRegistry:
     def prefix_stats(self, name: str | PrefixName) -> PrefixStats:
         """Counters of prefix ``name`` in this process, summed and per endpoint."""
         name = PrefixName.of(name)
-        prefix = self._known.get(name)
-        with self._lock:
-            num_uses = self._uses.get(name.stored, 0)
-        return name.named(self._keep_warm.summary(prefix, num_uses))
+        return name.named(self._keep_warm.summary(self._known.get(name)))
 
     def stats(self) -> RegistryStats:
         """Counters of every known prefix and endpoint (endpoints from their last scrape)."""
         prefixes = self._known.copies()
-        with self._lock:
-            uses = dict(self._uses)
-        per_prefix = tuple(self._keep_warm.summary(p, uses.get(p.name, 0)) for p in prefixes)
+        per_prefix = tuple(self._keep_warm.summary(p) for p in prefixes)
         per_target = self._targets.stats({url for p in prefixes for url in self.endpoints_of(p)})
         keep_warm = self._keep_warm
         return RegistryStats(per_prefix, per_target, keep_warm.num_warms_sent, keep_warm.num_warms_deferred,

@@ -34,7 +34,7 @@ ANSWERED = (WarmOutcome.PRIME, WarmOutcome.RESIDENT, WarmOutcome.EVICTED)
 
 
 class KeepWarm:
-    """Warm states per (prefix, endpoint), the warms' counts, and the loop (thread-safe).
+    """Warm states per (prefix, endpoint), the warms' and the uses' counts, and the loop (thread-safe).
 
     HTTP calls to vLLM are made outside the lock so stats never wait on vLLM."""
 
@@ -59,6 +59,7 @@ class KeepWarm:
         self._lock = threading.RLock()
         # (prefix name, endpoint base URL) -> the warm state of the prefix's current version there.
         self._states: dict[tuple[str, str], WarmState] = {}
+        self._uses: dict[str, int] = {}  # prefix name -> requests that used it (reported by clients)
         self._store_read_at = float("-inf")
         self.num_warms_sent = 0
         self.num_warms_deferred = 0
@@ -79,9 +80,15 @@ class KeepWarm:
         return all(state.primed for state in states)
 
     def forget(self, name: str) -> None:
-        """Drop the warm states of prefix ``name`` (it was deleted)."""
+        """Drop the warm states and the use count of prefix ``name`` (it was deleted)."""
         with self._lock:
             self._states = {key: state for key, state in self._states.items() if key[0] != name}
+            self._uses.pop(name, None)
+
+    def record_use(self, name: str, count: int) -> None:
+        """Count ``count`` more requests that used prefix ``name``."""
+        with self._lock:
+            self._uses[name] = self._uses.get(name, 0) + count
 
     # ----- warming ------------------------------------------------------------------------------
 
@@ -290,8 +297,8 @@ class KeepWarm:
 
     # ----- stats --------------------------------------------------------------------------------
 
-    def summary(self, prefix: Prefix, num_uses: int) -> PrefixStats:
+    def summary(self, prefix: Prefix) -> PrefixStats:
         """Counters of ``prefix`` in this process, summed and per endpoint."""
         with self._lock:
             states = [self._state_for(prefix, url) for url in self.endpoints_of(prefix)]
-            return summarize(prefix, states, num_uses)
+            return summarize(prefix, states, self._uses.get(prefix.name, 0))
