@@ -5,7 +5,8 @@ and each lookup waits on a cache miss or three (the hash slot, the stored key, t
 entries that made a 32-key lookup cost about 2.2x what it costs at 10k. Here a batch's keys are probed
 together with numpy gathers, whose independent loads the CPU overlaps, so the cost hardly grows with size.
 
-- Keys are identified by the xxh3-128 digest of the key string, as two uint64 words: a collision is as
+- Keys are identified by the xxh3-128 digest of the key string, as two uint64 words (``key_digests``, made by
+  the caller: a request's ``KeyList`` makes them once); a collision is as
   likely as one of the text hashes keys are built from (ragcache.core.keys), which nothing relies on either.
 - The map is open addressing with linear probing over a power-of-two table, live keys at most half of it;
   deleted slots are tombstones, and the table is rebuilt when live plus deleted pass 3/4.
@@ -17,23 +18,13 @@ together with numpy gathers, whose independent loads the CPU overlaps, so the co
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import numpy as np
 
-from ragcache.core.keys import key_digests
-
-__all__ = ["LruIndex", "digests"]
+__all__ = ["LruIndex"]
 
 EMPTY = -1
 DELETED = -2
 _LOG_FACTOR = 2  # log capacity in rows: compaction runs at most once per num_rows uses
-
-
-def digests(keys: Sequence[str]) -> np.ndarray:
-    """The xxh3-128 digests of ``keys`` as an ``[n, 2]`` uint64 array (two words; probing starts from the second);
-    a request's ``KeyList`` hands over the ones it made."""
-    return key_digests(keys)
 
 
 class LruIndex:

@@ -8,9 +8,10 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from ragcache.core.keys import key_digests
 from ragcache.core.tier import TierHits
 from ragcache.errors import ConfigError, InvalidInputError
-from ragcache.tiers.lru_index import LruIndex, digests
+from ragcache.tiers.lru_index import LruIndex
 
 __all__ = ["MemoryTier", "resolve_device"]
 
@@ -73,7 +74,7 @@ class MemoryTier:
     def resident_lru_first(self, keys: Sequence[str]) -> list[str]:
         """Those of ``keys`` that are resident, from least to most recently used (the order they would be
         evicted in). The map keeps digests, not key strings, so the caller names the keys it asks about."""
-        wanted = digests(keys)
+        wanted = key_digests(keys)
         with self._lock:
             rows = self._index.find(wanted)
             order = {int(row): rank for rank, row in enumerate(self._index.lru_rows())}
@@ -81,7 +82,7 @@ class MemoryTier:
         return [key for _, key in sorted(resident)]
 
     def get_many(self, keys: Sequence[str]) -> TierHits:
-        wanted = digests(keys)
+        wanted = key_digests(keys)
         with self._lock:
             rows = self._index.find(wanted)
             hit = np.flatnonzero(rows >= 0)
@@ -107,7 +108,7 @@ class MemoryTier:
             batch_keys = [key for key, _ in batch]
             source = vectors.index_select(0, torch.tensor([position for _, position in batch], device=vectors.device))
         source = source.to(device=self.device, dtype=self.dtype)
-        wanted = digests(batch_keys)
+        wanted = key_digests(batch_keys)
         with self._lock:
             rows = self._index.find(wanted)
             new = np.flatnonzero(rows < 0)

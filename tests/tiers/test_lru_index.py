@@ -7,7 +7,8 @@ from collections import OrderedDict
 
 import numpy as np
 
-from ragcache.tiers.lru_index import LruIndex, digests
+from ragcache.core.keys import key_digests
+from ragcache.tiers.lru_index import LruIndex
 
 
 def test_random_operations_match_an_exact_lru_model():
@@ -21,7 +22,7 @@ def test_random_operations_match_an_exact_lru_model():
             index.clear()
             model.clear()
         batch = list(dict.fromkeys(rng.choice(universe, size=int(rng.integers(1, 12))).tolist()))
-        wanted = digests(batch)
+        wanted = key_digests(batch)
         rows = index.find(wanted)
         for key, row in zip(batch, rows):
             assert (key in model) == (row >= 0) and (row < 0 or model[key] == row)
@@ -56,8 +57,8 @@ def test_tombstones_are_rebuilt_away_and_every_key_stays_findable():
     index = LruIndex(8)
     keys = [f"k{i}" for i in range(1000)]
     for start in range(0, len(keys), 4):  # 1,000 inserts into 8 rows: 992 evictions, many rebuilds
-        index.insert(digests(keys[start : start + 4]))
+        index.insert(key_digests(keys[start : start + 4]))
         resident = keys[max(0, start - 4) : start + 4]
-        assert (index.find(digests(resident)) >= 0).all()
-    assert (index.find(digests(keys[:992])) < 0).all()
+        assert (index.find(key_digests(resident)) >= 0).all()
+    assert (index.find(key_digests(keys[:992])) < 0).all()
     assert index.num_live == 8
