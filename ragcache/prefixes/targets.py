@@ -82,12 +82,13 @@ class Targets:
     def scrape(self, url: str) -> tuple[PrefixCacheCounters | None, bool]:
         """Read a target's prefix-cache counters (None when it failed or backs off); also a health probe and a
         restart detector: the second value is True when the target lost its KV cache since the last look."""
-        if not self.health_of(url).may_try():
+        health = self.health_of(url)
+        if not health.may_try():
             return None, False
         try:
             counters = self._vllm.prefix_cache_counters(url)
         except TargetUnavailableError as exc:
-            self.health_of(url).record_failure(exc)
+            health.record_failure(exc)
             log.warning("scraping %s failed: %s", url, exc)
             return None, False
         with self._lock:
