@@ -4,6 +4,8 @@ in real L1/L2, the breaker, and /rerank over real HTTP with the Python client.""
 from __future__ import annotations
 
 import asyncio
+import json
+import uuid
 
 import httpx
 import numpy as np
@@ -303,3 +305,31 @@ def test_batch_search_reranks_each_query(rerank_server, collection, local):
         assert result["reranked_by"] == single["reranked_by"]
     down = httpx.post(rerank_server.url + "/search/batch", json={**body, "rerank": {"model": "remote-down"}}, timeout=60)
     assert down.status_code == 200 and down.headers["X-Rerank-Fallback"] == "search-order"
+
+
+@pytest.fixture(scope="module")
+def tenant_rerank_server(tiny_cross_encoder, tmp_path_factory):
+    """The tiny cross-encoder served with tenants keeping their own cache entries: two tenants' keys."""
+    folder = tmp_path_factory.mktemp("rerank-tenants")
+    keys = {"keys": [{"name": tenant, "key": f"{tenant}-rerank-key-0123456789", "scopes": ["search"], "tenant": tenant}
+                     for tenant in ("acme", "globex")]}
+    (folder / "keys.json").write_text(json.dumps(keys))
+    settings = Settings(redis_url="off", milvus_uri="off", data_dir=folder, rerank_models=[tiny_cross_encoder],
+                        api_keys_file=folder / "keys.json", tenant_cache_namespaces=True)
+    with LiveServer(settings) as live:
+        yield live
+
+
+def test_a_tenants_rerank_scores_are_its_own_on_the_service(tenant_rerank_server):
+    query_id = uuid.uuid4().hex  # fresh scores for this run
+
+    def rerank(tenant: str) -> httpx.Response:
+        headers = {"Authorization": f"Bearer {tenant}-rerank-key-0123456789"}
+        body = {"query": f"whose scores are these [{query_id}]", "texts": TEXTS}
+        return httpx.post(f"{tenant_rerank_server.url}/rerank", json=body, headers=headers, timeout=60)
+
+    first, again, other = rerank("acme"), rerank("acme"), rerank("globex")
+    assert first.headers["x-cache-compute"] == str(len(TEXTS))
+    assert again.headers["x-cache-l1"] == str(len(TEXTS))  # acme's own scores, from its cache entries
+    assert other.headers["x-cache-compute"] == str(len(TEXTS))  # globex cannot use them: computed again
+    assert other.json() == first.json()  # the same model, the same scores
