@@ -17,10 +17,7 @@ from pathlib import Path
 import pytest
 
 from ragcache_testing.infinity import InfinityServer, InfinityServerConfig, packaged_model_folder
-
-
-def _in_ci() -> bool:
-    return os.environ.get("CI", "").lower() in {"1", "true", "yes"}
+from tests.conftest import in_ci
 
 
 @pytest.fixture(scope="session")
@@ -28,7 +25,7 @@ def infinity(tmp_path_factory):
     python = os.environ.get("RAGCACHE_INFINITY_PYTHON")
     if not python or not Path(python).exists():
         message = "no Infinity environment: run `make infinity-env` (make test builds it and sets RAGCACHE_INFINITY_PYTHON)"
-        if _in_ci():
+        if in_ci():
             pytest.fail(message)
         pytest.skip(message)
     log_path = tmp_path_factory.mktemp("infinity") / "server.log"
