@@ -35,8 +35,8 @@ __all__ = [
 
 # A name travels in URL paths (/prefixes/{name}), so it is limited to characters that need no escaping and
 # cannot be a dot segment; fullmatch, because "$" would also accept a trailing newline.
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 MAX_NAME_CHARS = 128
+_NAME = re.compile(rf"[A-Za-z0-9][A-Za-z0-9._-]{{0,{MAX_NAME_CHARS - 1}}}")
 # Uses one report may add (``POST /prefixes/{name}/uses``, ``PrefixRegistry.record_use``): a client reports what it
 # rendered since its last report, far below this; one call adding a billion would only falsify the counters.
 MAX_USES_PER_REPORT = 100_000
@@ -45,7 +45,7 @@ MAX_USES_PER_REPORT = 100_000
 def check_name(name: object, field: str = "name") -> str:
     """``name`` when it is a valid prefix name; :class:`InvalidInputError` naming ``field`` otherwise."""
     if not isinstance(name, str) or not _NAME.fullmatch(name):
-        raise InvalidInputError(f"{field} must be 1-128 of [A-Za-z0-9._-], starting with a letter or digit",
+        raise InvalidInputError(f"{field} must be 1-{MAX_NAME_CHARS} of [A-Za-z0-9._-], starting with a letter or digit",
                                 field=field)
     return name
 

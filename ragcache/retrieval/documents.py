@@ -21,6 +21,7 @@ __all__ = [
     "MAX_ID_BYTES",
     "MAX_TEXT_BYTES",
     "COLLECTION_NAME_PATTERN",
+    "MAX_COLLECTION_CHARS",
     "check_collection_name",
     "milvus_collection_name",
     "collection_name_from_milvus",
@@ -38,7 +39,8 @@ __all__ = [
 MAX_ID_BYTES = 512
 MAX_TEXT_BYTES = 65535
 MAX_FILTER_CHARS = 4096
-COLLECTION_NAME_PATTERN = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,62}")
+MAX_COLLECTION_CHARS = 63
+COLLECTION_NAME_PATTERN = re.compile(rf"[A-Za-z][A-Za-z0-9_-]{{0,{MAX_COLLECTION_CHARS - 1}}}")
 MILVUS_PREFIX = "kb_"
 
 
@@ -65,7 +67,7 @@ def check_collection_name(name: object) -> str:
     """The name unchanged when it is a valid collection name, else ``InvalidInputError``."""
     if not isinstance(name, str) or not COLLECTION_NAME_PATTERN.fullmatch(name):
         raise InvalidInputError(
-            f"collection name {name!r} is invalid: use 1-63 letters, digits, '_' or '-', starting with a letter",
+            f"collection name {name!r} is invalid: use 1-{MAX_COLLECTION_CHARS} letters, digits, '_' or '-', starting with a letter",
             field="collection",
         )
     return name

@@ -18,12 +18,11 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Self, TypeVar
 
 from ragcache.errors import InvalidInputError
-from ragcache.retrieval.documents import check_collection_name
+from ragcache.retrieval.documents import MAX_COLLECTION_CHARS, check_collection_name
 
 __all__ = ["SEPARATOR", "CollectionName", "TenantName", "own_named", "public_name", "tenant_name", "tenant_prefix"]
 
 SEPARATOR = "--"
-MAX_COLLECTION_CHARS = 63  # ragcache.retrieval.documents.COLLECTION_NAME_PATTERN
 
 Named = TypeVar("Named")  # an answer with a ``name`` field: a collection's info, a prefix, a warm, stats
 
