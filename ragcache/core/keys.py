@@ -121,8 +121,8 @@ class KeyList(list):
 
     def take(self, positions: Sequence[int] | np.ndarray) -> KeyList:
         """The keys at ``positions``, in that order, with their digests if they were made."""
-        index = positions.tolist() if isinstance(positions, np.ndarray) else positions
-        digests = None if self._digests is None else self._digests[np.asarray(index, dtype=np.intp)]
+        digests = None if self._digests is None else self._digests[positions]
+        index = positions.tolist() if isinstance(positions, np.ndarray) else positions  # Python ints index the list fastest
         return KeyList([self[i] for i in index], digests)
 
 
