@@ -139,7 +139,7 @@ class MissResolver:
                 arrived, arrived_vectors = theirs[offsets], torch.stack([found[o] for o in offsets])
                 vectors.index_copy_(0, torch.from_numpy(arrived).to(self._device), arrived_vectors.to(self._device, self._dtype))
                 served[arrived] = shared
-                self.levels.write_up(shared, [unique_keys[i] for i in arrived], arrived_vectors)
+                self.levels.write_up(shared, unique_keys.take(arrived), arrived_vectors)  # L1 reuses their digests
             never = np.array([i for o, i in enumerate(theirs) if o not in found], dtype=missing.dtype)
             if len(never):
                 num_computed += self._compute(vectors, served, never, unique_keys, unique_texts, prompt=prompt, num_sync=shared + 1)
