@@ -191,16 +191,16 @@ class PrefixRegistry:
 
     def render(self, name: str | PrefixName, **slots: Any) -> str:
         """The prompt for prefix ``name``: its head byte for byte, then the slots filled in."""
-        prefix = self.get(name)
-        text = render_text(prefix, slots)
-        self.record_use(name)
+        name = PrefixName.of(name)
+        text = render_text(self.get(name), slots)
+        self._keep_warm.record_use(name.stored, 1)  # not record_use: it would read the prefix from the store again
         return text
 
     def messages(self, name: str | PrefixName, user: str, **slots: Any) -> builtins.list[dict[str, str]]:
         """Chat form of :meth:`render`: the prefix as the first (system) message, then ``user``."""
-        prefix = self.get(name)
-        out = render_messages(prefix, user, slots)
-        self.record_use(name)
+        name = PrefixName.of(name)
+        out = render_messages(self.get(name), user, slots)
+        self._keep_warm.record_use(name.stored, 1)
         return out
 
     def record_use(self, name: str | PrefixName, count: int = 1) -> None:

@@ -206,6 +206,19 @@ def test_template_head_is_the_text_before_the_first_slot_with_braces_unescaped()
     assert template_head("Plain {braces} kept", False) == "Plain {braces} kept"
 
 
+def test_registry_render_and_messages_count_a_use_and_read_the_store_once(registry, monkeypatch):
+    registry.register(PrefixSpec("qa", "Sys. {question}", TARGET, is_template=True), tenant="acme")
+    qa = PrefixName.of("qa", "acme")
+    store = registry._known.store
+    reads = []
+    store_get = store.get
+    monkeypatch.setattr(store, "get", lambda name: reads.append(name) or store_get(name))
+    assert registry.render(qa, question="Q?") == "Sys. Q?"
+    assert registry.messages(qa, "hi", question="Q?")[0] == {"role": "system", "content": "Sys. Q?"}
+    assert reads == ["acme--qa", "acme--qa"]
+    assert registry.prefix_stats(qa).num_uses == 2
+
+
 def test_render_puts_the_prefix_first_byte_for_byte(registry):
     tmpl = "Sys: be exact {{json}}.\nContext: {context}\nQuestion: {question}\n"
     prefix = registry.register(PrefixSpec("t", tmpl, TARGET, is_template=True)).prefix
