@@ -235,9 +235,8 @@ class KeepWarm:
         due and that this replica holds the lease of."""
         prefixes = self._refresh()
         now = self._clock()
-        for url in sorted({url for p in prefixes for url in self.endpoints_of(p)}):
-            if self._targets.scrape_due(url, now):
-                self.scrape(url)
+        urls = sorted({url for p in prefixes for url in self.endpoints_of(p)})
+        scraped = {url: self.scrape(url) for url in urls if self._targets.scrape_due(url, now)}
         pairs = [(p, url) for p in prefixes if p.pinned for url in self.endpoints_of(p)]
         # Every pair's lease is checked (and renewed) each tick, due or not: a holder that let its lease
         # lapse between two warms would hand its schedule to another replica and both would warm.
@@ -248,17 +247,19 @@ class KeepWarm:
                 state = self._state_for(prefix, url)
                 if self._clock() >= state.next_due_at and self._targets.health_of(url).may_try():
                     due.append((state.next_due_at, prefix.name, url))
-        due = self._not_held_busy(due)
+        due = self._not_held_busy(due, scraped)
         # Longest-waiting first, so a spent budget delays every prefix fairly instead of starving
         # the ones that sort last.
         return [self.warm(PrefixName(name, name), url) for _, name, url in sorted(due)]
 
-    def _not_held_busy(self, due: list[tuple[float, str, str]]) -> list[tuple[float, str, str]]:
+    def _not_held_busy(self, due: list[tuple[float, str, str]],
+                       scraped: dict[str, PrefixCacheCounters | None]) -> list[tuple[float, str, str]]:
         """The due warms that may go out now: those whose endpoint is not busy with users by its own /metrics
-        (read fresh, once per endpoint), or that have waited ``warm_max_defer_s`` (see :func:`.policy.holds_warm`)."""
+        (read fresh this tick, once per endpoint: ``scraped`` holds those the tick read already), or that have
+        waited ``warm_max_defer_s`` (see :func:`.policy.holds_warm`)."""
         if not due or (self.config.warm_max_waiting is None and self.config.warm_max_running is None):
             return due
-        load = {url: self.scrape(url) for url in {url for _, _, url in due}}
+        load = {url: scraped[url] if url in scraped else self.scrape(url) for url in {url for _, _, url in due}}
         now = self._clock()
         ready = []
         with self._lock:

@@ -69,6 +69,7 @@ class FakeVLLM:
         self.running: int | None = None  # /metrics gauges; None: not exposed
         self.waiting: int | None = None
         self.refuse_priority = False  # an older vLLM without priority scheduling
+        self.num_scrapes = 0  # /metrics requests
 
     def evict_all(self) -> None:
         self.cached.clear()
@@ -77,6 +78,7 @@ class FakeVLLM:
         if self.down:
             raise httpx.ConnectError("connection refused", request=request)
         if request.url.path == "/metrics":
+            self.num_scrapes += 1
             body = (f"# TYPE vllm:prefix_cache_queries counter\nvllm:prefix_cache_queries_total {self.queries}\n"
                     f"# TYPE vllm:prefix_cache_hits counter\nvllm:prefix_cache_hits_total {self.hits}\n"
                     f'# TYPE vllm:cache_config_info gauge\nvllm:cache_config_info{{block_size="{BLOCK}"}} 1\n')
@@ -348,6 +350,7 @@ def test_the_loop_holds_a_due_warm_while_users_wait_once_counted_then_sends_it(r
     clock.now += registry.prefix_stats("p").rewarm_interval_s
     assert registry.tick() == [] and registry.tick() == []  # due, and users are queueing
     assert registry.stats().num_warms_held_busy == 1 and len(vllm.prompts) == 1
+    assert vllm.num_scrapes == 2  # one per tick: a tick that scraped the endpoint as due reads its load from that
     vllm.waiting = 0  # the queue drained; users still running do not hold it by default
     assert [r.outcome for r in registry.tick()] == [WarmOutcome.RESIDENT]
     vllm.waiting = 2
