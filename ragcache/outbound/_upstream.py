@@ -260,7 +260,11 @@ class Upstream:
         return UpstreamBadResponseError(self.name, said, per_text=status in PER_TEXT_STATUSES, status_code=status)
 
     def _excerpt(self, body: bytes, url: str, caller_key: Secret | None) -> str:
-        return self._masked(body[:MAX_ERROR_EXCERPT].decode("utf-8", "replace").strip(), url, caller_key)
+        """The first ``MAX_ERROR_EXCERPT`` bytes of an error body, masked first and cut after: cut first, a key that
+        straddles the cut would no longer match its mask and its start would be shown (the body is already within
+        the call's byte cap, and this is the failure path)."""
+        masked = self._masked(body.decode("utf-8", "replace"), url, caller_key).strip()
+        return masked.encode("utf-8")[:MAX_ERROR_EXCERPT].decode("utf-8", "ignore").strip()
 
     def _masked(self, text: str, url: str, caller_key: Secret | None) -> str:
         for key in (caller_key, self._api_key):

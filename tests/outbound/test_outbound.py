@@ -153,6 +153,22 @@ def test_other_error_bodies_are_quoted_short_with_keys_and_url_credentials_maske
         assert not any(secret in text for text in (*messages, caplog.text)), secret
 
 
+def test_a_key_that_straddles_the_excerpts_cut_is_masked_whole_before_the_cut():
+    # The key starts 10 bytes before byte 200: cut first and masked after, "Bearer sk-outbou" was shown.
+    for caller_key, secret in ((None, SECRET), (ApiKey(CALLER_SECRET), CALLER_SECRET)):
+        body = b"e" * 183 + b" Bearer " + secret.encode() + b" and more after it"
+        assert body.index(secret.encode()) < 200 < body.index(secret.encode()) + len(secret)
+        with LoopbackServer(Plan(Reply(404 if caller_key is None else 422, body))) as server:
+            client = upstream()
+            with pytest.raises(UpstreamBadResponseError) as raised:
+                client.post(server.url, {}, parse=as_json, max_bytes=1024, caller_key=caller_key)
+            client.close()
+        message = str(raised.value)
+        excerpt = message.rpartition(": ")[2]
+        assert excerpt.startswith("e" * 183) and "****" in excerpt and len(excerpt.encode()) <= 200
+        assert secret[:6] not in message, message
+
+
 def test_a_callers_own_key_refused_or_rate_limited_fails_that_call_only():
     plan = Plan(Reply(429, {"error": {"code": "insufficient_quota"}}), Reply(401, {"error": CALLER_SECRET}))
     with LoopbackServer(plan) as server:
