@@ -1,11 +1,13 @@
-"""The same contract, run against every level: memory (L1), Redis and Redis Cluster (L2), Milvus Lite (L3)."""
+"""The same contract, run against every level: memory (L1), the disk level (LMDB), Redis and Redis Cluster (L2),
+Milvus Lite (L3)."""
 
 import uuid
 
 import pytest
 import torch
 
-from ragcache.tiers import MemoryTier, MilvusTier, RedisTier
+from ragcache.storage.disk_store import DiskStore
+from ragcache.tiers import DiskTier, MemoryTier, MilvusTier, RedisTier
 
 DIM = 16
 
@@ -14,11 +16,15 @@ def make_keys(n: int, space_id: str = "0123456789abcdef") -> list[str]:
     return [f"rc:{space_id}:{uuid.uuid4().hex}" for _ in range(n)]
 
 
-@pytest.fixture(params=["memory", "redis", "redis_cluster", "milvus"])
-def make_tier(request):
+@pytest.fixture(params=["memory", "disk", "redis", "redis_cluster", "milvus"])
+def make_tier(request, tmp_path):
     def make(dtype: torch.dtype = torch.float32):
         if request.param == "memory":
             return MemoryTier(1 << 20, DIM, dtype)
+        if request.param == "disk":
+            store = DiskStore(tmp_path / f"disk-{uuid.uuid4().hex[:8]}", capacity_bytes=8 << 20)
+            request.addfinalizer(store.close)
+            return DiskTier(store, dim=DIM, dtype=dtype)
         if request.param in ("redis", "redis_cluster"):
             return RedisTier(request.getfixturevalue(f"{request.param}_client"), dim=DIM, dtype=dtype, ttl_s=60)
         space_id = uuid.uuid4().hex[:16]

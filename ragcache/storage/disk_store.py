@@ -1,0 +1,313 @@
+"""The per-host disk store behind the disk level: generations of LMDB environments in one folder, rotated
+oldest-out, shared by every process of the host.
+
+Why generations: an LRU on disk pays a write for every hit (its recency), and a byte bound that is checked
+after writing (LMCache's disk level grew to 460 GB against a 250 GB cap) does not hold under a write storm.
+Here the folder holds at most ``num_generations`` LMDB environments, each with a map size of
+``capacity_bytes / num_generations``: LMDB itself refuses a transaction that would grow a file past its map
+(``MapFullError``), so no file can outgrow its share whatever the write rate. Writes go into the newest
+generation; when it is full a new one is made and the oldest is dropped whole (its entries are the
+evicted ones, counted). A hit costs one read transaction per generation asked, and no write.
+
+Bytes on disk: at most ``capacity_bytes`` in the live generations, plus, for a moment, one dropped
+generation that a process of the host still maps (its files are unlinked at once; the space comes back when
+every process has closed it, which each does at its next rotation or refresh): ``capacity_bytes`` + one
+generation at worst, as ``bench levels`` measures.
+
+Processes: any number read without locks (LMDB readers); writes are serialised by LMDB's own writer lock,
+and a rotation by ``flock`` on ``rotate.lock``. Which generations exist is announced through a small
+``meta`` environment holding an epoch number that a rotation bumps: every call reads it (one read
+transaction, about a microsecond) and a process that sees it moved lists the folder again.
+
+Crashes: LMDB's copy-on-write pages mean a killed writer (``kill -9``) leaves the last committed
+transaction intact; ``sync=False`` only gives up durability of the last transactions on a power loss,
+which for a cache is a miss. A generation that cannot be opened or read (a corrupt file) is dropped and
+counted (``num_lost``), and every value also carries the codec's checksum (``ragcache.tiers.codec``), so a
+torn or altered value is a counted miss, never a wrong vector.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import shutil
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import lmdb
+
+from ragcache.errors import ConfigError
+
+__all__ = ["DiskStore", "DiskStoreFigures"]
+
+log = logging.getLogger(__name__)
+
+_PREFIX = "gen-"
+_EPOCH = b"epoch"
+# Readers per environment across every process and thread of the host; a slot costs 64 bytes of lock file.
+_MAX_READERS = 2048
+# The smallest generation worth having: below it the B-tree's own pages are most of the file.
+_MIN_GENERATION_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class DiskStoreFigures:
+    """The store's figures: bytes in the live generations' files against the budget, how many generations,
+    rotations and entries dropped with them (this process's count), and generations lost to corruption."""
+
+    used_bytes: int
+    capacity_bytes: int
+    num_generations: int
+    num_rotations: int
+    num_evicted: int
+    num_lost: int
+
+
+@dataclass(frozen=True)
+class _Generation:
+    seq: int
+    path: Path
+    env: lmdb.Environment
+
+
+class DiskStore:
+    """Bytes by key in ``root``, bounded by ``capacity_bytes`` (see the module docstring). Thread-safe; one
+    instance per process and folder (LMDB must not open one environment twice in a process)."""
+
+    def __init__(self, root: str | Path, *, capacity_bytes: int, num_generations: int = 4):
+        if num_generations < 2:
+            raise ConfigError("the disk level needs at least 2 generations (one to write, one to drop)")
+        self.root = Path(root)
+        self.capacity_bytes = capacity_bytes
+        self.num_generations = num_generations
+        self.generation_bytes = capacity_bytes // num_generations
+        if self.generation_bytes < _MIN_GENERATION_BYTES:
+            raise ConfigError(f"disk_max_bytes {capacity_bytes} is too small for {num_generations} generations "
+                              f"of at least {_MIN_GENERATION_BYTES} bytes")
+        self.root.mkdir(parents=True, exist_ok=True)
+        # The generation list and the counters change under it (and a rotation under the host's flock too).
+        self._lock = threading.Lock()
+        self._meta = lmdb.open(str(self.root / "meta"), map_size=1 << 20, max_dbs=0, sync=False)
+        self._gens: tuple[_Generation, ...] = ()  # oldest first; replaced whole, so readers take it without the lock
+        self._retired: list[_Generation] = []  # dropped, still open until no read can be using them
+        self._epoch = -1
+        self.num_rotations = self.num_evicted = self.num_lost = 0
+        self._closed = False
+        with self._rotation_lock():
+            self._rescan()
+            if not self._gens:
+                self._add_generation()
+
+    # ---- reads ----------------------------------------------------------------------------------------------
+
+    def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
+        """The stored value of each key (None: absent), the newest generation first."""
+        gens = self._current()
+        values: list[bytes | None] = [None] * len(keys)
+        wanted = list(range(len(keys)))
+        for gen in reversed(gens):
+            if not wanted:
+                break
+            try:
+                with gen.env.begin() as txn:
+                    found = dict(txn.cursor().getmulti([keys[i] for i in wanted]))
+            except lmdb.Error as exc:
+                self._lose(gen, exc)
+                continue
+            if found:
+                rest = []
+                for i in wanted:
+                    value = found.get(keys[i])
+                    if value is None:
+                        rest.append(i)
+                    else:
+                        values[i] = value
+                wanted = rest
+        return values
+
+    def delete(self, keys: Sequence[bytes]) -> None:
+        """Remove ``keys`` from every generation (a corrupt value, so that it is not read and counted again)."""
+        for gen in self._current():
+            try:
+                with gen.env.begin(write=True) as txn:
+                    for key in keys:
+                        txn.delete(key)
+            except lmdb.Error as exc:
+                self._lose(gen, exc)
+
+    # ---- writes ---------------------------------------------------------------------------------------------
+
+    def put_many(self, items: Sequence[tuple[bytes, bytes]]) -> None:
+        """Store ``items`` in the newest generation, one transaction; a full generation rotates first."""
+        if not items:
+            return
+        for _ in range(self.num_generations + 1):
+            gen = self._current()[-1]
+            try:
+                with gen.env.begin(write=True) as txn:
+                    txn.cursor().putmulti(items)
+                return
+            except lmdb.MapFullError:
+                if not self._rotate(gen):
+                    break
+            except lmdb.Error as exc:
+                self._lose(gen, exc)
+        # A batch larger than a whole generation: stored in halves (each fits, or is halved again).
+        if len(items) > 1:
+            middle = len(items) // 2
+            self.put_many(items[:middle])
+            self.put_many(items[middle:])
+        else:
+            log.warning("disk level: one value of %d bytes does not fit a generation of %d bytes", len(items[0][1]),
+                        self.generation_bytes)
+
+    def _rotate(self, full: _Generation) -> bool:
+        """Make a new newest generation and drop the oldest beyond ``num_generations``; False when ``full``
+        is a fresh generation already (the batch itself is too big for one)."""
+        with self._rotation_lock():
+            self._rescan()
+            if self._gens[-1].seq != full.seq:
+                return True  # another thread or process rotated meanwhile: write into its new generation
+            if full.env.stat()["entries"] == 0:
+                return False
+            self._add_generation()
+            return True
+
+    # ---- generations ----------------------------------------------------------------------------------------
+
+    def _current(self) -> tuple[_Generation, ...]:
+        """The live generations, listed again when another process rotated (its epoch moved)."""
+        with self._meta.begin() as txn:
+            raw = txn.get(_EPOCH)
+        epoch = int(raw) if raw is not None else 0
+        if epoch != self._epoch:
+            with self._lock:
+                if epoch != self._epoch:
+                    self._rescan()
+        return self._gens
+
+    def _rescan(self) -> None:
+        """Open the generations on disk that are not open here, retire those gone (caller holds a lock)."""
+        with self._meta.begin() as txn:
+            raw = txn.get(_EPOCH)
+        self._epoch = int(raw) if raw is not None else 0
+        open_now = {gen.seq: gen for gen in self._gens}
+        on_disk = sorted(int(path.name[len(_PREFIX):]) for path in self.root.glob(f"{_PREFIX}*") if path.name[len(_PREFIX):].isdigit())
+        gens = []
+        for seq in on_disk:
+            gen = open_now.pop(seq, None) or self._open(seq, create=False)
+            if gen is not None:
+                gens.append(gen)
+        self._retire(list(open_now.values()))
+        self._gens = tuple(gens)
+
+    def _open(self, seq: int, *, create: bool) -> _Generation | None:
+        path = self.root / f"{_PREFIX}{seq:012d}"
+        try:
+            env = lmdb.open(str(path), map_size=self.generation_bytes, max_dbs=0, max_readers=_MAX_READERS, sync=False,
+                            metasync=False, readahead=False, meminit=False, create=create)
+        except lmdb.Error as exc:
+            if not create and not (path / "data.mdb").exists():
+                return None  # being made by another process right now: the next epoch lists it
+            log.warning("disk level: generation %s cannot be opened, dropped: %s", path.name, exc)
+            self.num_lost += 1
+            shutil.rmtree(path, ignore_errors=True)
+            return None
+        return _Generation(seq, path, env)
+
+    def _add_generation(self) -> None:
+        """A new newest generation, then the oldest dropped beyond the count (caller holds the rotation lock)."""
+        seq = self._gens[-1].seq + 1 if self._gens else 0
+        made = self._open(seq, create=True)
+        assert made is not None, "creating a generation either succeeds or raises"
+        gens = [*self._gens, made]
+        dropped = gens[: max(0, len(gens) - self.num_generations)]
+        for gen in dropped:
+            try:
+                evicted = gen.env.stat()["entries"]
+            except lmdb.Error:
+                evicted = 0
+            self.num_evicted += evicted
+            shutil.rmtree(gen.path, ignore_errors=True)
+        self._gens = tuple(gens[len(dropped):])
+        self._retire(dropped)
+        if len(gens) > 1:
+            self.num_rotations += 1
+        with self._meta.begin(write=True) as txn:
+            self._epoch += 1
+            txn.put(_EPOCH, str(self._epoch).encode())
+
+    def _retire(self, gens: list[_Generation]) -> None:
+        """Close what was retired before (no read can still be in it: reads take microseconds, rotations come
+        far apart), and keep ``gens`` open until the next time."""
+        for gen in self._retired:
+            gen.env.close()
+        self._retired = gens
+
+    def _lose(self, gen: _Generation, exc: Exception) -> None:
+        """A generation whose file fails to read: dropped from the host, counted; its keys become misses."""
+        log.warning("disk level: generation %s is unreadable, dropped: %s", gen.path.name, exc)
+        with self._rotation_lock():
+            self._rescan()
+            if any(live.seq == gen.seq for live in self._gens):
+                shutil.rmtree(gen.path, ignore_errors=True)
+                self.num_lost += 1
+                self._rescan()
+                if not self._gens:
+                    self._add_generation()
+                with self._meta.begin(write=True) as txn:
+                    self._epoch += 1
+                    txn.put(_EPOCH, str(self._epoch).encode())
+
+    def _rotation_lock(self):
+        return _RotationLock(self._lock, self.root / "rotate.lock")
+
+    # ---- figures --------------------------------------------------------------------------------------------
+
+    def figures(self) -> DiskStoreFigures:
+        gens = self._current()
+        used = 0
+        for gen in gens:
+            try:
+                used += (gen.path / "data.mdb").stat().st_size
+            except OSError:
+                pass
+        return DiskStoreFigures(used, self.capacity_bytes, len(gens), self.num_rotations, self.num_evicted, self.num_lost)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            for gen in [*self._gens, *self._retired]:
+                gen.env.close()
+            self._gens, self._retired = (), []
+            self._meta.close()
+
+
+class _RotationLock:
+    """This process's lock, then the host's (``flock`` on a file in the folder): one rotation at a time."""
+
+    def __init__(self, lock: threading.Lock, path: Path):
+        self._lock, self._path = lock, path
+        self._fd = -1
+
+    def __enter__(self) -> _RotationLock:
+        self._lock.acquire()
+        try:
+            self._fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o600)
+            fcntl.flock(self._fd, fcntl.LOCK_EX)
+        except BaseException:
+            self._lock.release()
+            raise
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+        finally:
+            self._lock.release()
