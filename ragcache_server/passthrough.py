@@ -38,8 +38,12 @@ def caller_key_of(request: Request) -> ApiKey | None:
     if value is None:
         return None
     scheme, _, token = value.partition(" ")
-    if scheme.lower() != "bearer" or not token.strip() or len(value) > MAX_HEADER_CHARS:
-        raise HTTPError(400, f"{header} must be 'Bearer <provider key>' (at most {MAX_HEADER_CHARS} characters)", field=header)
+    # Printable ASCII only: the server hands header bytes over as latin-1, and a key of other characters could
+    # not be sent upstream (it was a 500 with a traceback when the outbound request encoded it).
+    printable = value.isascii() and value.isprintable()
+    if not printable or scheme.lower() != "bearer" or not token.strip() or len(value) > MAX_HEADER_CHARS:
+        raise HTTPError(400, f"{header} must be 'Bearer <provider key>' in printable ASCII (at most {MAX_HEADER_CHARS} "
+                             "characters)", field=header)
     return ApiKey(token.strip())
 
 

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import email.utils
+import hashlib
 import logging
 import math
 import random
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
@@ -33,6 +35,9 @@ PER_TEXT_STATUSES = frozenset({400, 413, 422})  # the upstream refused something
 CREDENTIAL_STATUSES = frozenset({401, 403})  # their messages quote parts of keys: never relayed
 MAX_BACKOFF_S = 8.0
 MAX_ERROR_EXCERPT = 200
+# Callers' keys whose breakers are remembered (pass-through); past it the least recently used is forgotten, which
+# only forgets that key's recent failures.
+MAX_CALLER_BREAKERS = 4096
 
 
 class Secret(Protocol):
@@ -88,6 +93,10 @@ class _CallersOwnBadResponse(_CallersOwn, UpstreamBadResponseError):
     pass
 
 
+class _CallersOwnTimeout(_CallersOwn, UpstreamTimeoutError):
+    pass
+
+
 class Upstream:
     """Calls to one upstream, each bounded the same way:
 
@@ -97,7 +106,9 @@ class Upstream:
     - retries of 429, 5xx and dropped connections with back-off, or after the upstream's ``Retry-After``;
     - the breaker (``TierHealth``): a call that fails for good opens it, and while it is open calls fail at once
       except one probe per back-off. A refusal of a caller's own key (pass-through) is that caller's problem:
-      not retried, and it leaves the breaker as it is;
+      not retried, and it leaves the breaker as it is. Any other failure of a call made with a caller's key (5xx,
+      a timeout, a dropped connection) opens that key's own breaker, never the upstream's: an upstream that fails
+      only for one key (or a caller who makes it fail) must not close the model for every other caller;
     - every error and log line masked: the keys and URL credentials never appear, a 401/403 body is never quoted.
 
     Failures raise the ``UpstreamError`` family naming ``name``; ``parse`` turns a 2xx body into the caller's
@@ -126,6 +137,8 @@ class Upstream:
         self._observer = observer
         self._clock, self._sleep, self._jitter = clock, sleep, jitter
         self._slots = threading.BoundedSemaphore(limits.concurrency)
+        self._caller_breakers: OrderedDict[bytes, TierHealth] = OrderedDict()
+        self._caller_breakers_lock = threading.Lock()
         # Requests go to the transport directly, not through an ``httpx.Client``: nothing here needs its cookies,
         # auth flows, URL merging or redirect handling (no redirect is followed: one could carry the key to
         # another host; no proxy is read from the environment), and in front of a fast upstream those layers
@@ -153,10 +166,14 @@ class Upstream:
     def call(self, method: str, url: str, content: bytes | None, *, parse: Callable[[bytes], T], max_bytes: int,
              caller_key: Secret | None = None) -> T:
         shown = redact_url(url)
-        if self.health is not None and not self.health.should_try():
+        health = self.health if caller_key is None else self._caller_breaker(caller_key)
+        if health is not None and not health.should_try():
             self._count("failed", "breaker_open")
+            if caller_key is not None:
+                raise _CallersOwnUnavailable(self.name, f"the upstream at {shown} failed for the caller's own key (pass-through) "
+                                                        f"and is skipped for it for a moment; last error: {health.last_error}")
             raise UpstreamUnavailableError(
-                self.name, f"the upstream at {shown} is down and skipped for a moment; last error: {self.health.last_error}"
+                self.name, f"the upstream at {shown} is down and skipped for a moment; last error: {health.last_error}"
             )
         deadline = self._clock() + self.limits.timeout_s
         num_retries = 0
@@ -166,16 +183,34 @@ class Upstream:
             except _Retry as retry:
                 wait_s = self._backoff_s(num_retries, retry.retry_after_s)
                 if num_retries >= self.limits.max_retries or self._clock() + wait_s >= deadline:
-                    self._fail(retry.final, shown)
+                    self._fail(retry.final, shown, health, caller_key)
                 num_retries += 1
                 self._count("retried")
                 self._sleep(wait_s)
                 continue
             except UpstreamError as exc:
-                self._fail(exc, shown)
-            if self.health is not None and self.health.record_success():
+                self._fail(exc, shown, health, caller_key)
+            if health is not None and health.record_success() and caller_key is None:
                 log.warning("%s: the upstream at %s is back", self.name, shown)
             return value
+
+    def _caller_breaker(self, caller_key: Secret) -> TierHealth | None:
+        """The breaker of one caller's key (None when this upstream has no breaker): named by a digest of the key,
+        so that the table holds no key in the clear."""
+        if self.health is None:
+            return None
+        digest = hashlib.blake2b(caller_key.header().encode("utf-8", "surrogateescape"), digest_size=16).digest()
+        with self._caller_breakers_lock:
+            breaker = self._caller_breakers.get(digest)
+            if breaker is None:
+                # type(...): TierHealth is imported for type checking only (see the imports above).
+                breaker = self._caller_breakers[digest] = type(self.health)(
+                    self.health.backoff_initial_s, self.health.backoff_max_s, clock=self.health.clock)
+                if len(self._caller_breakers) > MAX_CALLER_BREAKERS:
+                    self._caller_breakers.popitem(last=False)
+            else:
+                self._caller_breakers.move_to_end(digest)
+            return breaker
 
     def close(self) -> None:
         if self._owns_transport:
@@ -274,13 +309,17 @@ class Upstream:
 
     # ---- outcomes ----------------------------------------------------------------------------------------
 
-    def _fail(self, error: UpstreamError, shown: str):
-        """Count ``error`` and raise it; the breaker opens unless the fault was in the texts (per_text), in a
-        caller's own key, or in this process's queue."""
+    def _fail(self, error: UpstreamError, shown: str, health: TierHealth | None, caller_key: Secret | None):
+        """Count ``error`` and raise it; ``health`` (the upstream's breaker, or with ``caller_key`` that key's own)
+        opens unless the fault was in the texts (per_text), a refusal of a caller's own key, or in this
+        process's queue."""
         self._count("failed", _kind(error))
         opens = not (error.per_text or isinstance(error, (_CallersOwn, _SlotsBusy)))
-        if opens and self.health is not None and self.health.record_failure(error):
+        if opens and health is not None and health.record_failure(error) and caller_key is None:
             log.warning("%s: the upstream at %s is failing; calls needing it fail until it answers: %s", self.name, shown, error)
+        if opens and caller_key is not None:
+            # The caller's key alone is counted against; what the caller sees says so.
+            raise _callers_own(error) from None
         raise error
 
     def _backoff_s(self, num_retries: int, retry_after: float | None) -> float:
@@ -308,6 +347,18 @@ def retry_after_s(headers: Mapping[str, str]) -> float | None:
         except (TypeError, ValueError):
             return None
     return max(0.0, seconds) if math.isfinite(seconds) else None
+
+
+def _callers_own(error: UpstreamError) -> UpstreamError:
+    """``error`` (of the same kind, so the same status for the caller) saying it was met with the caller's own key."""
+    if isinstance(error, UpstreamTimeoutError):
+        kind: type[UpstreamError] = _CallersOwnTimeout
+    elif isinstance(error, UpstreamUnavailableError):
+        kind = _CallersOwnUnavailable
+    else:
+        kind = _CallersOwnBadResponse
+    detail = f"{error.detail} (with the caller's own key, pass-through: counted against that key only)"
+    return kind(error.model, detail, status_code=error.status_code)
 
 
 def _kind(error: UpstreamError) -> str:

@@ -16,6 +16,7 @@ How one ``encode`` call goes:
 4. a request that fails for good opens the breaker (``TierHealth``, the levels' breaker): calls fail at
    once, except one probe per back-off, until a probe succeeds. A refusal of a caller's own key
    (pass-through: 4xx, 429 included) fails that caller only, is not retried and leaves the breaker closed;
+   any other failure met with a caller's key opens that key's own breaker, never the model's;
 5. a failure fails only the texts of that request (``PartialEncodeError`` keeps the others' vectors).
 """
 

@@ -31,6 +31,8 @@ DOWN = "down"
 BYOK = "byok"
 BYOK_OWN = "byok-own"
 QUOTA_LESS = "Bearer quota-less-key"
+FAILING_FOR_KEY = "Bearer key-the-upstream-fails-for"
+HANGING_FOR_KEY = "Bearer key-the-upstream-hangs-for"
 QUERY_PROMPT = "query: "
 
 
@@ -71,6 +73,11 @@ class Upstream:
             threading.Event().wait(0.5)  # long enough for the other requests of the batch to be in flight too
         if request.headers.get("authorization") == "Bearer refused-key":
             return Reply(401, {"error": {"message": "Incorrect API key provided: refused-key"}})
+        if request.headers.get("authorization") == FAILING_FOR_KEY:  # an upstream that fails only for this key
+            return Reply(500, {"error": "internal error for this key"})
+        if request.headers.get("authorization") == HANGING_FOR_KEY:
+            threading.Event().wait(2.0)  # past the model's timeout_s of 1.5
+            return Reply(200, good_answer(texts))
         if request.headers.get("authorization") == QUOTA_LESS:  # what OpenAI answers a key without credit
             quota = {"error": {"message": "You exceeded your current quota (quota-less-key)", "code": "insufficient_quota"}}
             return Reply(429, quota)
@@ -372,3 +379,33 @@ def test_a_callers_rate_limited_key_fails_that_caller_only_while_the_models_own_
     assert sum(r.headers["authorization"] == QUOTA_LESS for r in upstream.received) == len(attacks)
     assert {r.headers["authorization"] for r in upstream.received} == {QUOTA_LESS, f"Bearer {SECRET}"}
     assert service.state.cache_for(BYOK_OWN).encoder.stats().up
+
+
+@pytest.mark.parametrize("caller_key, status", [(FAILING_FOR_KEY, 502), (HANGING_FOR_KEY, 504)])
+def test_a_callers_key_the_upstream_fails_or_hangs_for_opens_that_keys_breaker_only(service, upstream, caller_key, status):
+    """Before: the caller's 5xx (after the retries) or timeout opened the model's breaker, and every other caller
+    got 503 until a probe passed."""
+    failing = {"Authorization": caller_key}
+    response = post(service, ["fails for this key 0"], BYOK_OWN, failing)
+    assert response.status_code == status, response.text
+    assert "caller's own key" in response.json()["error"]["message"] and "key-the-upstream" not in response.text
+    assert service.state.cache_for(BYOK_OWN).encoder.stats().up  # the model's breaker stays closed
+    served = [post(service, [f"served for others {caller_key} {k}"], BYOK_OWN) for k in range(3)]
+    served.append(post(service, [f"served for another key {caller_key}"], BYOK_OWN, {"Authorization": "Bearer key-of-y"}))
+    assert [answer.status_code for answer in served] == [200] * 4
+    # The failing key's own breaker is open: its next miss fails at once, without a request upstream.
+    sent = sum(r.headers["authorization"] == caller_key for r in upstream.received)
+    again = post(service, ["fails for this key 1"], BYOK_OWN, failing)
+    assert again.status_code == 503 and "skipped for it" in again.json()["error"]["message"]
+    assert sum(r.headers["authorization"] == caller_key for r in upstream.received) == sent
+
+
+@pytest.mark.parametrize("header", ["X-Upstream-Authorization", "Authorization"])
+def test_a_non_ascii_byte_in_the_callers_key_header_is_a_400_naming_the_header(service, upstream, header):
+    """Before: a 500 with a traceback (the outbound request could not encode the key)."""
+    model = BYOK_OWN if header == "X-Upstream-Authorization" else BYOK
+    for value in (b"Bearer k\xc3\xa9y-with-utf8", b"Bearer k\xffy"):  # (control bytes: the server refuses them itself)
+        response = post(service, [f"non-ascii key {value!r}"], model, {header: value})  # type: ignore[dict-item]
+        assert response.status_code == 400, response.text
+        assert response.json()["error"]["field"] == header and header in response.json()["error"]["message"]
+    assert upstream.received == []
