@@ -90,6 +90,9 @@ class ServiceState:
                 min_rewarm_interval_s=settings.prefixes.prefix_min_rewarm_interval_s,
                 max_rewarm_interval_s=settings.prefixes.prefix_max_rewarm_interval_s,
                 endpoints=tuple(settings.prefixes.prefix_vllm_endpoints),
+                restrict_targets=restricts_prefix_targets(settings),
+                allowed_targets=tuple(settings.prefixes.prefix_allowed_targets),
+                tenant_targets={tenant: tuple(urls) for tenant, urls in settings.prefixes.prefix_tenant_targets.items()},
                 lease_ttl_s=settings.prefixes.prefix_lease_ttl_s,
                 warm_priority=settings.prefixes.prefix_warm_priority,
                 warm_max_waiting=settings.prefixes.prefix_warm_max_waiting,
@@ -160,3 +163,13 @@ class ServiceState:
             reranker.close()
         self.stores.close()
         log.info("ragcache service stopped; queued writes flushed")
+
+
+def restricts_prefix_targets(settings: Settings) -> bool:
+    """Whether prefixes may name only the URLs the operator listed (docs/SECURITY.md, issue 27 item 2): always when
+    the service has API keys, may bind beyond loopback, or the operator listed any vLLM endpoint or target. Only the
+    open, loopback-only service with nothing listed (``make serve``: every caller is on this machine and holds
+    every scope) accepts any plain http(s) URL, as the library does."""
+    access, prefixes = settings.access, settings.prefixes
+    return bool(access.api_key or access.api_keys or access.api_keys_file or access.insecure
+                or prefixes.prefix_vllm_endpoints or prefixes.prefix_allowed_targets or prefixes.prefix_tenant_targets)

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from ragcache.errors import ConfigError
+from ragcache.errors import ConfigError, InvalidInputError
+
+from .allow import canonical_url
 
 __all__ = ["PrefixRegistryConfig"]
 
@@ -62,6 +65,12 @@ class PrefixRegistryConfig:
     # LMCache controller pin target (see LMCache's controller `/pin` API).
     lmcache_instance_id: str = "lmcache_default_instance"
     lmcache_location: str = "LocalCPUBackend"
+    # Which URLs a prefix may name (:mod:`.allow`): with restrict_targets, only ``endpoints``, ``allowed_targets``
+    # and the prefix's tenant's ``tenant_targets``; without it (the library's default: an in-process caller is the
+    # operator), any plain http(s) URL. URLs with credentials, a query or a fragment are refused either way.
+    restrict_targets: bool = False
+    allowed_targets: tuple[str, ...] = ()
+    tenant_targets: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not 0 < self.min_rewarm_interval_s <= self.max_rewarm_interval_s:
@@ -76,6 +85,10 @@ class PrefixRegistryConfig:
             raise ConfigError("lease_ttl_s must be positive")
         if min(self.warm_max_waiting or 0, self.warm_max_running or 0) < 0 or self.warm_max_defer_s < 0:
             raise ConfigError("warm_max_waiting, warm_max_running and warm_max_defer_s must not be negative")
-        object.__setattr__(self, "endpoints", tuple(url.rstrip("/") for url in self.endpoints))
+        try:
+            endpoints = tuple(canonical_url(url, "endpoints") for url in self.endpoints)
+        except InvalidInputError as exc:
+            raise ConfigError(f"endpoints: every one must be a plain http(s) base URL ({exc})") from None
+        object.__setattr__(self, "endpoints", endpoints)
         if self.tick_interval_s <= 0 or self.default_block_size < 1:
             raise ConfigError("tick_interval_s and default_block_size must be positive")

@@ -21,6 +21,7 @@ the schedules and loop of keep-warm in :mod:`.warming`, the vLLM endpoints' heal
 from __future__ import annotations
 
 import builtins  # the class's own list() method shadows the builtin in its annotations
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -31,6 +32,7 @@ import redis
 
 from ragcache.errors import InvalidInputError
 
+from .allow import TargetPolicy
 from .config import PrefixRegistryConfig
 from .known import KnownPrefixes
 from .lease import LocalWarmGate, RedisWarmGate, WarmGate
@@ -86,10 +88,11 @@ class PrefixRegistry:
         self._vllm = vllm
         self._wall_clock = wall_clock
         self._token_counter = token_counter
+        self._policy = TargetPolicy(self.config)
         gate = gate or LocalWarmGate(WarmBudget(self.config.warm_budget_per_minute, clock))
         self._targets = Targets(vllm, self.config, clock=clock)
         self._keep_warm = KeepWarm(self._known, self._targets, vllm, self.config, gate=gate, clock=clock,
-                                   wall_clock=wall_clock)
+                                   wall_clock=wall_clock, policy=self._policy)
 
     @classmethod
     def create(
@@ -119,6 +122,7 @@ class PrefixRegistry:
         Succeeds even when vLLM is down: the warm then reports an error and the loop retries it.
         """
         name = PrefixName.of(spec.name, tenant)
+        spec = self._checked_urls(spec, tenant)
         head = _validate(spec)
         warnings = [span.message() for span in find_volatile(head)]
         digest = content_hash(spec.text, spec.target, spec.is_template, spec.form)
@@ -152,6 +156,18 @@ class PrefixRegistry:
             warms = self.warm_all(name)
         return RegisterResult(name.named(prefix), existing is None, new_version, tuple(warnings),
                               warms[0] if warms else None, warms)
+
+    def _checked_urls(self, spec: PrefixSpec, tenant: str | None) -> PrefixSpec:
+        """``spec`` with every URL it names canonical, each one checked against the operator's list for ``tenant``
+        (:mod:`.allow`): nothing is stored, and nothing contacted, for a URL the operator did not allow."""
+        if len(spec.endpoints) > MAX_ENDPOINTS:
+            raise InvalidInputError(f"at most {MAX_ENDPOINTS} endpoints", field="endpoints")
+        target = Target(self._policy.check(spec.target.base_url, tenant, "target.base_url"), spec.target.model)
+        endpoints = tuple(self._policy.check(url, tenant, "endpoints") for url in spec.endpoints)
+        lmcache = spec.lmcache_controller_url
+        if lmcache is not None:
+            lmcache = self._policy.check(lmcache, tenant, "lmcache_controller_url")
+        return dataclasses.replace(spec, target=target, endpoints=endpoints, lmcache_controller_url=lmcache)
 
     def endpoints_of(self, prefix: Prefix) -> tuple[str, ...]:
         """The vLLM base URLs that keep ``prefix`` warm: its target first, then its replicas, then the
@@ -258,15 +274,10 @@ class PrefixRegistry:
 
 
 def _validate(spec: PrefixSpec) -> str:
-    """Check a spec (its name is checked as a ``PrefixName``) and return its constant head (the part that is warmed)."""
-    if not spec.target.base_url.startswith(("http://", "https://")):
-        raise InvalidInputError("target base_url must be an http(s) URL", field="target.base_url")
+    """Check a spec (its name is checked as a ``PrefixName``, its URLs by ``_checked_urls``) and return its constant
+    head (the part that is warmed)."""
     if not spec.target.model:
         raise InvalidInputError("target model must not be empty", field="target.model")
-    if len(spec.endpoints) > MAX_ENDPOINTS:
-        raise InvalidInputError(f"at most {MAX_ENDPOINTS} endpoints", field="endpoints")
-    if not all(isinstance(url, str) and url.startswith(("http://", "https://")) for url in spec.endpoints):
-        raise InvalidInputError("every endpoint must be an http(s) base URL", field="endpoints")
     head = template_head(spec.text, spec.is_template)
     if not head:
         raise InvalidInputError("the prefix (the text before the first slot) is empty", field="text")

@@ -19,7 +19,13 @@ import httpx
 import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
-from ragcache.errors import RagCacheError, UpstreamBadResponseError, UpstreamError
+from ragcache.errors import (
+    RagCacheError,
+    UpstreamBadResponseError,
+    UpstreamError,
+    UpstreamTimeoutError,
+    UpstreamUnavailableError,
+)
 from ragcache.outbound import CallLimits, Upstream
 
 from .model import PromptForm, Target
@@ -81,9 +87,12 @@ class VLLMClient:
                 return self._upstream.get(url, parse=parse, max_bytes=MAX_ANSWER_BYTES)
             return self._upstream.post(url, body, parse=parse, max_bytes=MAX_ANSWER_BYTES)
         except UpstreamError as exc:
+            # The upstream's own words (a body excerpt, a parse error quoting its values) never travel on: the
+            # message reaches a tenant's key (a warm's result, /stats) and the log, and a URL that answers with
+            # another service's secret must not read it back to whoever registered the prefix (issue 27, item 2).
             if isinstance(exc, UpstreamBadResponseError) and exc.status_code is None:
-                raise TargetBadResponseError(url, f"vLLM: {exc.detail}") from exc
-            raise TargetUnavailableError(url, exc.detail, exc.status_code) from exc
+                raise TargetBadResponseError(url, "vLLM answered something vLLM never sends") from exc
+            raise TargetUnavailableError(url, _classified(exc), exc.status_code) from exc
 
     def complete_one(self, target: Target, text: str, form: PromptForm, priority: int | None = None) -> CompletionUsage:
         """Send ``text`` with ``max_tokens=1`` (at vLLM request ``priority`` when given) and report what
@@ -135,6 +144,17 @@ class VLLMClient:
 
     def close(self) -> None:
         self._upstream.close()
+
+
+def _classified(exc: UpstreamError) -> str:
+    """A failure as a status and a short kind, without anything the upstream said."""
+    if exc.status_code is not None:
+        return f"answered HTTP {exc.status_code}"
+    if isinstance(exc, UpstreamTimeoutError):
+        return "timed out"
+    if isinstance(exc, UpstreamUnavailableError):
+        return "cannot be reached"
+    return "failed"
 
 
 def _json_object(body: bytes) -> dict[str, Any]:

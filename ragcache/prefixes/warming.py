@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 from ragcache.errors import InvalidInputError, TierUnavailableError
 
+from .allow import TargetPolicy, canonical_url, tenant_of
 from .config import PrefixRegistryConfig
 from .known import KnownPrefixes
 from .lease import WarmGate
@@ -48,8 +49,10 @@ class KeepWarm:
         gate: WarmGate,
         clock: Callable[[], float],
         wall_clock: Callable[[], float],
+        policy: TargetPolicy | None = None,
     ) -> None:
         self.config = config
+        self._policy = policy or TargetPolicy(config)
         self._known = known
         self._targets = targets
         self._vllm = vllm  # for LMCache's pin API; the warms themselves go through the targets
@@ -71,7 +74,9 @@ class KeepWarm:
         """The vLLM base URLs that keep ``prefix`` warm: its target first, then its replicas, then the
         deployment's list when its target is on it."""
         fleet = self.config.endpoints if prefix.target.base_url in self.config.endpoints else ()
-        return tuple(dict.fromkeys((prefix.target.base_url, *prefix.endpoints, *fleet)))
+        urls = dict.fromkeys((prefix.target.base_url, *prefix.endpoints, *fleet))
+        # A record stored before the operator's list allowed none of its URLs is kept but warmed nowhere.
+        return self._policy.allowed_of(urls, tenant_of(prefix.name))
 
     def all_primed(self, prefix: Prefix) -> bool:
         """Whether ``prefix``'s current version was warmed on every one of its endpoints."""
@@ -101,7 +106,7 @@ class KeepWarm:
         """Warm prefix ``name`` on ``endpoint`` (default: its target) now, within the budget and the
         endpoint's back-off, and record the result (under the public name, as errors name it)."""
         prefix = self._known.get(name)
-        url = prefix.target.base_url if endpoint is None else endpoint.rstrip("/")
+        url = prefix.target.base_url if endpoint is None else canonical_url(endpoint, "endpoint")
         if url not in self.endpoints_of(prefix):
             raise InvalidInputError(f"prefix {name.public!r} is not served by {url!r}", field="endpoint")
         target = Target(url, prefix.target.model)

@@ -199,6 +199,13 @@ class Service(_Section):
         description="most bytes of hits' texts and metadata in one /search, /search/batch or /documents/get answer "
         "(413 beyond: ask for fewer queries or hits, or include_text=false)",
     )
+    prefix_allowed_targets: list[str] = Field(
+        default_factory=list, max_length=256,
+        description="more base URLs (vLLM servers, LMCache controllers) any tenant's prefix may name, beside "
+        "prefix_vllm_endpoints; with API keys (or a bind beyond loopback) no other URL is ever called")
+    prefix_tenant_targets: dict[str, list[str]] = Field(
+        default_factory=dict,
+        description='base URLs one tenant\'s prefixes may name besides the shared ones (JSON), e.g. {"acme": ["http://vllm-acme:8000"]}')
     request_timeout_s: float = Field(60.0, gt=0, description="a request still unanswered after this gets 504")
     body_timeout_s: float = Field(30.0, gt=0, description="a request body still not in after this gets 408")
     max_worker_threads: int = Field(

@@ -21,6 +21,9 @@ from tests.live_server import LiveServer
 from tests.server.test_limits import Clock, asgi_messages
 
 LEGACY = "legacy-single-key-0123456789"
+# Where the tests' prefixes point: nothing listens there (warms fail), and the operator lists it (a service with API
+# keys calls no URL it was not given: RAGCACHE_PREFIX_ALLOWED_TARGETS, docs/SECURITY.md).
+NO_VLLM = f"http://127.0.0.1:{free_port()}"
 KEYS = {
     "ops": "ops-key-aaaaaaaaaaaaaaaa",
     "embedder": "embed-only-bbbbbbbbbbbbbb",
@@ -56,7 +59,8 @@ def key_file(tmp_path):
 def server(redis_server, tmp_path_factory):
     folder = tmp_path_factory.mktemp("access")
     settings = Settings(
-        redis_url=redis_server, data_dir=folder, api_key=LEGACY, api_keys_file=key_file(folder), tenant_cache_namespaces=True
+        redis_url=redis_server, data_dir=folder, api_key=LEGACY, api_keys_file=key_file(folder), tenant_cache_namespaces=True,
+        prefix_allowed_targets=[NO_VLLM],
     )
     with LiveServer(settings) as live:
         yield live
@@ -195,7 +199,7 @@ def test_a_tenant_sees_and_searches_only_its_own_collections(clients):
 
 def test_prefixes_are_per_tenant_and_their_uses_bounded(clients):
     # vLLM is not running: registering still works (its warm fails), which is all this needs.
-    target = {"base_url": f"http://127.0.0.1:{free_port()}", "model": "tiny"}
+    target = {"base_url": NO_VLLM, "model": "tiny"}
     texts = {"acme": "You are Acme's assistant: rockets only.\n\n", "globex": "You are Globex's assistant.\n\n"}
     for tenant, text in texts.items():
         created = clients[f"{tenant}ops"].post("/prefixes", json={"name": "system", "text": text, "target": target})
@@ -238,7 +242,7 @@ def test_prefixes_are_per_tenant_and_their_uses_bounded(clients):
 def test_a_tenants_prefix_is_never_named_by_its_stored_or_another_tenants_name(clients):
     """Every answer and error a tenant reads about its prefixes (register, read, list, warm, uses, stats, /stats,
     /search's prompt_prefix) names them as the tenant does: no 'acme--', nothing of globex's."""
-    target = {"base_url": f"http://127.0.0.1:{free_port()}", "model": "tiny"}  # no vLLM: warms fail, names still show
+    target = {"base_url": NO_VLLM, "model": "tiny"}  # no vLLM: warms fail, names still show
     guide, qa = "guide_" + uuid.uuid4().hex[:6], "qa_" + uuid.uuid4().hex[:6]
     acme, acmeops = clients["acme"], clients["acmeops"]
     answers = [acmeops.post("/prefixes", json={"name": guide, "text": "You are Acme's guide.\n\n", "target": target})]

@@ -35,7 +35,9 @@ WAIT_S = 60  # how long the page may take to show what the test waits for, on a 
 def server(redis_server, tmp_path_factory):
     keys = {"keys": [{"name": "ops", "key": ADMIN_KEY, "scopes": "*"},
                      {"name": "app", "key": SEARCH_KEY, "scopes": ["search"]}]}
-    settings = Settings(redis_url=redis_server, data_dir=tmp_path_factory.mktemp("ui"), api_keys=json.dumps(keys))
+    no_vllm = f"http://127.0.0.1:{free_port()}"  # listed for prefixes: a service with keys calls no other URL
+    settings = Settings(redis_url=redis_server, data_dir=tmp_path_factory.mktemp("ui"), api_keys=json.dumps(keys),
+                        prefix_allowed_targets=[no_vllm])
     with LiveServer(settings) as live:
         with httpx.Client(base_url=live.url, timeout=120, headers={"Authorization": f"Bearer {ADMIN_KEY}"}) as admin:
             documents = [
@@ -45,7 +47,7 @@ def server(redis_server, tmp_path_factory):
             ]
             assert admin.post("/documents", json={"collection": "notes", "documents": documents}).status_code == 200
             # vLLM is not running: registering still works, and the prefix shows up with its failed warm.
-            target = {"base_url": f"http://127.0.0.1:{free_port()}", "model": "tiny"}
+            target = {"base_url": no_vllm, "model": "tiny"}
             prefix = {"name": "support", "text": "You are a support assistant. Answer from the context.\n\n", "target": target}
             assert admin.post("/prefixes", json=prefix).status_code in (200, 201)
             live.admin = admin
