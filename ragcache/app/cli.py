@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from itertools import islice
@@ -121,22 +122,53 @@ def run_serve(args) -> int:
     refusal = settings.access.bind_refusal(host)
     if refusal:
         raise ConfigError(refusal)
-    levels = settings.levels
-    if args.workers > 1 and (levels.redis_url is None or levels.resolved_milvus_uri and levels.resolved_milvus_uri.endswith(".db")):
-        raise RagCacheError(
-            "--workers > 1 needs shared stores: set RAGCACHE_REDIS_URL to a Redis server and RAGCACHE_MILVUS_URI "
-            "to a Milvus server (an embedded Redis and Milvus Lite belong to one process)"
+    if settings.levels.disk_path is None:
+        # The disk level is on under `ragcache serve` (`make serve`), in the data folder; read again by each worker.
+        os.environ["RAGCACHE_DISK_PATH"] = str(settings.levels.data_dir / "disk")
+    with _shared_embedded_stores(settings, args.workers):
+        uvicorn.run(
+            "ragcache_server.app:app_from_environment",
+            factory=True,
+            host=host,
+            port=args.port or settings.service.port,
+            workers=args.workers,
+            log_level=args.log_level,
+            **SERVE_OPTIONS,
         )
-    uvicorn.run(
-        "ragcache_server.app:app_from_environment",
-        factory=True,
-        host=host,
-        port=args.port or settings.service.port,
-        workers=args.workers,
-        log_level=args.log_level,
-        **SERVE_OPTIONS,
-    )
     return 0
+
+
+@contextlib.contextmanager
+def _shared_embedded_stores(settings, workers: int):
+    """With several workers and the embedded defaults, the stores one host shares are started here, once, and
+    every worker is pointed at them: one embedded Redis (L2, the prefix registry, single flight between the
+    workers) and one Milvus Lite server process, the only process that opens the ``.db`` file and so the one
+    L3 writer. The disk level needs nothing: its folder is shared by the workers' processes as it is.
+    One worker keeps them in its own process, as before."""
+    levels = settings.levels
+    embedded_redis = levels.l2_enabled and levels.redis_url is None
+    milvus_uri = levels.resolved_milvus_uri
+    milvus_lite = milvus_uri is not None and milvus_uri.endswith(".db")
+    if workers <= 1 or not (embedded_redis or milvus_lite):
+        yield
+        return
+    from ragcache.storage.embedded_milvus import MilvusLiteServer
+    from ragcache.storage.embedded_redis import EmbeddedRedis
+
+    started: list = []
+    try:
+        if embedded_redis:
+            redis_server = EmbeddedRedis(levels.data_dir / "redis", maxmemory=str(levels.embedded_redis_max_bytes))
+            started.append(redis_server)
+            os.environ["RAGCACHE_REDIS_URL"] = redis_server.url
+        if milvus_lite:
+            milvus_server = MilvusLiteServer(milvus_uri)
+            started.append(milvus_server)
+            os.environ["RAGCACHE_MILVUS_URI"] = milvus_server.url
+        yield
+    finally:
+        for server in reversed(started):
+            server.stop()
 
 
 def run_milvus_server(args) -> int:

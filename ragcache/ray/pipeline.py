@@ -27,7 +27,7 @@ from ragcache.settings import Settings
 if TYPE_CHECKING:
     from ray.data import Dataset
 
-__all__ = ["cluster_plan", "embed_dataset", "embed_report", "ingest_dataset", "ingest_path", "read_documents"]
+__all__ = ["actor_settings", "cluster_plan", "embed_dataset", "embed_report", "ingest_dataset", "ingest_path", "read_documents"]
 
 DELETE_BATCH = 256
 
@@ -109,7 +109,20 @@ def ingest_path(path: str | Path, collection: str, *, chunk_chars: int = 1200, *
     return ingest_dataset(read_documents(path, chunk_chars=chunk_chars), collection, **options)
 
 
+# The options an actor never uses that hold secrets: the service's API keys and the reranker's key. They are
+# left out of what travels (Ray's object store, the actors' logs); the stores' and providers' credentials stay,
+# since the actors write to those stores and call those providers.
+_NOT_FOR_ACTORS = {"api_key": None, "api_keys": None, "api_keys_file": None, "rerank_api_key": None}
+
+
+def actor_settings(settings: Settings) -> Settings:
+    """What the actors are sent: ``settings`` without the secrets an actor never uses."""
+    return settings.replace(**_NOT_FOR_ACTORS)
+
+
 def _map_with_actors(ds: Dataset, actor: type, plan: ActorPlan, arguments: tuple, keywords: dict) -> Dataset:
+    settings, *rest = arguments
+    arguments = (actor_settings(settings), *rest)
     with warnings.catch_warnings():
         # The retry and spread arguments are free remote arguments in Ray 2.60, which warns of them (ActorPlan).
         warnings.filterwarnings("ignore", message="`ray_remote_args` is deprecated")

@@ -59,9 +59,18 @@ class Space(_Section):
 
 
 class Levels(_Section):
-    """The cache levels: L1 in process, L2 in Redis, L3 in Milvus, and how vectors are written to them."""
+    """The cache levels: L1 in process, the host's disk, L2 in Redis, L3 in Milvus, and how vectors are written to them."""
 
     l1_bytes: int = Field(256 * 1024 * 1024, gt=0, description="L1 slab budget in bytes")
+    disk_path: str | None = Field(
+        None,
+        description="folder of the per-host disk level (LMDB generations, shared by the host's processes); unset: "
+        "<data_dir>/disk under `ragcache serve`, none in the library; 'off': none",
+    )
+    disk_max_bytes: int = Field(
+        2 * 1024**3, gt=0, description="hard bound of the disk level's files; the oldest generation goes when it is reached")
+    disk_generations: int = Field(
+        4, ge=2, le=64, description="the disk level's generations: a full newest one drops the oldest (1/N of the budget at a time)")
     redis_url: str | None = Field(
         None,
         description="unset: an embedded Redis is started; 'off': no L2; a cluster node, or comma-separated seed nodes",
@@ -87,6 +96,11 @@ class Levels(_Section):
     l3_write_linger_ms: float = Field(
         500.0, ge=0, description="L3's write-behind gathers writes this long into one Milvus call (fewer calls, less CPU)"
     )
+    l3_admission: Literal["auto", "all", "reuse"] = Field(
+        "auto",
+        description="which vectors L3 stores: 'reuse' = a text asked for again after leaving L1 (served by the disk level "
+        "or L2), written behind; 'all' = every computed vector too; 'auto' = reuse with a disk level, else all",
+    )
 
     def __repr_args__(self):
         # A URI may still carry a password (redis://:secret@host): shown redacted, like everywhere else.
@@ -109,6 +123,18 @@ class Levels(_Section):
     @property
     def l2_enabled(self) -> bool:
         return self.redis_url != "off"
+
+    @property
+    def l3_on_reuse(self) -> bool:
+        """Whether L3 takes only vectors that proved reuse (``l3_admission``)."""
+        return self.l3_admission == "reuse" or self.l3_admission == "auto" and self.resolved_disk_path is not None
+
+    @property
+    def resolved_disk_path(self) -> Path | None:
+        """The disk level's folder, None when there is none (unset in the library, or 'off')."""
+        if self.disk_path in (None, "", "off"):
+            return None
+        return Path(self.disk_path)
 
     @property
     def resolved_milvus_uri(self) -> str | None:

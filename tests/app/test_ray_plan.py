@@ -83,3 +83,17 @@ def test_the_library_and_ragcache_ray_import_without_ray():
     code = "import sys, ragcache.ray, ragcache.app.cli; assert 'ray' not in sys.modules, 'ray was imported'"
     finished = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
     assert finished.returncode == 0, finished.stderr[-2000:]
+
+
+def test_actors_are_sent_no_api_key_of_the_service_nor_the_rerankers():
+    from ragcache.ray.pipeline import actor_settings
+    from ragcache.settings import Settings
+
+    settings = Settings(api_key="sk-service-key", api_keys='[{"key": "sk-tenant-key", "scopes": ["embed"]}]',
+                        rerank_api_key="sk-rerank-key", redis_url="redis://127.0.0.1:1/0")
+
+    sent = actor_settings(settings)
+
+    assert (sent.access.api_key, sent.access.api_keys, sent.access.api_keys_file, sent.rerank.rerank_api_key) == (None,) * 4
+    assert sent.levels.redis_url == "redis://127.0.0.1:1/0"  # what the actors do use travels unchanged
+    assert not any(secret in repr(sent.flat()) for secret in ("sk-service-key", "sk-tenant-key", "sk-rerank-key"))

@@ -1,5 +1,6 @@
-"""Bulk embedding on a real two-node Ray cluster through the shared cache: the vectors are the in-process
-cache's bit for bit (same keys in L2), each distinct text is computed once across both actors, and a second
+"""Bulk embedding on a real two-node Ray cluster through the shared cache: what the actors stored is what
+the in-process cache reads back, bit for bit (same keys in L2), an independent computation agrees to a
+tolerance, each distinct text is computed once across both actors, and a second
 run computes nothing."""
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ pytestmark = pytest.mark.ray
 
 NUM_DISTINCT = 40
 NUM_TEXTS = 120  # each text three times, spread over the batches of both actors
+# Largest difference per component between two computations of one text in different processes (seen: 1.5e-7).
+COMPUTE_TOLERANCE = 1e-5
 
 
 def _corpus() -> list[str]:
@@ -45,12 +48,21 @@ def test_each_distinct_text_is_computed_once_across_actors_and_the_vectors_are_t
     rows = sorted(embedded.take_all(), key=lambda row: row["row"])
     assert [row["text"] for row in rows] == _corpus()  # every row once, none lost or repeated
     got = np.stack([row["embedding"] for row in rows])
-    # The same settings without L2/L3: the space (and so every key) is the one /embed serves.
+    # What the actors stored under a key is what every reader of that key gets, bit for bit: the driver's own
+    # cache, over the same L2 (L3 off, so every vector comes from what the actors wrote to Redis).
+    with open_cache(ray_settings.replace(milvus_uri="off")) as shared:
+        result = shared.embed_detailed(_corpus())
+    assert result.served["compute"] == 0 and result.served["L2"] == NUM_TEXTS  # all of it read from what the actors wrote
+    read_back = np.asarray(result.vectors)
+    assert got.dtype == read_back.dtype
+    assert np.array_equal(got.view(np.uint32), read_back.view(np.uint32))
+    # A computation in another process agrees to the stated tolerance, not bit for bit: a 1-CPU actor runs torch
+    # with other thread counts and batch shapes, so float reductions differ in the last bits (docs/ray.md).
     with open_cache(ray_settings.replace(redis_url="off", milvus_uri="off")) as local:
         expected = np.asarray(local.embed(_corpus()))
         keys = local.space.keys(_corpus()[:NUM_DISTINCT])
     assert got.dtype == expected.dtype
-    assert np.array_equal(got.view(np.uint32), expected.view(np.uint32))
+    assert np.abs(got - expected).max() <= COMPUTE_TOLERANCE
     client = redis.Redis.from_url(redis_server)
     try:
         assert client.exists(*keys) == NUM_DISTINCT  # the actors wrote L2 under the in-process cache's keys
