@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
 
 from ragcache.core.cache import EmbeddingCache
 from ragcache.core.flight import RedisFlight
+from ragcache.core.keys import EmbeddingSpace
+from ragcache.core.tier import Tier
 from ragcache.errors import ConfigError
 from ragcache.models.drift import DriftGuard, DriftMonitor
 from ragcache.models.fingerprints import Fingerprints
@@ -15,13 +20,14 @@ from ragcache.models.local import TORCH_DTYPES, ModelEncoder
 from ragcache.models.remote import RemoteEncoder, load_models, open_remote_encoder
 from ragcache.settings import Settings
 from ragcache.storage.stores import Stores
+from ragcache.tiers.disk import DiskTier
 from ragcache.tiers.memory import MemoryTier
 from ragcache.tiers.milvus import MilvusTier
 from ragcache.tiers.milvus_budget import L3Budget
 from ragcache.tiers.redis import RedisTier
 from ragcache.tiers.spaces import PerSpaceTier
 
-__all__ = ["build_cache", "drift_monitor", "open_cache", "load_encoder", "load_remote_encoders"]
+__all__ = ["LEVELS", "LevelRow", "build_cache", "drift_monitor", "open_cache", "load_encoder", "load_remote_encoders"]
 
 
 def load_encoder(settings: Settings, model: str | None = None) -> ModelEncoder:
@@ -65,6 +71,62 @@ def load_remote_encoders(settings: Settings, environ: Mapping[str, str] | None =
     return encoders
 
 
+@dataclass(frozen=True)
+class LevelRow:
+    """One level of the table: its ``name`` (what headers, metrics and /stats show), its ``role`` (how code
+    asks for it), ``reach`` (who else sees what it holds: this process, the host's processes, the fleet),
+    ``make`` (its tier for one model, or None when the settings and stores leave it off), ``write_linger_ms``
+    (how long its write-behind gathers writes into one call) and ``on_reuse`` (whether it stores only vectors
+    that proved reuse, ``ragcache.core.levels``)."""
+
+    name: str
+    role: str
+    reach: Literal["process", "host", "fleet"]
+    make: Callable[[Settings, Stores, EmbeddingSpace, torch.device], Tier | None]
+    write_linger_ms: Callable[[Settings], float] = lambda settings: 0.0
+    on_reuse: Callable[[Settings], bool] = lambda settings: False
+
+
+def _l1(settings: Settings, stores: Stores, space: EmbeddingSpace, device: torch.device) -> Tier:
+    return MemoryTier(settings.levels.l1_bytes, space.dim, TORCH_DTYPES[space.dtype], device=device)
+
+
+def _disk(settings: Settings, stores: Stores, space: EmbeddingSpace, device: torch.device) -> Tier | None:
+    if stores.disk is None:
+        return None
+    return DiskTier(stores.disk, dim=space.dim, dtype=TORCH_DTYPES[space.dtype])
+
+
+def _l2(settings: Settings, stores: Stores, space: EmbeddingSpace, device: torch.device) -> Tier | None:
+    if stores.redis is None:
+        return None
+    return RedisTier(stores.redis, dim=space.dim, dtype=TORCH_DTYPES[space.dtype], ttl_s=settings.levels.redis_ttl_s,
+                     refresh_ttl_on_hit=settings.levels.redis_refresh_ttl_on_hit)
+
+
+def _l3(settings: Settings, stores: Stores, space: EmbeddingSpace, device: torch.device) -> Tier | None:
+    milvus = stores.milvus
+    if milvus is None:
+        return None
+    dtype = TORCH_DTYPES[space.dtype]
+    # One collection per space id, the key's: a drift switch moves to another collection, and a late write of
+    # the old generation still goes to the old one (ragcache.tiers.spaces).
+    budget = L3Budget(max_rows=settings.levels.l3_max_rows, max_age_s=settings.levels.l3_max_age_s)
+    per_space = lambda space_id: MilvusTier(milvus, space_id=space_id, dim=space.dim, dtype=dtype, budget=budget)  # noqa: E731
+    return PerSpaceTier(per_space, dim=space.dim, dtype=dtype)
+
+
+# The levels, fastest first: the one table a deployment's levels come from. Adding a level is a row here, its
+# tier in ragcache/tiers and its settings; nothing in ragcache/core knows which levels exist.
+LEVELS: tuple[LevelRow, ...] = (
+    LevelRow("L1", "device", "process", _l1),
+    LevelRow("disk", "host", "host", _disk),
+    LevelRow("L2", "shared", "fleet", _l2),
+    LevelRow("L3", "durable", "fleet", _l3, write_linger_ms=lambda settings: settings.levels.l3_write_linger_ms,
+             on_reuse=lambda settings: settings.levels.l3_on_reuse),
+)
+
+
 def build_cache(
     settings: Settings,
     stores: Stores,
@@ -72,35 +134,22 @@ def build_cache(
     *,
     on_close=None,
 ) -> EmbeddingCache:
-    """L1 (device slab) -> L2 (Redis, unless off) -> L3 (Milvus, unless off) -> the encoder's model: one cache per
-    model, serving every scope (tenant, prompt: ``ragcache.core.scope``); keys differ by space, so one L1 budget
-    serves them all."""
-    space = encoder.space
-    dtype = TORCH_DTYPES[space.dtype]
-    tiers: list = [MemoryTier(settings.levels.l1_bytes, space.dim, dtype, device=encoder.device)]
-    if stores.redis is not None:
-        tiers.append(
-            RedisTier(
-                stores.redis,
-                dim=space.dim,
-                dtype=dtype,
-                ttl_s=settings.levels.redis_ttl_s,
-                refresh_ttl_on_hit=settings.levels.redis_refresh_ttl_on_hit,
-            )
-        )
-    if stores.milvus is not None:
-        milvus = stores.milvus
-        # One collection per space id, the key's: a drift switch moves to another collection, and a late
-        # write of the old generation still goes to the old one (ragcache.tiers.spaces).
-        budget = L3Budget(max_rows=settings.levels.l3_max_rows, max_age_s=settings.levels.l3_max_age_s)
-        per_space = lambda space_id: MilvusTier(milvus, space_id=space_id, dim=space.dim, dtype=dtype, budget=budget)  # noqa: E731
-        tiers.append(PerSpaceTier(per_space, dim=space.dim, dtype=dtype))
+    """The levels of ``LEVELS`` that the settings and stores turn on, then the encoder's model: one cache per
+    model, serving every scope (tenant, prompt: ``ragcache.core.scope``); keys differ by space, so one L1
+    budget serves them all."""
+    rows: list[LevelRow] = []
+    tiers: list[Tier] = []
+    for row in LEVELS:
+        tier = row.make(settings, stores, encoder.space, encoder.device)
+        if tier is not None:
+            rows.append(row)
+            tiers.append(tier)
     return EmbeddingCache(
         encoder,
         tiers,
         write_behind=settings.levels.write_behind,
-        # L3, the last level when there is one, gathers its writes (settings.levels.l3_write_linger_ms); L2 writes at once.
-        write_linger_s={len(tiers) - 1: settings.levels.l3_write_linger_ms / 1000} if stores.milvus is not None else None,
+        write_linger_s={row.name: row.write_linger_ms(settings) / 1000 for row in rows[1:] if row.write_linger_ms(settings)},
+        admit_on_reuse=[row.name for row in rows[1:] if row.on_reuse(settings)],
         # A remote model takes as many texts as fill its upstream requests in parallel (max_inputs x concurrency).
         compute_max_batch=getattr(encoder, "max_batch", settings.compute.compute_batch_size),
         compute_max_wait_s=settings.compute.compute_max_wait_ms / 1000,

@@ -10,8 +10,9 @@ process of a fleet sees (Redis), where single flight across processes publishes 
 from __future__ import annotations
 
 import logging
+import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -33,7 +34,7 @@ __all__ = ["Found", "Levels"]
 log = logging.getLogger(__name__)
 
 # What a level may report of itself in ``states`` (attributes of the tier, when it has them).
-_TIER_FIGURES = ("num_corrupt", "used_bytes", "capacity_bytes")
+_TIER_FIGURES = ("num_corrupt", "used_bytes", "capacity_bytes", "num_evicted")
 
 
 @dataclass(frozen=True)
@@ -50,7 +51,13 @@ class Found:
 class Levels:
     """``tiers`` in order, with a ``TierHealth`` (the breaker), a ``LevelRecorder`` and, below the first, a
     write-behind worker each (``write_behind=False``: every write at once). ``write_linger_s`` maps a level's
-    position to how long its writer gathers writes into one call (absent: 0)."""
+    name to how long its writer gathers writes into one call (absent: 0).
+
+    ``admit_on_reuse`` names levels that store only vectors that proved reuse: a computed vector is not
+    written to them (counted ``num_declined``), and a vector served by a level above them but below L1 (asked
+    for again after leaving L1) is written down into them, behind (counted ``num_admitted``). That keeps a
+    costly durable level (Milvus) off the miss path: all-new traffic writes nothing to it.
+    """
 
     def __init__(
         self,
@@ -59,7 +66,8 @@ class Levels:
         dim: int,
         dtype: torch.dtype,
         write_behind: bool = True,
-        write_linger_s: Mapping[int, float] | None = None,
+        write_linger_s: Mapping[str, float] | None = None,
+        admit_on_reuse: Collection[str] = (),
         window_s: float = 300.0,
         clock: Callable[[], float] = time.perf_counter,
         tracer: Tracer | None = None,
@@ -73,12 +81,23 @@ class Levels:
         self._tracer = tracer  # None: no spans, no tracing work (ragcache.observe.tracing)
         # One writer per level below the first, so that a slow level never holds back another's writes.
         lingers = write_linger_s or {}
+        unknown = set(lingers) - set(self.names) | set(admit_on_reuse) - set(self.names)
+        if unknown:
+            raise ValueError(f"no level named {sorted(unknown)} among {self.names}")
         self._writers = {
-            position: WriteBehind(self.store, linger_s=lingers.get(position, 0.0)) for position in range(1, len(self.tiers))
+            position: WriteBehind(self.store, linger_s=lingers.get(self.names[position], 0.0)) for position in range(1, len(self.tiers))
         } if write_behind else {}
+        self._on_reuse = frozenset(position for position, name in enumerate(self.names) if name in admit_on_reuse and position)
+        self._admission_lock = threading.Lock()
+        self._num_admitted = dict.fromkeys(self._on_reuse, 0)
+        self._num_declined = dict.fromkeys(self._on_reuse, 0)
 
     def __len__(self) -> int:
         return len(self.tiers)
+
+    def position_of(self, name: str) -> int | None:
+        """Where the level named ``name`` is in the walk (None: this cache has none)."""
+        return self.names.index(name) if name in self.names else None
 
     @property
     def first(self) -> Tier:
@@ -115,7 +134,10 @@ class Levels:
                     vectors = torch.empty((len(keys), self._dim), dtype=self._dtype, device=device)
                 vectors.index_copy_(0, torch.from_numpy(found).to(device), hits.vectors.to(device, self._dtype))
             if position:
-                self.write_up(position, asked if len(found) == len(asked) else asked.take(hits.index), hits.vectors)
+                taken = asked if len(found) == len(asked) else asked.take(hits.index)
+                self.write_up(position, taken, hits.vectors)
+                if self._on_reuse:
+                    self._admit(position, taken, hits.vectors)
             # A boolean mask, not np.setdiff1d: that sorts, and costs ~50 us on 32 keys.
             still = np.ones(len(missing), dtype=bool)
             still[hits.index] = False
@@ -181,12 +203,30 @@ class Levels:
 
     def write_up(self, below: int, keys: Sequence[str], vectors: torch.Tensor, *, num_sync: int = 1, first: int = 0) -> None:
         """Store vectors found at level ``below`` (or computed: ``below == len(self)``) in every level above it from
-        ``first``; the first ``num_sync`` levels before returning, the others behind."""
+        ``first``; the first ``num_sync`` levels before returning, the others behind. A computed vector skips
+        the levels that admit on reuse only (``admit_on_reuse``)."""
         for position in range(first, below):
+            if below == len(self) and position in self._on_reuse:
+                with self._admission_lock:
+                    self._num_declined[position] += len(keys)
+                continue
             if position < num_sync or position not in self._writers:
                 self.store(position, keys, vectors)
             else:
                 self._writers[position].submit(position, keys, vectors)
+
+    def _admit(self, served_by: int, keys: Sequence[str], vectors: torch.Tensor) -> None:
+        """Vectors served by level ``served_by`` below L1 proved reuse: written down, behind, into the levels
+        below it that admit on reuse."""
+        for position in self._on_reuse:
+            if position <= served_by:
+                continue
+            with self._admission_lock:
+                self._num_admitted[position] += len(keys)
+            if position in self._writers:
+                self._writers[position].submit(position, keys, vectors)
+            else:
+                self.store(position, keys, vectors)
 
     def store(self, position: int, keys: Sequence[str], vectors: torch.Tensor) -> None:
         """Write to level ``position`` now; a level that is down is skipped, one that fails is noted down."""
@@ -220,9 +260,18 @@ class Levels:
                 "num_failures": health.num_failures,  # failed tries in the current outage (probes, not skips)
                 "down_for_s": health.down_for_s(),
                 **{name: getattr(tier, name) for name in _TIER_FIGURES if hasattr(tier, name)},
+                **self._admission_of(position),
             }
-            for tier, health in zip(self.tiers, self._health)
+            for position, (tier, health) in enumerate(zip(self.tiers, self._health))
         }
+
+    def _admission_of(self, position: int) -> dict[str, str | int]:
+        """A level that admits on reuse says so, with what it took and what it declined (``admit_on_reuse``)."""
+        if position not in self._on_reuse:
+            return {}
+        with self._admission_lock:
+            return {"admission": "reuse", "num_admitted": self._num_admitted[position],
+                    "num_declined": self._num_declined[position]}
 
     def snapshots(self, *, recent: bool) -> tuple[LevelStats, ...]:
         return tuple(recorder.snapshot(recent=recent) for recorder in self._recorders)

@@ -1,5 +1,6 @@
-"""The connections a process opens once and shares: Redis or a Redis Cluster (L2, the prefix registry,
-search results) and Milvus (L3 and the knowledge base), plus the embedded Redis server when no URL is configured.
+"""The connections a process opens once and shares: the host's disk store (the disk level, every model's), Redis
+or a Redis Cluster (L2, the prefix registry, search results) and Milvus (L3 and the knowledge base), plus the
+embedded Redis server when no URL is configured.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from ragcache.errors import ConfigError, TierUnavailableError
 from ragcache.observe.redact import redact_text, redact_url
 from ragcache.observe.tracing import Tracing
 from ragcache.settings import Levels, Settings
+from ragcache.storage.disk_store import DiskStore
 from ragcache.storage.embedded_redis import EmbeddedRedis
 from ragcache.storage.milvus_errors import milvus_failures
 from ragcache.storage.redis_client import open_redis
@@ -128,7 +130,7 @@ def connect_milvus(settings: Settings) -> MilvusConnection | None:
 
 class Stores:
     """Shared clients. ``redis`` is None when L2 is off, a ``RedisCluster`` when the URL names a cluster
-    (see ``ragcache.storage.redis_client``); ``milvus`` is None when L3 is off."""
+    (see ``ragcache.storage.redis_client``); ``milvus`` is None when L3 is off; ``disk`` None without a disk level."""
 
     def __init__(
         self,
@@ -136,16 +138,25 @@ class Stores:
         milvus: MilvusConnection | MilvusClient | None,
         embedded: EmbeddedRedis | None = None,
         tracing: Tracing | None = None,
+        *,
+        disk: DiskStore | None = None,
     ):
         self.redis = redis_client
         self.milvus = milvus
         self.embedded_redis = embedded
         self.tracing = tracing if tracing is not None else Tracing()
+        self.disk = disk
 
     @classmethod
     def open(cls, settings: Settings) -> Stores:
         # First: a missing SDK stops the start before anything opens.
         tracing = Tracing.configured(settings.service.tracing, settings.service.tracing_endpoint)
+        # Before any server starts: a budget too small for its generations is a configuration error.
+        disk_path = settings.levels.resolved_disk_path
+        disk = None
+        if disk_path is not None:
+            disk = DiskStore(disk_path, capacity_bytes=settings.levels.disk_max_bytes,
+                             num_generations=settings.levels.disk_generations)
         embedded = None
         redis_client = None
         if settings.levels.l2_enabled:
@@ -157,10 +168,12 @@ class Stores:
                                 "cannot evict them, and L2 writes fail once it holds embedded_redis_max_bytes")
                 url = embedded.url
             redis_client = open_redis(url, timeout_s=settings.levels.redis_timeout_s)
-        return cls(redis_client, connect_milvus(settings), embedded, tracing)
+        return cls(redis_client, connect_milvus(settings), embedded, tracing, disk=disk)
 
     def close(self) -> None:
         self.tracing.shutdown()
+        if self.disk is not None:
+            self.disk.close()
         if self.redis is not None:
             self.redis.close()
         if self.milvus is not None:

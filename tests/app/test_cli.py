@@ -42,11 +42,6 @@ def test_ingest_search_stats_commands(redis_url, tmp_path, capsys):
         assert "does not exist" in capsys.readouterr().err
 
 
-def test_serve_refuses_workers_without_shared_stores(capsys):
-    assert main(["serve", "--workers", "2"]) == 1
-    assert "shared stores" in capsys.readouterr().err
-
-
 def test_no_command_prints_help(capsys):
     assert main([]) == 2
     with pytest.raises(SystemExit):

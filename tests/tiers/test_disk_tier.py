@@ -132,12 +132,19 @@ def test_two_processes_read_while_a_third_writes(tmp_path):
     seeded = open_tier(str(tmp_path), CAPACITY)
     write(seeded, 0, 1000)
     seeded.store.close()
-    writer = spawn(tmp_path, "write", 1000, 1000 + 3 * CAPACITY // VALUE_BYTES)  # rotates while they read
+    # One and a half generations' worth: the writer rotates at least once while they read, and at most twice,
+    # so the seeded (oldest) generation outlives the storm and every read of it must hit.
+    writer = spawn(tmp_path, "write", 1000, 1000 + 3 * CAPACITY // 8 // VALUE_BYTES)
     readers = [spawn(tmp_path, "read", 1000, 20) for _ in range(2)]
     outputs = [reader.communicate(timeout=300)[0] for reader in readers]
     writer.communicate(timeout=300)
     assert [reader.returncode for reader in readers] == [0, 0] and writer.returncode == 0
-    assert all(int(output.split()[-1]) > 0 for output in outputs)
+    assert [int(output.split()[-1]) for output in outputs] == [20 * 1000, 20 * 1000]  # read() checks each vector
+    after = DiskStore(tmp_path, capacity_bytes=CAPACITY, num_generations=4)
+    try:
+        assert 2 <= after.figures().num_generations <= 3  # it did rotate under them
+    finally:
+        after.close()
     assert bytes_on_disk(tmp_path) <= CAPACITY
 
 
