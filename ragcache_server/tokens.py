@@ -11,7 +11,7 @@ from ragcache.core import EmbeddingCache, text_hashes
 
 
 class TokenCounts:
-    """Token counts of recently seen texts, keyed by their xxh3-128 (not the texts: those can be large).
+    """Token counts of recently seen texts, keyed by their text hash (not the texts: those can be large).
     OpenAI's ``usage`` needs them, and tokenizing 32 paragraphs costs ~2.5 ms, more than everything else an
     L1 hit costs; a repeated text is counted once."""
 

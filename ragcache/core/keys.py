@@ -2,12 +2,20 @@
 
 A key names one vector exactly. The *space* holds everything that can change the output vector (model,
 revision, dtype, dimension, normalisation, max sequence length, prompt, explicit text normalisation) and
-nothing that cannot; the *text hash* is xxh3-128 of the exact UTF-8 bytes. The key is
+nothing that cannot; the *text hash* is BLAKE2b-128 of the exact UTF-8 bytes. The key is
 ``rc:<space_id>:<text_hash>``, the same in every process and on every machine.
+
+Why a cryptographic hash: a caller chooses the text, and a key that two texts share serves one caller the vector
+of the other. XXH3 (the hash of key format 1) is not collision-resistant against chosen input: two 400-byte texts
+with one xxh3-128 were built from its public secret (docs/SECURITY.md). BLAKE2b-128 has no known shortcut: a
+collision costs about 2**64 hashes. ``identity_hash`` is the same hash for every other identity a caller's text
+chooses (rerank pairs, search results, documents, prefix versions). The key format is part of every space's
+description (``KEY_FORMAT``), so entries written under format 1 are never looked up by a format-2 key.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import unicodedata
 from collections.abc import Iterable, Sequence
@@ -18,9 +26,14 @@ import xxhash
 
 from ragcache.errors import InvalidInputError, InvalidTextError
 
-__all__ = ["DTYPES", "EmbeddingSpace", "Generation", "KeyList", "key_digests", "text_hash", "text_hashes"]
+__all__ = ["DTYPES", "KEY_FORMAT", "EmbeddingSpace", "Generation", "KeyList", "identity_hash", "key_digests",
+           "text_hash", "text_hashes"]
 
 KEY_PREFIX = "rc"
+# 2: text hashes are BLAKE2b-128 (1: xxh3-128, which chosen texts can collide). In every space's description, so a
+# new format is a new space id: no entry of an older format is ever read under a key of this one.
+KEY_FORMAT = 2
+TEXT_HASH_BYTES = 16
 DTYPES = ("float32", "float16", "bfloat16")
 TEXT_NORMALIZATIONS = (None, "NFC", "NFKC")
 # Fields added after space ids were in use: absent from the description when unset, so ids stay the same.
@@ -71,11 +84,15 @@ class EmbeddingSpace:
             raise InvalidInputError(
                 f"text_normalization must be one of {TEXT_NORMALIZATIONS}", field="text_normalization"
             )
-        object.__setattr__(self, "space_id", xxhash.xxh3_64_hexdigest(self.canonical().encode()))
+        # 64 bits, 16 hex characters as before; BLAKE2b like the text hash, since a tenant's namespace and a
+        # named prompt's text are in the description too.
+        space_id = hashlib.blake2b(self.canonical().encode(), digest_size=8).hexdigest()
+        object.__setattr__(self, "space_id", space_id)
 
     def canonical(self) -> str:
         """The canonical description the space id is hashed from (sorted JSON, no space id)."""
         description = {f.name: getattr(self, f.name) for f in fields(self) if f.init}
+        description["key_format"] = KEY_FORMAT
         for name in _OMITTED_WHEN_NONE:
             if description[name] is None:
                 del description[name]
@@ -133,6 +150,8 @@ def key_digests(keys: Sequence[str]) -> np.ndarray:
 
 
 def _digests_of(keys: Sequence[str]) -> np.ndarray:
+    # xxh3 is safe here, unlike for the text: a key is the space id and a BLAKE2b digest, bytes no caller chooses,
+    # so a collision of two keys' xxh3 costs the generic 2**64 tries, and xxh3 costs a sixth of BLAKE2b a key.
     digest = xxhash.xxh3_128_digest
     joined = b"".join([digest(key.encode("utf-8", "surrogatepass")) for key in keys])
     # Native byte order, no copy: which word is "high" does not matter as long as it is always the same.
@@ -151,17 +170,24 @@ class Generation:
         return f"Generation({self.value})"
 
 
+def identity_hash(data: bytes) -> str:
+    """BLAKE2b-128 of ``data`` as 32 hex characters: the hash of every identity a caller's text chooses, where a
+    chosen collision would let one caller's entry answer for another's (see the module docstring)."""
+    return hashlib.blake2b(data, digest_size=TEXT_HASH_BYTES).hexdigest()
+
+
 def text_hash(text: str) -> str:
-    """xxh3-128 of the exact UTF-8 bytes of ``text``, as 32 hex characters."""
+    """BLAKE2b-128 of the exact UTF-8 bytes of ``text``, as 32 hex characters."""
     return text_hashes([text])[0]
 
 
 def text_hashes(texts: Sequence[str]) -> list[str]:
     """Hash many texts; raises ``InvalidInputError`` naming the first item that is not a usable string."""
-    digest = xxhash.xxh3_128_hexdigest
+    blake2b = hashlib.blake2b
     try:
-        # The fast path: one comprehension, no per-item checks (the common case is all valid).
-        return [digest(text.encode("utf-8")) for text in texts]
+        # The fast path: one comprehension, no per-item checks (the common case is all valid). ~0.3 us a short
+        # text here against xxh3's 0.05: the price of keys no caller can collide.
+        return [blake2b(text.encode("utf-8"), digest_size=TEXT_HASH_BYTES).hexdigest() for text in texts]
     except (AttributeError, UnicodeEncodeError):
         pass
     for index, text in enumerate(texts):

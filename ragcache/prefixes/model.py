@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import re
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
-
-import xxhash
 
 from ragcache.errors import InvalidInputError
 from ragcache.retrieval.names import TenantName
@@ -135,8 +134,9 @@ class Prefix:
 
 
 def content_hash(text: str, target: Target, is_template: bool, form: PromptForm) -> str:
-    """xxh3-128 over everything that changes what vLLM caches; a change means a new version."""
-    h = xxhash.xxh3_128()
+    """BLAKE2b-128 over everything that changes what vLLM caches; a change means a new version. Not xxh3: a
+    tenant's text chooses it, and a chosen collision would pass a changed prefix off as the version warmed."""
+    h = hashlib.blake2b(digest_size=16)
     for part in (target.base_url, target.model, form.value, "T" if is_template else "S", text):
         h.update(part.encode("utf-8"))
         h.update(b"\x00")

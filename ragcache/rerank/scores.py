@@ -3,7 +3,7 @@
 ``RerankCache`` is an ``EmbeddingCache`` whose "texts" are (query, text) pairs and whose "model" is the
 reranker, so a score walks the same levels (L1 slab, L2 Redis), is computed once however many callers miss
 it at once, batched across concurrent requests, and counted in the same statistics. The key is
-``rc:<score space id>:<xxh3-128 of the pair>``: a repeated query over the same texts reranks for free, in
+``rc:<score space id>:<BLAKE2b-128 of the pair>``: a repeated query over the same texts reranks for free, in
 this process (L1) and in every replica sharing Redis (L2). Milvus (L3) is not used: a score is four bytes,
 and recomputing one after Redis forgets it is cheaper than a durable store for it.
 """

@@ -22,7 +22,7 @@ from typing import Any
 import xxhash
 from pymilvus import DataType, MilvusClient
 
-from ragcache.core.keys import EmbeddingSpace
+from ragcache.core.keys import EmbeddingSpace, identity_hash
 from ragcache.errors import ConflictError, InvalidInputError, NotFoundError, TierUnavailableError
 from ragcache.retrieval.documents import (
     CONTENT_HASH_LENGTH,
@@ -37,7 +37,7 @@ from ragcache.retrieval.names import CollectionName
 from ragcache.retrieval.results import CollectionInfo
 
 __all__ = ["Catalog", "CollectionRecord", "DEFAULT_INDEX_TYPE", "DESCRIPTION_FORMAT", "METRIC", "RECORD_TTL_S",
-           "check_space", "primary_key"]
+           "check_space"]
 
 # Cosine, not inner product: a space may store unnormalised vectors (normalize=False is the default), and
 # sentence-transformers models are trained for cosine similarity. On normalised vectors the two rank
@@ -46,8 +46,11 @@ METRIC = "COSINE"
 # AUTOINDEX: on Milvus Lite 2.5 it answered top-10 over 100k x 384 in 4.9 ms against FLAT's 17 ms
 # (docs/DESIGN.md); on a Milvus server it picks the server's recommended index.
 DEFAULT_INDEX_TYPE = "AUTOINDEX"
-# Format 2: the primary key is a hash of the document id (see primary_key); format 1 used the id itself.
-DESCRIPTION_FORMAT = "ragcache.knowledge/2"
+# Format 3: the primary key is BLAKE2b-128 of the document id (see CollectionRecord.primary_key); format 2 used
+# xxh3-128, which chosen ids can collide (one document replacing another), and is still read with it; format 1
+# used the id itself.
+DESCRIPTION_FORMAT = "ragcache.knowledge/3"
+READABLE_FORMATS = ("ragcache.knowledge/2", DESCRIPTION_FORMAT)
 PK_LENGTH = 32
 # A process reads a collection's record (space, uid) again after this long, so a collection another process
 # dropped and re-created is seen as the new one within it; the re-read is two small Milvus calls.
@@ -70,6 +73,16 @@ class CollectionRecord:
     keyword: bool = False  # has the BM25 field (ragcache.retrieval.keyword); collections made before it do not
     read_at: float = field(default=0.0, compare=False)  # when this process read the record (the catalog's clock)
     public: str = field(default="", compare=False)  # the name the caller that asked for it knows (its errors say)
+    format: str = DESCRIPTION_FORMAT  # the description's format: which hash names its documents
+
+    def primary_key(self, document_id: str) -> str:
+        """The primary key of a document: a hash of its id. Milvus Lite builds the expressions behind upsert,
+        get and delete from primary keys without escaping them, so an id with a quote or a non-ASCII character
+        broke those calls; the hash is always plain hex, and the id itself is stored in its own field."""
+        data = document_id.encode("utf-8")
+        if self.format == "ragcache.knowledge/2":
+            return xxhash.xxh3_128_hexdigest(data)  # what that collection's rows were written under
+        return identity_hash(data)
 
 
 class Catalog:
@@ -252,26 +265,20 @@ def _drift_hint(space: EmbeddingSpace) -> str:
             "docs/drift.md): the collection's vectors came from the old model; re-ingest its documents")
 
 
-def primary_key(document_id: str) -> str:
-    """The primary key of a document: xxh3-128 of its id. Milvus Lite builds the expressions behind upsert,
-    get and delete from primary keys without escaping them, so an id with a quote or a non-ASCII character
-    broke those calls; the hash is always plain hex, and the id itself is stored in its own field."""
-    return xxhash.xxh3_128_hexdigest(document_id.encode("utf-8"))
-
-
 def _parse_description(name: CollectionName, milvus_name: str, described: dict) -> CollectionRecord:
     try:
         record = json.loads(described.get("description") or "")
         found = record.get("format")
-        if isinstance(found, str) and found.startswith("ragcache.knowledge/") and found != DESCRIPTION_FORMAT:
+        if isinstance(found, str) and found.startswith("ragcache.knowledge/") and found not in READABLE_FORMATS:
             raise ConflictError(
                 f"collection {name.public!r} was written by another ragcache version ({found}, this one reads "
                 f"{DESCRIPTION_FORMAT}): ingest into a new collection, or drop it and ingest again"
             )
-        if found != DESCRIPTION_FORMAT:
+        if found not in READABLE_FORMATS:
             raise ValueError(found)
         hashed = any(field.get("name") == "content_hash" for field in described.get("fields", []))
         return CollectionRecord(name.stored, milvus_name, record["space_id"], record["model"], int(record["dim"]),
-                                record["uid"], hashed=hashed, keyword=has_keyword_index(described), public=name.public)
+                                record["uid"], hashed=hashed, keyword=has_keyword_index(described), public=name.public,
+                                format=found)
     except (ValueError, TypeError, KeyError, AttributeError) as exc:
         raise ConflictError(f"Milvus collection {milvus_name!r} exists but is not a ragcache knowledge base") from exc

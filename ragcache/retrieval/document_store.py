@@ -13,7 +13,7 @@ import numpy as np
 
 from ragcache.core.cache import EmbeddingCache
 from ragcache.errors import InvalidInputError, TierUnavailableError
-from ragcache.retrieval.catalog import Catalog, CollectionRecord, primary_key
+from ragcache.retrieval.catalog import Catalog, CollectionRecord
 from ragcache.retrieval.documents import (
     Document,
     check_documents,
@@ -104,7 +104,7 @@ class DocumentStore:
         embedded = cache.embed_detailed([document.text for document in documents])
         vectors = np.asarray(embedded.vectors, dtype=np.float32)  # Milvus stores float32 vectors
         rows = [
-            {"pk": primary_key(document.id), "id": document.id, "text": document.text, "metadata": document.metadata,
+            {"pk": meta.primary_key(document.id), "id": document.id, "text": document.text, "metadata": document.metadata,
              "vector": vector}
             for document, vector in zip(documents, vectors)
         ]
@@ -135,7 +135,7 @@ class DocumentStore:
         """The stored rows of the documents among ``ids`` (their ``fields``), one Milvus call of ``BATCH_ROWS``
         ids at a time."""
         for start in range(0, len(ids), BATCH_ROWS):
-            pks = [primary_key(doc_id) for doc_id in ids[start : start + BATCH_ROWS]]
+            pks = [meta.primary_key(doc_id) for doc_id in ids[start : start + BATCH_ROWS]]
             yield self.catalog.call(meta, "get", meta.milvus_name, ids=pks, output_fields=fields)
 
     def _clean_up(self, meta: CollectionRecord, kept: list[Document], sync: SyncOptions) -> int:
@@ -180,7 +180,7 @@ class DocumentStore:
             self._invalidate(meta, written=False)
             try:
                 for start in range(0, len(existing), BATCH_ROWS):
-                    pks = [primary_key(doc_id) for doc_id in existing[start : start + BATCH_ROWS]]
+                    pks = [meta.primary_key(doc_id) for doc_id in existing[start : start + BATCH_ROWS]]
                     self.catalog.call(meta, "delete", meta.milvus_name, ids=pks)
             finally:
                 self._invalidate(meta, written=True)

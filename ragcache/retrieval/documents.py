@@ -12,8 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import xxhash
-
+from ragcache.core.keys import identity_hash
 from ragcache.errors import InvalidInputError, InvalidTextError
 
 __all__ = [
@@ -57,10 +56,10 @@ class Document:
 
 
 def content_hash(document: Document) -> str:
-    """xxh3-128 of the document's text and metadata (keys sorted, so key order does not count): equal hashes,
+    """BLAKE2b-128 (``identity_hash``) of the document's text and metadata (keys sorted, so key order does not count): equal hashes,
     equal stored rows, so a re-ingest can skip the document without embedding or writing it."""
     canonical = json.dumps([document.text, document.metadata], sort_keys=True, ensure_ascii=False, separators=(",", ":"))
-    return xxhash.xxh3_128_hexdigest(canonical.encode("utf-8"))
+    return identity_hash(canonical.encode("utf-8"))
 
 
 def check_collection_name(name: object) -> str:

@@ -34,10 +34,10 @@ from typing import Any
 import orjson
 import redis
 import redis.asyncio
-import xxhash
 from redis.cluster import RedisCluster
 
 from ragcache.core.health import TierHealth
+from ragcache.core.keys import identity_hash
 from ragcache.errors import TierUnavailableError
 from ragcache.storage.redis_client import REDIS_ERRORS, asyncio_twin
 
@@ -188,7 +188,7 @@ class ResultCache:
 
     @staticmethod
     def _result_key(collection_uid: str, version: int, query_key: str, params: str) -> str:
-        digest = xxhash.xxh3_128_hexdigest(f"{query_key}\x00{params}".encode())
+        digest = identity_hash(f"{query_key}\x00{params}".encode())
         return f"{KEY_PREFIX}:result:{collection_uid}:{version}:{digest}"
 
     def _failed(self, exc: Exception) -> None:

@@ -1,7 +1,8 @@
 """Cache keys pinned to fixed strings. Every stored vector (L2, L3, every replica's) is found by its key: a
 change to how spaces or texts are hashed would orphan all of them at once, silently (everything becomes a
 miss). If one of these fails, the change must be deliberate, and the release notes must say that every
-cache starts cold."""
+cache starts cold. Key format 2 (BLAKE2b text hashes and space ids, ``key_format`` in the description) was such a
+change: docs/SECURITY.md says why."""
 
 from __future__ import annotations
 
@@ -12,17 +13,17 @@ import pytest
 from ragcache.models.local import ModelEncoder
 
 TEXTS = ["hello world", "Grüße aus 東京 🙂", ""]
-TEXT_HASHES = ["df8d09e93f874900a99b8775cc15b6c7", "2eebac9a94ca2835acf4e4939ec6b0ea", "99aa06d3014798d86001c324468d497f"]
+TEXT_HASHES = ["e9a804b2e527fd3601d2ffc0bb023cd6", "048d835d815eb32e4ef5d5c26629fa16", "cae66941d9efbd404e4d88758ea67670"]
 # The packaged all-MiniLM-L6-v2 as ModelEncoder() describes it (revision: a content hash of its files).
-PACKAGED = ('{"dim":384,"dtype":"float32","max_seq_length":256,"model":"sentence-transformers/all-MiniLM-L6-v2",'
+PACKAGED = ('{"dim":384,"dtype":"float32","key_format":2,"max_seq_length":256,"model":"sentence-transformers/all-MiniLM-L6-v2",'
             '"normalize":false,"prompt":null,"revision":"6e40502c931b2974","text_normalization":null}')
 SPACE_IDS = {
-    "float32": "97d7212f435af461",
-    "float16": "4537ed02b6753a79",
-    "prompt": "540ed1d59c66bab6",  # prompt="query: "
-    "namespace": "ff0e38a22c9faf31",  # a tenant's namespace "acme"
-    "onnx": "6235b720368dd917",  # the ONNX Runtime backend (ragcache.models.onnx)
-    "onnx-int8": "1a80441418d96b70",
+    "float32": "c8e0bba7234f077a",
+    "float16": "408a08ea828d7ed4",
+    "prompt": "0cacc0ac6797fc0c",  # prompt="query: "
+    "namespace": "7481aa66b59f9a47",  # a tenant's namespace "acme"
+    "onnx": "026a5bee48900036",  # the ONNX Runtime backend (ragcache.models.onnx)
+    "onnx-int8": "e88cb7c6a633a201",
 }
 
 

@@ -66,9 +66,9 @@ def test_space_id_is_stable_and_described():
 
 
 def test_fields_added_later_leave_existing_space_ids_unchanged():
-    # Pinned: ids of spaces made before namespace/provider/endpoint/prompt_name existed. Their stored
-    # vectors (L2 keys, L3 collections) stay reachable only while these stay the same.
-    assert EmbeddingSpace("m", "r", "float32", 384, False, 256).space_id == "90708a347e6dd43b"
+    # Pinned: ids of spaces made before namespace/provider/endpoint/prompt_name existed (key format 2). Their
+    # stored vectors (L2 keys, L3 collections) stay reachable only while these stay the same.
+    assert EmbeddingSpace("m", "r", "float32", 384, False, 256).space_id == "516ebc61c80e0bd7"
     assert "provider" not in space().describe() and "endpoint" not in space().describe()
 
 

@@ -41,12 +41,18 @@ def fresh_texts(label: str) -> list[str]:
 
 
 def hash_calls(work) -> Counter:
-    """xxhash calls made by ``work()`` in this thread, by function name (a profile hook sees every C call)."""
+    """Hash calls made by ``work()`` in this thread (a profile hook sees every C call): xxhash's by function name,
+    BLAKE2b's (the text hash) as ``blake2b.hexdigest``, one per digest made."""
     calls: Counter = Counter()
 
     def hook(frame, event, function):
-        if event == "c_call" and getattr(function, "__name__", "").startswith("xxh3_"):
-            calls[function.__name__] += 1
+        if event != "c_call":
+            return
+        name = getattr(function, "__name__", "")
+        if name.startswith("xxh3_"):
+            calls[name] += 1
+        elif name == "hexdigest" and type(getattr(function, "__self__", None)).__name__ == "blake2b":
+            calls["blake2b.hexdigest"] += 1
 
     sys.setprofile(hook)
     try:
@@ -70,7 +76,8 @@ def test_a_request_not_wholly_in_l1_hashes_each_text_once(cache):
         return cache.embed_detailed(texts, probe=outcome)
 
     calls = hash_calls(request)
-    assert calls["xxh3_128_hexdigest"] == NUM_TEXTS  # the text hash, in the key
+    assert calls["blake2b.hexdigest"] == NUM_TEXTS  # the text hash, in the key
+    assert calls["xxh3_128_hexdigest"] == 0
     assert calls["xxh3_128_digest"] == NUM_TEXTS  # L1's digest of the key: probe, lookup and write-up share it
     result = cache.embed_detailed(texts)
     assert result.served["L1"] == NUM_TEXTS  # the walk wrote the L2 hits up into L1

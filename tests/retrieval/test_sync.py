@@ -176,3 +176,37 @@ def test_a_collection_made_before_content_hashes_is_compared_by_its_stored_text(
     assert kb.add_documents(name, docs("a.md", ["one", "two"]), cache=cache).num_inserted == 2
     again = kb.add_documents(name, docs("a.md", ["one", "two, edited"]), cache=cache)
     assert (again.num_unchanged, again.num_replaced, again.num_inserted) == (1, 1, 0)
+
+
+def test_a_collection_of_format_2_keeps_its_xxh3_primary_keys(milvus_client, cache):
+    """Format 2 named documents by xxh3-128 of their id (format 3: BLAKE2b, which chosen ids cannot collide). A
+    collection written then is still read with its own hash: a re-sent document replaces its row, none is doubled."""
+    import secrets
+
+    import xxhash
+    from pymilvus import DataType, MilvusClient
+
+    from ragcache.retrieval.documents import milvus_collection_name
+    from ragcache.retrieval.knowledge import METRIC
+
+    name = "sync_format2"
+    description = {"format": "ragcache.knowledge/2", "name": name, "space_id": cache.space.space_id,
+                   "model": cache.space.model, "dim": cache.space.dim, "uid": secrets.token_hex(8)}
+    schema = MilvusClient.create_schema(auto_id=False, enable_dynamic_field=False, description=json.dumps(description))
+    schema.add_field("pk", DataType.VARCHAR, is_primary=True, max_length=32)
+    schema.add_field("id", DataType.VARCHAR, max_length=512)
+    schema.add_field("text", DataType.VARCHAR, max_length=65535)
+    schema.add_field("metadata", DataType.JSON)
+    schema.add_field("content_hash", DataType.VARCHAR, max_length=32)
+    schema.add_field("vector", DataType.FLOAT_VECTOR, dim=cache.space.dim)
+    index_params = MilvusClient.prepare_index_params()
+    index_params.add_index(field_name="vector", index_type="AUTOINDEX", metric_type=METRIC)
+    milvus_collection = milvus_collection_name(name)
+    milvus_client.create_collection(milvus_collection, schema=schema, index_params=index_params, consistency_level="Strong")
+    kb = KnowledgeBase(milvus_client)
+    assert kb.add_documents(name, docs("a.md", ["one", "two"]), cache=cache).num_inserted == 2
+    stored = milvus_client.query(milvus_collection, filter="", output_fields=["pk", "id"], limit=10)
+    assert sorted(row["pk"] for row in stored) == sorted(xxhash.xxh3_128_hexdigest(f"a.md#{n}".encode()) for n in range(2))
+    again = kb.add_documents(name, docs("a.md", ["one", "two, edited"]), cache=cache)
+    assert (again.num_unchanged, again.num_replaced, again.num_inserted) == (1, 1, 0)
+    assert len(milvus_client.query(milvus_collection, filter="", output_fields=["id"], limit=10)) == 2
