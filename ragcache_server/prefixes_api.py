@@ -13,12 +13,15 @@ so they run in the thread pool, not the loop.
 
 from __future__ import annotations
 
+import math
+
 from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel, Field
 
 from ragcache.prefixes import (
     MAX_USES_PER_REPORT,
     Prefix,
+    PrefixLimitError,
     PrefixName,
     PrefixRegistry,
     PrefixSpec,
@@ -29,6 +32,7 @@ from ragcache.prefixes import (
 from ragcache.retrieval import own_named
 from ragcache_server.auth import principal_of
 from ragcache_server.deps import prefixes_of
+from ragcache_server.errors import error_response
 
 __all__ = ["router"]
 
@@ -48,13 +52,23 @@ def _name(request: Request, name: str) -> PrefixName:
     return PrefixName.of(name, principal_of(request).tenant)
 
 
+# A registration over one of the registry's bounds (ragcache/prefixes/quota.py, docs/SECURITY.md): its status.
+LIMIT_STATUS = {"too_large": 413, "quota_exceeded": 403, "rate_limited": 429}
+
+
 @router.post("", response_model=RegisterResult)
-def register_prefix(spec: PrefixSpec, request: Request, response: Response) -> RegisterResult:
+def register_prefix(spec: PrefixSpec, request: Request, response: Response) -> RegisterResult | Response:
     """Register a prefix (a new version when its text changed) and warm it once when pinned.
 
     ``text`` is a system prompt, or (``is_template``) a template whose ``{slots}`` follow its constant head.
+    Over a bound: 413 (the text), 403 ``quota_exceeded`` (the tenant's prefixes), 429 with ``Retry-After``
+    (registrations this minute).
     """
-    result = _registry(request).register(spec, tenant=principal_of(request).tenant)
+    try:
+        result = _registry(request).register(spec, tenant=principal_of(request).tenant)
+    except PrefixLimitError as exc:
+        headers = {"Retry-After": str(max(1, math.ceil(exc.retry_after_s)))} if exc.retry_after_s is not None else None
+        return error_response(LIMIT_STATUS[exc.kind], exc.kind, str(exc), exc.field, headers)
     response.status_code = 201 if result.created else 200
     return result
 

@@ -2,7 +2,8 @@
 
 Errors (all under :class:`ragcache.errors.RagCacheError`):
 
-    InvalidInputError       a bad name, target, template or slots
+    InvalidInputError       a bad name, template or slots, or a target URL the operator did not list (.allow)
+    PrefixLimitError        a registration over a bound (.quota): the text's size, the tenant's prefixes, the rate
     NotFoundError           an unknown prefix name (a ``PrefixName``'s public name: a tenant's own, never the stored one)
     TierUnavailableError    the store (Redis or the local file) failed
     TargetUnavailableError  vLLM or an LMCache controller failed; the registry itself never lets it
@@ -29,6 +30,7 @@ from .model import (
     WarmResult,
     check_name,
 )
+from .quota import PrefixLimitError
 from .registry import PrefixRegistry
 from .store import FilePrefixStore, PrefixStore, RedisPrefixStore, make_store
 from .text import Chunk, assemble_prompt, find_volatile, render_messages, render_text, template_head
@@ -40,6 +42,7 @@ __all__ = [
     "FilePrefixStore",
     "Prefix",
     "PrefixMetricsCollector",
+    "PrefixLimitError",
     "PrefixName",
     "PrefixRegistry",
     "PrefixRegistryConfig",

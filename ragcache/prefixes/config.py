@@ -71,6 +71,11 @@ class PrefixRegistryConfig:
     restrict_targets: bool = False
     allowed_targets: tuple[str, ...] = ()
     tenant_targets: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    # Bounds on what one tenant stores (:mod:`.quota`): UTF-8 bytes of one prefix's text, prefixes per tenant (the
+    # keys without a tenant count as one), and registrations per tenant in any minute (per replica).
+    max_text_bytes: int = 256 * 1024
+    max_prefixes_per_tenant: int = 100
+    registrations_per_minute: int = 60
 
     def __post_init__(self) -> None:
         if not 0 < self.min_rewarm_interval_s <= self.max_rewarm_interval_s:
@@ -79,6 +84,8 @@ class PrefixRegistryConfig:
             raise ConfigError("need 0 < shrink_factor <= 1 <= grow_factor and ceiling_relax_factor >= 1")
         if self.warm_budget_per_minute < 1:
             raise ConfigError("warm_budget_per_minute must be at least 1")
+        if min(self.max_text_bytes, self.max_prefixes_per_tenant, self.registrations_per_minute) < 1:
+            raise ConfigError("max_text_bytes, max_prefixes_per_tenant and registrations_per_minute must be at least 1")
         if not 0 < self.backoff_min_s <= self.backoff_max_s:
             raise ConfigError("need 0 < backoff_min_s <= backoff_max_s")
         if self.lease_ttl_s <= 0:

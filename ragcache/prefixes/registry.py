@@ -49,6 +49,7 @@ from .model import (
     content_hash,
 )
 from .policy import WarmBudget
+from .quota import PrefixQuota
 from .store import PrefixStore, make_store
 from .targets import Targets
 from .text import find_volatile, render_messages, render_text, template_head
@@ -89,6 +90,7 @@ class PrefixRegistry:
         self._wall_clock = wall_clock
         self._token_counter = token_counter
         self._policy = TargetPolicy(self.config)
+        self._quota = PrefixQuota(self.config, clock)
         gate = gate or LocalWarmGate(WarmBudget(self.config.warm_budget_per_minute, clock))
         self._targets = Targets(vllm, self.config, clock=clock)
         self._keep_warm = KeepWarm(self._known, self._targets, vllm, self.config, gate=gate, clock=clock,
@@ -119,14 +121,20 @@ class PrefixRegistry:
         """Store ``spec`` (a new version when its content changed) and warm it once if pinned; ``tenant``'s
         prefix is stored under ``<tenant>--<name>`` and answered under its own name.
 
-        Succeeds even when vLLM is down: the warm then reports an error and the loop retries it.
+        Succeeds even when vLLM is down: the warm then reports an error and the loop retries it. Over a bound
+        (:mod:`.quota`: the text's size, the tenant's prefixes, its registrations this minute) it raises
+        :class:`~.quota.PrefixLimitError` before anything is stored or contacted.
         """
         name = PrefixName.of(spec.name, tenant)
+        self._quota.check_text(spec.text)
         spec = self._checked_urls(spec, tenant)
         head = _validate(spec)
+        self._quota.take_registration(tenant)
         warnings = [span.message() for span in find_volatile(head)]
         digest = content_hash(spec.text, spec.target, spec.is_template, spec.form)
         existing = self._known.store.get(name.stored)
+        if existing is None:
+            self._quota.check_count(tenant, self._known.store.names())
         now = self._wall_clock()
         new_version = existing is None or existing.content_hash != digest
         num_tokens = self._count_tokens(spec.target, head) if new_version else existing.num_tokens  # type: ignore[union-attr]

@@ -29,6 +29,10 @@ class PrefixStore(Protocol):
 
     def list(self) -> list[Prefix]: ...
 
+    def names(self) -> tuple[str, ...]:
+        """Every stored name (what the per-tenant bound counts, without reading each text)."""
+        ...
+
     def put(self, prefix: Prefix) -> None: ...
 
     def delete(self, name: str) -> bool: ...
@@ -57,6 +61,9 @@ class RedisPrefixStore:
     def list(self) -> list[Prefix]:
         raw = self._call("hvals")
         return sorted((Prefix.from_json(json.loads(v)) for v in raw), key=lambda p: p.name)  # type: ignore[attr-defined]
+
+    def names(self) -> tuple[str, ...]:
+        return tuple(sorted(n.decode() if isinstance(n, bytes) else n for n in self._call("hkeys")))  # type: ignore[attr-defined]
 
     def put(self, prefix: Prefix) -> None:
         self._call("hset", prefix.name, json.dumps(prefix.to_json()))
@@ -102,6 +109,10 @@ class FilePrefixStore:
         with self._lock:
             records = self._read()
         return [Prefix.from_json(records[n]) for n in sorted(records)]
+
+    def names(self) -> tuple[str, ...]:
+        with self._lock:
+            return tuple(sorted(self._read()))
 
     def put(self, prefix: Prefix) -> None:
         with self._lock:
