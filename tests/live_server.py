@@ -12,6 +12,7 @@ import uvicorn
 from ragcache.settings import Settings
 from ragcache.storage.embedded_redis import free_port
 from ragcache_server.app import create_app
+from ragcache_server.serving import ServeConfig, bounds_of
 
 
 def transport_to(test_client) -> httpx.MockTransport:
@@ -33,8 +34,9 @@ class LiveServer:
         self.url = f"http://127.0.0.1:{self.port}"
         # timeout_keep_alive as `ragcache serve` sets it: with uvicorn's 5 s, a loaded test client reusing an idle
         # connection just as the server closes it gets a ReadError that says nothing about the service.
-        config = uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on",
-                                timeout_keep_alive=75)
+        # The protocol and bounds of `ragcache serve` too (ragcache_server/serving.py: header deadline, connection bound).
+        config = ServeConfig(self.app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on",
+                             timeout_keep_alive=75, **bounds_of(settings.service))
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 

@@ -50,11 +50,12 @@ class ServiceProcess:
             del env["RAGCACHE_REDIS_URL"]  # the service starts its own embedded Redis, as `make serve` does
         self.log_path = data_dir / "service.log"
         self._log = self.log_path.open("wb")
-        # `ragcache serve`'s uvicorn settings, with the app that adds the bench's floor route (benchmarks/ragcache_bench/floor_app.py).
+        # `ragcache serve`'s server and settings, with the app that adds the bench's floor route (benchmarks/ragcache_bench/floor_app.py).
         serve = (
-            "import uvicorn; from ragcache.app.cli import SERVE_OPTIONS; "
-            "uvicorn.run('ragcache_bench.floor_app:create_bench_app', factory=True, host='127.0.0.1', "
-            f"port={self.port}, workers=1, log_level={log_level!r}, **SERVE_OPTIONS)"
+            "from ragcache.app.cli import SERVE_OPTIONS; from ragcache.settings import Settings; "
+            "from ragcache_server.serving import ServeConfig, bounds_of, run_server; "
+            "run_server(ServeConfig('ragcache_bench.floor_app:create_bench_app', factory=True, host='127.0.0.1', "
+            f"port={self.port}, workers=1, log_level={log_level!r}, **bounds_of(Settings.load().service), **SERVE_OPTIONS))"
         )
         command = [sys.executable, "-c", serve]
         self.process = subprocess.Popen(command, env=env, stdout=self._log, stderr=subprocess.STDOUT)

@@ -109,9 +109,8 @@ SERVE_OPTIONS: dict[str, Any] = {
 
 
 def run_serve(args) -> int:
-    import uvicorn
-
     from ragcache.settings import Settings
+    from ragcache_server.serving import ServeConfig, bounds_of, run_server
 
     if args.config:
         os.environ["RAGCACHE_SETTINGS_FILE"] = args.config  # read again by each worker's app factory
@@ -126,15 +125,16 @@ def run_serve(args) -> int:
         # The disk level is on under `ragcache serve` (`make serve`), in the data folder; read again by each worker.
         os.environ["RAGCACHE_DISK_PATH"] = str(settings.levels.data_dir / "disk")
     with _shared_embedded_stores(settings, args.workers):
-        uvicorn.run(
+        run_server(ServeConfig(
             "ragcache_server.app:app_from_environment",
             factory=True,
             host=host,
             port=args.port or settings.service.port,
             workers=args.workers,
             log_level=args.log_level,
+            **bounds_of(settings.service),
             **SERVE_OPTIONS,
-        )
+        ))
     return 0
 
 

@@ -234,6 +234,11 @@ class Service(_Section):
         description='base URLs one tenant\'s prefixes may name besides the shared ones (JSON), e.g. {"acme": ["http://vllm-acme:8000"]}')
     request_timeout_s: float = Field(60.0, gt=0, description="a request still unanswered after this gets 504")
     body_timeout_s: float = Field(30.0, gt=0, description="a request body still not in after this gets 408")
+    header_timeout_s: float = Field(
+        10.0, gt=0, description="a connection's request line and headers must be in within this, or it is closed (slow clients)")
+    max_connections: int = Field(
+        0, ge=0, description="most open connections, one beyond closed as it is accepted; 0: the descriptor limit less 128, "
+        "at most 4096")
     max_worker_threads: int = Field(
         32, gt=0, description="most threads running blocking work (the model, Redis, Milvus), abandoned ones included"
     )
