@@ -199,6 +199,18 @@ class Prefixes(_Section):
     prefix_vllm_endpoints: list[str] = Field(
         default_factory=list, max_length=64,
         description="the deployment's vLLM replicas (base URLs): a prefix whose target is one of them is kept warm on all")
+    prefix_allowed_targets: list[str] = Field(
+        default_factory=list, max_length=256,
+        description="more base URLs (vLLM servers, LMCache controllers) any tenant's prefix may name, beside "
+        "prefix_vllm_endpoints; with API keys (or a bind beyond loopback) no other URL is ever called")
+    prefix_tenant_targets: dict[str, list[str]] = Field(
+        default_factory=dict,
+        description='base URLs one tenant\'s prefixes may name besides the shared ones (JSON), e.g. {"acme": ["http://vllm-acme:8000"]}')
+    prefix_max_text_bytes: int = Field(256 * 1024, gt=0, description="most UTF-8 bytes of one prefix's text (413 beyond)")
+    prefix_max_per_tenant: int = Field(
+        100, gt=0, description="most prefixes one tenant may register (403 beyond; the keys without a tenant count as one)")
+    prefix_registrations_per_minute: int = Field(
+        60, gt=0, description="most prefix registrations of one tenant in any minute, per replica (429 beyond)")
     prefix_lease_ttl_s: float = Field(
         10.0, gt=0, description="with Redis: how long a dead replica's warm leases outlive it before another takes over")
     prefix_warm_priority: int = Field(
@@ -225,13 +237,6 @@ class Service(_Section):
         description="most bytes of hits' texts and metadata in one /search, /search/batch or /documents/get answer "
         "(413 beyond: ask for fewer queries or hits, or include_text=false)",
     )
-    prefix_allowed_targets: list[str] = Field(
-        default_factory=list, max_length=256,
-        description="more base URLs (vLLM servers, LMCache controllers) any tenant's prefix may name, beside "
-        "prefix_vllm_endpoints; with API keys (or a bind beyond loopback) no other URL is ever called")
-    prefix_tenant_targets: dict[str, list[str]] = Field(
-        default_factory=dict,
-        description='base URLs one tenant\'s prefixes may name besides the shared ones (JSON), e.g. {"acme": ["http://vllm-acme:8000"]}')
     request_timeout_s: float = Field(60.0, gt=0, description="a request still unanswered after this gets 504")
     body_timeout_s: float = Field(30.0, gt=0, description="a request body still not in after this gets 408")
     header_timeout_s: float = Field(
