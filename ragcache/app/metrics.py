@@ -44,6 +44,9 @@ class CacheCollector(Collector):
         request_duration = HistogramMetricFamily(
             "ragcache_request_duration_seconds", "Latency of a whole embed call through every level", labels=labels[:2]
         )
+        # Why each miss happened (ragcache.core.causes): sum over cause = the level's explained misses.
+        miss_causes = CounterMetricFamily("ragcache_misses_by_cause", "Keys a level missed, by cause (never_seen, evicted, "
+                                          "expired, drift, bypassed, unavailable)", labels=[*labels, "cause"])
         level_up = GaugeMetricFamily("ragcache_level_up", "1 when the level answers, 0 while it is down", labels=labels)
         texts = CounterMetricFamily("ragcache_texts", "Texts asked for", labels=labels[:2])
         computed = CounterMetricFamily("ragcache_texts_computed", "Texts the model computed", labels=labels[:2])
@@ -70,8 +73,10 @@ class CacheCollector(Collector):
                     latency.add_sample("ragcache_lookup_latency_seconds", quantile_labels, value_ms / 1000)
                 lookup_duration.add_metric(label_values, *_buckets(histogram))
                 level_up.add_metric(label_values, 1.0 if states[level.level]["up"] else 0.0)
+                for cause, count in level.misses_by_cause.items():
+                    miss_causes.add_metric([*label_values, cause], count)
         yield from families.values()
-        yield from (latency, lookup_duration, request_duration, level_up, texts, computed, compute_s, saved_s, hit_ratio)
+        yield from (latency, lookup_duration, request_duration, level_up, miss_causes, texts, computed, compute_s, saved_s, hit_ratio)
 
 
 def _buckets(histogram: LatencyHistogram) -> tuple[list[tuple[str, int]], float]:

@@ -43,6 +43,9 @@ def render_stats(stats: dict[str, Any], previous: dict[str, Any] | None = None, 
             if previous is not None:
                 row += f"{_interval_rate(level, before.get(name)):>12}"
             lines.append(row + f"{level['latency_p50_ms']:>9.3f}{level['latency_p99_ms']:>9.3f}")
+            causes = [f"{cause.replace('_', ' ')} {count:,}" for cause, count in level.get("misses_by_cause", {}).items() if count]
+            if causes:
+                lines.append(f"  {'':<6}misses: " + ", ".join(causes))
         if "upstream" in entry:
             lines += _upstream_lines(entry["upstream"])
         if entry.get("drift"):

@@ -21,9 +21,10 @@ import numpy as np
 import torch
 
 from ragcache.core.batching import CallsInProgress
+from ragcache.core.causes import MissLedger
 from ragcache.core.flight import Flight
 from ragcache.core.keys import EmbeddingSpace, Generation, KeyList
-from ragcache.core.levels import Levels
+from ragcache.core.levels import Found, Levels
 from ragcache.core.misses import MissResolver
 from ragcache.core.scope import UNSCOPED, Scope, ScopeRecorders, ScopeStats
 from ragcache.core.stats import CacheStats, LatencyHistogram, LevelRecorder
@@ -108,6 +109,7 @@ class EmbeddingCache:
         tracer: Tracer | None = None,
         write_linger_s: Mapping[str, float] | None = None,
         admit_on_reuse: Sequence[str] = (),
+        miss_ledger_entries: int = 100_000,
     ):
         self.encoder = encoder
         self.generation = Generation()  # the drift check (ragcache.models.drift) moves it
@@ -122,6 +124,8 @@ class EmbeddingCache:
                                      dtype=self.dtype, max_batch=compute_max_batch, max_wait_s=compute_max_wait_s,
                                      max_pending=compute_max_pending, tracer=tracer)
         self.level_names = self.levels.names + (COMPUTE,)
+        self._ledger = MissLedger(miss_ledger_entries)
+        self._ttl_s = self.levels.ttl_s
         self._clock = clock
         self._requests = LevelRecorder("cache", window_s=window_s)
         # Per scope (a tenant's keys, a named prompt; the model's own: UNSCOPED): its space at each generation,
@@ -283,6 +287,9 @@ class EmbeddingCache:
             self.levels.record(0, hits=len(first.index), misses=len(keys) - len(first.index), latency_s=self._clock() - started)
         found = self.levels.walk(unique_keys, device=self.device, first=first)
         vectors, levels = found.vectors, found.served
+        # Every key some level missed gets its cause (ragcache.core.causes), judged on what the walk saw,
+        # before the resolver marks computed or published keys as served.
+        self._explain_misses(scope, space, unique_texts, found)
         num_computed = 0
         if len(found.missing):
             num_computed = self.resolver.resolve(vectors, levels, found.missing, unique_keys, unique_texts,
@@ -297,6 +304,14 @@ class EmbeddingCache:
         if normalize:
             vectors = torch.nn.functional.normalize(vectors.float(), dim=-1).to(self.dtype)
         return EmbedResult(vectors if as_tensor else _to_numpy(vectors), levels, self.level_names)
+
+    def _explain_misses(self, scope: Scope, space: EmbeddingSpace, texts: list[str], found: Found) -> None:
+        if not (found.served > 0).any():
+            return  # every key in L1: no miss to explain
+        counts = self._ledger.explain(
+            [(scope, text) for text in texts], space.generation, found.served, num_levels=len(self.levels),
+            unavailable=found.unavailable, on_reuse=self.levels.on_reuse, ttl_s=self._ttl_s)
+        self.levels.record_causes(counts)
 
     # ---- state -----------------------------------------------------------------------------------------
 

@@ -40,12 +40,14 @@ _TIER_FIGURES = ("num_corrupt", "used_bytes", "capacity_bytes", "num_evicted")
 @dataclass(frozen=True)
 class Found:
     """What the walk found for a request's distinct keys: ``vectors`` (one row per key; the rows at ``missing``
-    are not written yet), ``served`` (per key, the position of the level that held it; ``len(levels)``: none did)
-    and ``missing`` (the positions no level held, ascending)."""
+    are not written yet), ``served`` (per key, the position of the level that held it; ``len(levels)``: none did),
+    ``missing`` (the positions no level held, ascending) and ``unavailable`` (the levels that were down or failed
+    for this walk: their misses are theirs, not the keys')."""
 
     vectors: torch.Tensor
     served: np.ndarray
     missing: np.ndarray
+    unavailable: frozenset[int] = frozenset()
 
 
 class Levels:
@@ -118,10 +120,11 @@ class Levels:
         served = np.full(len(keys), len(self), dtype=np.int8)
         missing = np.arange(len(keys))
         asked = keys  # the keys at ``missing``, in order: what the next level is asked for
+        unavailable: set[int] = set()
         for position in range(len(self)):
             if not len(missing):
                 break
-            hits = first if position == 0 and first is not None else self.lookup(position, asked)
+            hits = first if position == 0 and first is not None else self.lookup(position, asked, failed=unavailable)
             if not hits.index:
                 continue
             found = missing[hits.index]
@@ -145,24 +148,27 @@ class Levels:
             asked = asked.take(np.flatnonzero(still))
         if vectors is None:
             vectors = torch.empty((len(keys), self._dim), dtype=self._dtype, device=device)
-        return Found(vectors, served, missing)
+        return Found(vectors, served, missing, frozenset(unavailable))
 
     # ---- lookups -------------------------------------------------------------------------------------------
 
-    def lookup(self, position: int, keys: Sequence[str]) -> TierHits:
-        """Level ``position``'s hits for ``keys``, counted; a level that is down or fails is a miss."""
+    def lookup(self, position: int, keys: Sequence[str], *, failed: set[int] | None = None) -> TierHits:
+        """Level ``position``'s hits for ``keys``, counted; a level that is down or fails is a miss (and its
+        position is added to ``failed``, when given)."""
         if self._tracer is None:
-            return self._lookup(position, keys)
+            return self._lookup(position, keys, failed)
         attributes: dict[str, str | int] = {"ragcache.level": self.names[position], "ragcache.num_keys": len(keys)}
         with self._tracer.start_as_current_span("ragcache.lookup", attributes=attributes) as current:
-            hits = self._lookup(position, keys)
+            hits = self._lookup(position, keys, failed)
             current.set_attributes({"ragcache.num_hits": len(hits.index), "ragcache.level_down": self._health[position].is_down})
             return hits
 
-    def _lookup(self, position: int, keys: Sequence[str]) -> TierHits:
+    def _lookup(self, position: int, keys: Sequence[str], failed: set[int] | None) -> TierHits:
         recorder = self._recorders[position]
         if not self._health[position].should_try():
             recorder.record(hits=0, misses=len(keys), errors=len(keys))
+            if failed is not None:
+                failed.add(position)
             return self.none()
         started = self._clock()
         try:
@@ -170,6 +176,8 @@ class Levels:
         except TierUnavailableError as exc:
             self._note_failure(position, exc)
             recorder.record(hits=0, misses=len(keys), errors=len(keys), latency_s=self._clock() - started)
+            if failed is not None:
+                failed.add(position)
             return self.none()
         self._note_success(position)
         recorder.record(hits=len(hits.index), misses=len(keys) - len(hits.index), latency_s=self._clock() - started)
@@ -198,6 +206,24 @@ class Levels:
 
     def none(self) -> TierHits:
         return TierHits.none(self._dim, self._dtype)
+
+    # ---- why misses happened (ragcache.core.causes) --------------------------------------------------------
+
+    @property
+    def on_reuse(self) -> frozenset[int]:
+        """Positions of the levels that store only vectors that proved reuse (``admit_on_reuse``)."""
+        return self._on_reuse
+
+    @property
+    def ttl_s(self) -> tuple[float | None, ...]:
+        """Per level, the time to live of its entries (a tier's ``ttl_s``; None: kept until evicted)."""
+        return tuple(getattr(tier, "ttl_s", None) for tier in self.tiers)
+
+    def record_causes(self, counts: np.ndarray) -> None:
+        """Count explained misses: ``counts[level, cause]`` (``ragcache.core.stats.MISS_CAUSES``)."""
+        for position, row in enumerate(counts):
+            if row.any():
+                self._recorders[position].record_causes(row)
 
     # ---- writes --------------------------------------------------------------------------------------------
 

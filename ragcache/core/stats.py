@@ -11,11 +11,14 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["LevelStats", "CacheStats", "LevelRecorder", "LatencyHistogram", "LATENCY_BUCKETS_S"]
+__all__ = ["LevelStats", "CacheStats", "LevelRecorder", "LatencyHistogram", "LATENCY_BUCKETS_S", "MISS_CAUSES"]
+
+# Why a level did not hold a key it was asked for (ragcache.core.causes explains each); every miss has one.
+MISS_CAUSES = ("never_seen", "evicted", "expired", "drift", "bypassed", "unavailable")
 
 # Upper bounds (seconds) of the latency histogram buckets, as Prometheus "le" labels: from an L1 gather
 # (tens of microseconds) to a model call on a large batch (seconds). Fixed, so that histograms from many
@@ -25,7 +28,9 @@ LATENCY_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
 
 @dataclass(frozen=True)
 class LevelStats:
-    """One level's figures. ``lookups = hits + misses``; ``errors`` counts keys asked while the level failed."""
+    """One level's figures. ``lookups = hits + misses``; ``errors`` counts keys asked while the level failed;
+    ``misses_by_cause`` splits the misses of the cache's requests by ``MISS_CAUSES`` (a key found by a later
+    pass of the same request, a lookup outside the walk, is not explained, so the sum may fall short of it)."""
 
     level: str
     lookups: int
@@ -36,6 +41,7 @@ class LevelStats:
     latency_mean_ms: float
     latency_p50_ms: float
     latency_p99_ms: float
+    misses_by_cause: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -81,6 +87,22 @@ class LevelRecorder:
         self._bucket_counts = np.zeros(len(LATENCY_BUCKETS_S), dtype=np.int64)  # per bucket, not cumulative
         # (time, hits, misses, errors, latency_s) of the latest calls: percentiles and the recent window.
         self._events: deque[tuple[float, int, int, int, float]] = deque(maxlen=max_events)
+        self._causes = np.zeros(len(MISS_CAUSES), dtype=np.int64)
+        self._cause_events: deque[tuple[float, np.ndarray]] = deque(maxlen=max_events)
+
+    def record_causes(self, counts: np.ndarray) -> None:
+        """Count explained misses: ``counts[i]`` keys missed for ``MISS_CAUSES[i]``."""
+        with self._lock:
+            self._causes += counts
+            self._cause_events.append((self._clock(), counts))
+
+    def _causes_of(self, recent: bool) -> dict[str, int]:
+        if recent:
+            since = self._clock() - self.window_s
+            totals = sum((counts for at, counts in self._cause_events if at >= since), np.zeros(len(MISS_CAUSES), dtype=np.int64))
+        else:
+            totals = self._causes
+        return {cause: int(count) for cause, count in zip(MISS_CAUSES, totals)}
 
     def record(self, *, hits: int, misses: int, errors: int = 0, latency_s: float = 0.0) -> None:
         with self._lock:
@@ -115,6 +137,7 @@ class LevelRecorder:
             else:
                 hits, misses, errors = (int(x) for x in self._totals)
                 mean_s = self._latency_sum_s / self._num_calls if self._num_calls else 0.0
+            causes = self._causes_of(recent)
         latencies = np.array([event[4] for event in events]) if events else np.zeros(1)
         p50, p99 = np.percentile(latencies, [50, 99]) * 1000
         lookups = hits + misses
@@ -128,4 +151,5 @@ class LevelRecorder:
             latency_mean_ms=mean_s * 1000,
             latency_p50_ms=float(p50),
             latency_p99_ms=float(p99),
+            misses_by_cause=causes,
         )

@@ -17,7 +17,7 @@
     "texts_computed", "compute_s", "compute_s_saved", "levels"]);
   const KNOWN_ENTRY = new Set(["space", "levels", "since_start", "recent"]);
   const KNOWN_LEVEL = new Set(["level", "lookups", "hits", "misses", "errors", "hit_rate", "latency_mean_ms",
-    "latency_p50_ms", "latency_p99_ms"]);
+    "latency_p50_ms", "latency_p99_ms", "misses_by_cause"]);
   const KNOWN_HIT = new Set(["id", "score", "text", "metadata"]);
   const KNOWN_PREFIX = new Set(["name", "version", "num_tokens", "pinned", "num_warms", "num_resident", "num_evicted",
     "num_errors", "num_skipped", "residency_rate", "last_outcome", "last_warm_at", "rewarm_interval_s", "num_uses"]);
@@ -73,6 +73,12 @@
     if (s < 90) return Math.round(s) + " s ago";
     if (s < 5400) return Math.round(s / 60) + " min ago";
     return Math.round(s / 3600) + " h ago";
+  }
+
+  // A level's misses by cause (ragcache.core.causes), the causes that counted anything: "never seen 3, evicted 1".
+  function fmtCauses(causes) {
+    const parts = Object.entries(causes || {}).filter(([, n]) => n > 0).map(([cause, n]) => cause.replace("_", " ") + " " + fmtInt(n));
+    return parts.length ? parts.join(", ") : "–";
   }
 
   // A value of any shape as short text: numbers formatted, objects as compact JSON.
@@ -234,8 +240,8 @@
     const totals = entry.since_start;
     const recent = new Map(entry.recent.levels.map((l) => [l.level, l]));
     const extraNames = [...new Set(totals.levels.flatMap((l) => Object.keys(l).filter((k) => !KNOWN_LEVEL.has(k))))];
-    const head = el("tr", {}, ...["level", "state", "outages", "lookups", "texts served", "misses", "errors", "hit rate",
-      "recent hit rate", "p50 ms", "p99 ms", "L1 fill", ...extraNames.map(label)].map((h) => el("th", { text: h })));
+    const head = el("tr", {}, ...["level", "state", "outages", "lookups", "texts served", "misses", "why missed", "errors",
+      "hit rate", "recent hit rate", "p50 ms", "p99 ms", "L1 fill", ...extraNames.map(label)].map((h) => el("th", { text: h })));
     const rows = totals.levels.map((level) => {
       const state = entry.levels[level.level] || {};
       const stateText = state.up === false ? "down" : "up";
@@ -248,6 +254,7 @@
         cell("lookups", level.lookups, fmtInt(level.lookups)),
         cell("hits", level.hits, fmtInt(level.hits)),
         cell("misses", level.misses, fmtInt(level.misses)),
+        cell("misses_by_cause", JSON.stringify(level.misses_by_cause || {}), fmtCauses(level.misses_by_cause)),
         cell("errors", level.errors, fmtInt(level.errors)),
         cell("hit_rate", level.hit_rate, fmtPct(level.hit_rate)),
         cell("recent_hit_rate", recent.has(level.level) ? recent.get(level.level).hit_rate : null,
@@ -259,7 +266,7 @@
     });
     const compute = el("tr", { "data-level": "compute" }, el("td", { text: "compute" }), el("td", {}),
       el("td", {}), el("td", {}), cell("hits", totals.texts_computed, fmtInt(totals.texts_computed)),
-      ...Array.from({ length: 7 + extraNames.length }, () => el("td", {})));
+      ...Array.from({ length: 8 + extraNames.length }, () => el("td", {})));
     return el("table", { className: "grid levels" }, head, ...rows, compute);
   }
 
