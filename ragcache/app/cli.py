@@ -158,7 +158,7 @@ def _shared_embedded_stores(settings, workers: int):
     started: list = []
     try:
         if embedded_redis:
-            redis_server = EmbeddedRedis(levels.data_dir / "redis", maxmemory=str(levels.embedded_redis_max_bytes))
+            redis_server = EmbeddedRedis(levels.data_dir / "redis", maxmemory=str(levels.embedded_redis_max_bytes), unix_socket=True)
             started.append(redis_server)
             os.environ["RAGCACHE_REDIS_URL"] = redis_server.url
         if milvus_lite:

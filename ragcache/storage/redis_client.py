@@ -84,7 +84,10 @@ def asyncio_twin(client: redis.Redis | RedisCluster) -> redis.asyncio.Redis | re
         nodes = [redis.asyncio.cluster.ClusterNode(node.host, node.port) for node in client.get_nodes()]  # type: ignore[union-attr]
         return redis.asyncio.RedisCluster(startup_nodes=nodes, retry=no_retry, **options)
     accepted = set(inspect.signature(redis.asyncio.Redis.__init__).parameters) - {"retry"}
-    options = {k: v for k, v in client.connection_pool.connection_kwargs.items() if k in accepted}  # type: ignore[union-attr]
+    kwargs = client.connection_pool.connection_kwargs  # type: ignore[union-attr]
+    options = {k: v for k, v in kwargs.items() if k in accepted}
+    if "path" in kwargs:  # a unix socket (the embedded Redis): the asyncio client names it otherwise
+        options["unix_socket_path"] = kwargs["path"]
     return redis.asyncio.Redis(retry=no_retry, **options)
 
 

@@ -162,7 +162,8 @@ class Stores:
         if settings.levels.l2_enabled:
             url = settings.levels.redis_url
             if url is None:
-                embedded = EmbeddedRedis(settings.levels.data_dir / "redis", maxmemory=str(settings.levels.embedded_redis_max_bytes))
+                embedded = EmbeddedRedis(settings.levels.data_dir / "redis", unix_socket=True,
+                                         maxmemory=str(settings.levels.embedded_redis_max_bytes))
                 if settings.levels.redis_ttl_s is None:
                     log.warning("redis_ttl_s is unset: L2 entries have no TTL, so the embedded Redis (volatile-lru) "
                                 "cannot evict them, and L2 writes fail once it holds embedded_redis_max_bytes")
