@@ -87,6 +87,7 @@ class ServiceState:
             PrefixRegistryConfig(
                 file_path=settings.levels.data_dir / "prefixes.json",
                 warm_budget_per_minute=settings.prefixes.prefix_warm_budget_per_minute,
+                warm_budget_per_tenant_per_minute=settings.prefixes.prefix_warm_budget_per_tenant_per_minute,
                 min_rewarm_interval_s=settings.prefixes.prefix_min_rewarm_interval_s,
                 max_rewarm_interval_s=settings.prefixes.prefix_max_rewarm_interval_s,
                 endpoints=tuple(settings.prefixes.prefix_vllm_endpoints),

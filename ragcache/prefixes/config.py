@@ -76,14 +76,17 @@ class PrefixRegistryConfig:
     max_text_bytes: int = 256 * 1024
     max_prefixes_per_tenant: int = 100
     registrations_per_minute: int = 60
+    # Warms one tenant's prefixes may take in any minute, within warm_budget_per_minute (:mod:`.lease`): one tenant's
+    # many prefixes spend its own share, never another tenant's. The keys without a tenant share one.
+    warm_budget_per_tenant_per_minute: int = 60
 
     def __post_init__(self) -> None:
         if not 0 < self.min_rewarm_interval_s <= self.max_rewarm_interval_s:
             raise ConfigError("need 0 < min_rewarm_interval_s <= max_rewarm_interval_s")
         if not 0 < self.shrink_factor <= 1 <= self.grow_factor or self.ceiling_relax_factor < 1:
             raise ConfigError("need 0 < shrink_factor <= 1 <= grow_factor and ceiling_relax_factor >= 1")
-        if self.warm_budget_per_minute < 1:
-            raise ConfigError("warm_budget_per_minute must be at least 1")
+        if min(self.warm_budget_per_minute, self.warm_budget_per_tenant_per_minute) < 1:
+            raise ConfigError("warm_budget_per_minute and warm_budget_per_tenant_per_minute must be at least 1")
         if min(self.max_text_bytes, self.max_prefixes_per_tenant, self.registrations_per_minute) < 1:
             raise ConfigError("max_text_bytes, max_prefixes_per_tenant and registrations_per_minute must be at least 1")
         if not 0 < self.backoff_min_s <= self.backoff_max_s:

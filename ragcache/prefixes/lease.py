@@ -6,6 +6,9 @@ that only its holder renews, and a sliding-minute log of the warms the whole fle
 renewing, its leases expire after ``lease_ttl_s``, and another replica takes the work over at its next tick.
 :class:`LocalWarmGate` is the single-process form (no Redis: every pair is this process's, the budget is local).
 
+Within the fleet's budget each tenant has its own (``warm_budget_per_tenant_per_minute``, issue 27 item 8): a warm
+spends from both or from neither, so one tenant's many prefixes use up its own share and never another tenant's.
+
 When Redis fails, a replica warms with its local budget rather than not at all: a duplicate warm costs one
 cached prefill, a missed one costs every user request a full prefill.
 """
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -25,7 +29,7 @@ from ragcache.storage.redis_client import REDIS_ERRORS
 
 from .policy import WarmBudget
 
-__all__ = ["WarmGate", "LocalWarmGate", "RedisWarmGate"]
+__all__ = ["WarmGate", "TenantBudgets", "LocalWarmGate", "RedisWarmGate"]
 
 log = logging.getLogger(__name__)
 
@@ -37,22 +41,43 @@ class WarmGate(Protocol):
         """Whether this replica is the one that warms prefix ``name`` on ``base_url`` now (renewing its lease)."""
         ...
 
-    def try_spend(self) -> bool:
-        """Take one warm from the (fleet-wide) budget; False when this minute's budget is spent."""
+    def try_spend(self, tenant: str | None = None) -> bool:
+        """Take one warm from the (fleet-wide) budget and from ``tenant``'s (the keys without a tenant share one);
+        False, spending nothing, when this minute's budget of either is spent."""
         ...
 
 
-class LocalWarmGate:
-    """One process: every (prefix, endpoint) is its own; the budget is :class:`WarmBudget`."""
+class TenantBudgets:
+    """A :class:`WarmBudget` for the whole process and one per tenant, spent together (thread-safe)."""
 
-    def __init__(self, budget: WarmBudget) -> None:
-        self._budget = budget
+    def __init__(self, per_minute: int, per_tenant_per_minute: int, clock: Callable[[], float]) -> None:
+        self._total = WarmBudget(per_minute, clock)
+        self._per_tenant_per_minute = per_tenant_per_minute
+        self._clock = clock
+        self._tenants: dict[str, WarmBudget] = {}  # bounded by the tenants of the API keys
+        self._lock = threading.Lock()
+
+    def try_spend(self, tenant: str | None) -> bool:
+        with self._lock:
+            own = self._tenants.get(tenant or "")
+            if own is None:
+                own = self._tenants[tenant or ""] = WarmBudget(self._per_tenant_per_minute, self._clock)
+            if own.num_available < 1 or not self._total.try_acquire():
+                return False
+            return own.try_acquire()
+
+
+class LocalWarmGate:
+    """One process: every (prefix, endpoint) is its own; the budgets are :class:`TenantBudgets`."""
+
+    def __init__(self, budgets: TenantBudgets) -> None:
+        self._budgets = budgets
 
     def holds(self, name: str, base_url: str) -> bool:
         return True
 
-    def try_spend(self) -> bool:
-        return self._budget.try_acquire()
+    def try_spend(self, tenant: str | None = None) -> bool:
+        return self._budgets.try_spend(tenant)
 
 
 # Take the lease when free, renew it when ours; one script so that no other replica can slip in between.
@@ -65,18 +90,21 @@ end
 return 0
 """
 
-# A sliding log of send times (Redis' own clock, so replicas' clocks never disagree): at most ARGV[1] warms in
-# any ARGV[2] seconds, fleet-wide.
+# Sliding logs of send times (Redis' own clock, so replicas' clocks never disagree): at most ARGV[1] warms in any
+# ARGV[3] seconds fleet-wide (KEYS[1]) and ARGV[2] for the warm's tenant (KEYS[2]); both logs or neither take it.
 _SPEND = """
 local now = redis.call('TIME')
 local now_s = tonumber(now[1]) + tonumber(now[2]) / 1e6
-local window = tonumber(ARGV[2])
+local window = tonumber(ARGV[3])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now_s - window)
-if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[1]) then
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now_s - window)
+if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[1]) or redis.call('ZCARD', KEYS[2]) >= tonumber(ARGV[2]) then
   return 0
 end
-redis.call('ZADD', KEYS[1], now_s, ARGV[3])
-redis.call('PEXPIRE', KEYS[1], math.ceil(window * 1000))
+for _, key in ipairs(KEYS) do
+  redis.call('ZADD', key, now_s, ARGV[4])
+  redis.call('PEXPIRE', key, math.ceil(window * 1000))
+end
 return 1
 """
 
@@ -88,13 +116,14 @@ class RedisWarmGate:
     few commands per pair every TTL however fast the loop ticks.
     """
 
-    def __init__(self, client: redis.Redis, *, budget_per_minute: int, lease_ttl_s: float = 10.0,
-                 key_prefix: str = "rc:prefixes", replica_id: str | None = None,
+    def __init__(self, client: redis.Redis, *, budget_per_minute: int, budget_per_tenant_per_minute: int | None = None,
+                 lease_ttl_s: float = 10.0, key_prefix: str = "rc:prefixes", replica_id: str | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._client = client
         self._ttl_ms = max(1, int(lease_ttl_s * 1000))
         self._renew_every_s = lease_ttl_s / 3
         self._budget_per_minute = budget_per_minute
+        self._budget_per_tenant = budget_per_tenant_per_minute or budget_per_minute
         self._key_prefix = key_prefix
         self.replica_id = replica_id or uuid.uuid4().hex
         self._clock = clock
@@ -102,7 +131,7 @@ class RedisWarmGate:
         self._spend = client.register_script(_SPEND)
         # (name, base_url) -> monotonic time until which our lease is surely still ours.
         self._held_until: dict[tuple[str, str], float] = {}
-        self._fallback = WarmBudget(budget_per_minute, clock)
+        self._fallback = TenantBudgets(budget_per_minute, self._budget_per_tenant, clock)
         self._sequence = itertools.count()
 
     def lease_key(self, name: str, base_url: str) -> str:
@@ -123,11 +152,15 @@ class RedisWarmGate:
             self._held_until.pop((name, base_url), None)
         return held
 
-    def try_spend(self) -> bool:
+    def log_keys(self, tenant: str | None) -> list[str]:
+        """The fleet's log and ``tenant``'s, in one hash slot ({...}: a script's keys must share one on a Cluster)."""
+        return [f"{{{self._key_prefix}:warm-log}}", f"{{{self._key_prefix}:warm-log}}:tenant:{tenant or ''}"]
+
+    def try_spend(self, tenant: str | None = None) -> bool:
         member = f"{self.replica_id}:{next(self._sequence)}"
         try:
-            return bool(self._spend(keys=[f"{self._key_prefix}:warm-log"],
-                                    args=[self._budget_per_minute, WarmBudget.window_s, member]))
+            return bool(self._spend(keys=self.log_keys(tenant),
+                                    args=[self._budget_per_minute, self._budget_per_tenant, WarmBudget.window_s, member]))
         except REDIS_ERRORS as exc:
             log.warning("fleet warm budget unavailable (%s); using this replica's own", exc)
-            return self._fallback.try_acquire()
+            return self._fallback.try_spend(tenant)

@@ -35,7 +35,7 @@ from ragcache.errors import InvalidInputError
 from .allow import TargetPolicy
 from .config import PrefixRegistryConfig
 from .known import KnownPrefixes
-from .lease import LocalWarmGate, RedisWarmGate, WarmGate
+from .lease import LocalWarmGate, RedisWarmGate, TenantBudgets, WarmGate
 from .model import (
     MAX_USES_PER_REPORT,
     Prefix,
@@ -48,7 +48,6 @@ from .model import (
     WarmResult,
     content_hash,
 )
-from .policy import WarmBudget
 from .quota import PrefixQuota
 from .store import PrefixStore, make_store
 from .targets import Targets
@@ -91,7 +90,8 @@ class PrefixRegistry:
         self._token_counter = token_counter
         self._policy = TargetPolicy(self.config)
         self._quota = PrefixQuota(self.config, clock)
-        gate = gate or LocalWarmGate(WarmBudget(self.config.warm_budget_per_minute, clock))
+        gate = gate or LocalWarmGate(TenantBudgets(self.config.warm_budget_per_minute,
+                                                   self.config.warm_budget_per_tenant_per_minute, clock))
         self._targets = Targets(vllm, self.config, clock=clock)
         self._keep_warm = KeepWarm(self._known, self._targets, vllm, self.config, gate=gate, clock=clock,
                                    wall_clock=wall_clock, policy=self._policy)
@@ -111,6 +111,7 @@ class PrefixRegistry:
         gate = None
         if redis_client is not None:
             gate = RedisWarmGate(redis_client, budget_per_minute=config.warm_budget_per_minute,
+                                 budget_per_tenant_per_minute=config.warm_budget_per_tenant_per_minute,
                                  lease_ttl_s=config.lease_ttl_s, key_prefix=config.redis_key)
         vllm = VLLMClient(http, timeout_s=config.request_timeout_s)
         return cls(store, vllm, config, token_counter=LocalTokenCounter(), gate=gate)

@@ -118,9 +118,9 @@ class KeepWarm:
             state = self._state_for(prefix, url)
             if not self._targets.health_of(url).may_try():
                 return self._finish(state, skipped("target is backing off"))
-            if not self._gate.try_spend():
+            if not self._gate.try_spend(tenant_of(prefix.name)):
                 self.num_warms_deferred += 1
-                return self._finish(state, skipped("warm budget for this minute is spent"))
+                return self._finish(state, skipped("warm budget for this minute (the fleet's or the tenant's) is spent"))
             self.num_warms_sent += 1
             primed = state.primed
         head = template_head(prefix.text, prefix.is_template)

@@ -194,6 +194,9 @@ class Prefixes(_Section):
     """The KV-prefix registry: keep-warm of vLLM prefix-cache entries."""
 
     prefix_warm_budget_per_minute: int = Field(120, gt=0, description="most warm requests sent to vLLM a minute")
+    prefix_warm_budget_per_tenant_per_minute: int = Field(
+        60, gt=0, description="most warm requests one tenant's prefixes may take a minute, within the whole budget "
+        "(one tenant's many prefixes never spend another's; the keys without a tenant share one)")
     prefix_min_rewarm_interval_s: float = Field(1.0, gt=0, description="shortest time between two warms of one prefix")
     prefix_max_rewarm_interval_s: float = Field(120.0, gt=0, description="longest time between two warms of one prefix")
     prefix_vllm_endpoints: list[str] = Field(

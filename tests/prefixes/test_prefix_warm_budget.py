@@ -1,0 +1,74 @@
+"""A warm budget per tenant (issue 27, item 8): one tenant's many prefixes spend its own share of the warm budget,
+never another tenant's. Before, the budget was one for all: after 125 registrations of one tenant another tenant's
+prefix was skipped. In one process (the local gate, behind a vLLM stand-in) and across the fleet (the Redis gate, on
+the real Redis)."""
+
+from __future__ import annotations
+
+import httpx
+import redis
+
+from ragcache.prefixes import FilePrefixStore, PrefixRegistry, PrefixRegistryConfig, PrefixSpec, Target, VLLMClient, WarmOutcome
+from ragcache.prefixes.lease import RedisWarmGate, TenantBudgets
+from tests.prefixes.test_prefixes_unit import FakeClock, FakeVLLM
+
+SYSTEM = "You are a support assistant. Answer from the context only, and say so when it does not know.\n"
+CONFIG = PrefixRegistryConfig(warm_budget_per_minute=10, warm_budget_per_tenant_per_minute=6, default_block_size=4,
+                              store_refresh_interval_s=0.0)
+
+
+def registry_on(tmp_path, config: PrefixRegistryConfig = CONFIG) -> tuple[PrefixRegistry, FakeClock]:
+    clock, vllm = FakeClock(), FakeVLLM()
+    http = httpx.Client(transport=httpx.MockTransport(vllm.handler))
+    registry = PrefixRegistry(FilePrefixStore(tmp_path / "prefixes.json"), VLLMClient(http), config, clock=clock,
+                              wall_clock=clock)
+    return registry, clock
+
+
+def register(registry: PrefixRegistry, tenant: str, i: int) -> WarmOutcome:
+    spec = PrefixSpec(f"p{i}", f"{SYSTEM}Prefix {i}.\n", Target("http://vllm.test", "m"))
+    warm = registry.register(spec, tenant=tenant).warm
+    assert warm is not None
+    return warm.outcome
+
+
+def test_one_tenants_registrations_never_skip_another_tenants_warm(tmp_path):
+    registry, _ = registry_on(tmp_path)
+    acme = [register(registry, "acme", i) for i in range(12)]  # more than the whole budget of 10
+    assert acme == [WarmOutcome.PRIME] * 6 + [WarmOutcome.SKIPPED] * 6  # its own 6, then skipped
+    assert register(registry, "globex", 0) is WarmOutcome.PRIME  # the budget acme could not spend is globex's
+    assert registry.stats().num_warms_sent == 7
+
+
+def test_acmes_skipped_warms_go_out_when_its_own_minute_allows_and_the_total_still_holds(tmp_path):
+    registry, clock = registry_on(tmp_path)
+    for i in range(12):
+        register(registry, "acme", i)
+    for tenant in ("globex", "initech"):
+        for i in range(3):
+            register(registry, tenant, i)
+    # 6 (acme) + 3 (globex) + 1 (initech): the total of 10 is spent, so initech's 2 others wait as acme's 6 do.
+    assert registry.stats().num_warms_sent == 10
+    clock.now += 61  # a new minute: the loop sends the oldest waiting first, within both budgets
+    sent = [r for r in registry.tick() if r.outcome is not WarmOutcome.SKIPPED]
+    by_tenant = {tenant: sum(1 for r in sent if r.name.startswith(f"{tenant}--")) for tenant in ("acme", "globex", "initech")}
+    assert sum(by_tenant.values()) == 10 and by_tenant["acme"] <= 6
+
+
+def test_the_budgets_spend_together_or_not_at_all():
+    clock = FakeClock()
+    budgets = TenantBudgets(per_minute=3, per_tenant_per_minute=2, clock=clock)
+    assert [budgets.try_spend("a") for _ in range(3)] == [True, True, False]  # a's own 2
+    assert [budgets.try_spend("b") for _ in range(2)] == [True, False]  # the total's last one
+    assert budgets.try_spend(None) is False
+    clock.now += 60.5
+    assert budgets.try_spend("b") and budgets.try_spend(None)
+
+
+def test_the_fleets_budget_is_per_tenant_in_redis_too(redis_url):
+    client = redis.Redis.from_url(redis_url)
+    gates = [RedisWarmGate(client, budget_per_minute=5, budget_per_tenant_per_minute=3, replica_id=f"r{i}") for i in range(2)]
+    acme = [gates[i % 2].try_spend("acme") for i in range(5)]  # two replicas, one log per tenant
+    assert acme == [True, True, True, False, False]
+    assert [gates[1].try_spend("globex"), gates[0].try_spend("globex"), gates[1].try_spend("globex")] == [True, True, False]
+    assert client.zcard(gates[0].log_keys("acme")[1]) == 3 and client.zcard(gates[0].log_keys(None)[0]) == 5
