@@ -17,6 +17,7 @@ from ragcache.observe import redact_url
 from ragcache.retrieval import own_named
 from ragcache_server.auth import principal_of
 from ragcache_server.deps import metrics_registry_of, state_of
+from ragcache_server.errors import error_response
 from ragcache_server.responses import JSONResponse
 from ragcache_server.state import ServiceState
 
@@ -26,6 +27,9 @@ router = APIRouter(tags=["operations"])
 @router.get("/stats", summary="Hit rates per level and per model, since start and over the recent window")
 async def stats(request: Request) -> JSONResponse:
     state = state_of(request)
+    tenant = principal_of(request).tenant
+    if tenant is not None:
+        return JSONResponse(_tenant_stats(state, tenant))
     drift = _drift_of(state)
     models = {
         name: {
@@ -57,6 +61,19 @@ async def stats(request: Request) -> JSONResponse:
     return JSONResponse({"models": models, "rerankers": rerankers, "prefixes": _prefixes_of(state, principal_of(request).tenant)})
 
 
+def _tenant_stats(state: ServiceState, tenant: str) -> dict:
+    """/stats for a tenant's admin key: that tenant's own figures only. The models' totals, their level states and
+    the other tenants' namespaces count everyone's traffic, and watching them would tell one tenant what another
+    embeds; they are the operator's (a key without a tenant), like /metrics."""
+    models = {}
+    for name, cache in state.caches.items():
+        since_start, recent = cache.namespace_stats(), cache.namespace_stats(recent=True)
+        own = since_start.get(tenant)
+        models[name] = {"tenant": tenant, "since_start": asdict(own) if own is not None else None,
+                        "recent": asdict(recent[tenant]) if tenant in recent else None}
+    return {"models": models, "rerankers": {}, "prefixes": _prefixes_of(state, tenant)}
+
+
 def _prefixes_of(state: ServiceState, tenant: str | None) -> dict:
     """The prefix registry's figures; a tenant's admin key reads its own prefixes only, under their public names."""
     stats = state.prefixes.stats()
@@ -81,6 +98,10 @@ def _remote_reranker_of(reranker) -> dict:
 
 @router.get("/metrics", summary="Prometheus exposition", response_class=Response)
 async def metrics(request: Request) -> Response:
+    if principal_of(request).tenant is not None:
+        # Every series counts every tenant's traffic (see _tenant_stats): Prometheus scrapes with the operator's key.
+        return error_response(403, "forbidden", "/metrics counts every tenant's traffic: it needs an admin key without a "
+                              "tenant (a tenant's own figures are in /stats)")
     return Response(generate_latest(metrics_registry_of(request)), media_type=CONTENT_TYPE_LATEST)
 
 

@@ -315,6 +315,7 @@ def run_rerank(args) -> int:
 
 def run_stats(args) -> int:
     from ragcache.app.stats_view import render_stats, watch_stats
+    from ragcache.observe.redact import redact_url
 
     if args.interval <= 0 or (args.count is not None and args.count < 1):
         raise RagCacheError("--interval must be > 0 and --count >= 1")
@@ -323,7 +324,7 @@ def run_stats(args) -> int:
             print(render_stats(client.stats()))
             return 0
         try:
-            watch_stats(client.stats, interval_s=args.interval, count=args.count, out=sys.stdout, title=f"ragcache {args.url}")
+            watch_stats(client.stats, interval_s=args.interval, count=args.count, out=sys.stdout, title=f"ragcache {redact_url(args.url)}")
         except KeyboardInterrupt:
             pass  # Ctrl-C is how a watch ends
     return 0

@@ -80,6 +80,11 @@ class _Operations:
         ``prefix_refresh_s`` is how long ``render`` reuses a fetched prefix (``clock`` measures it)."""
         if retries < 0 or backoff_s < 0:
             raise InvalidInputError("retries and backoff_s must not be negative", field="retries")
+        if httpx.URL(base_url).userinfo:
+            # httpx would send the user info as Basic auth in place of the Bearer key (a 401), and it would show
+            # wherever the URL is printed.
+            raise InvalidInputError(f"base_url {redact_url(base_url)!r} carries credentials (user:password@): "
+                                    "give the key as api_key (RAGCACHE_API_KEY for the CLI) instead", field="base_url")
         self.base_url = base_url
         self.retries = retries
         self.backoff_s = backoff_s

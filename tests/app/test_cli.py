@@ -46,3 +46,12 @@ def test_no_command_prints_help(capsys):
     assert main([]) == 2
     with pytest.raises(SystemExit):
         main(["--help"])
+
+
+def test_a_url_with_credentials_is_refused_and_never_printed(capsys):
+    """httpx would send user:password@ as Basic auth in place of the Bearer key (a 401 that says nothing), and
+    `stats --watch` printed the URL in its title."""
+    assert main(["stats", "--watch", "--count", "1", "--url", "http://ops:hunter2@127.0.0.1:9"]) == 1
+    shown = capsys.readouterr()
+    assert "carries credentials" in shown.err and "api_key" in shown.err
+    assert "hunter2" not in shown.out + shown.err

@@ -353,6 +353,22 @@ def test_tenant_cache_namespaces_keep_hits_apart(clients):
     assert model["since_start"]["texts"] >= sum(n["since_start"]["texts"] for n in namespaces.values())
 
 
+def test_a_tenants_admin_key_reads_its_own_figures_only(clients):
+    """The totals, level states and other namespaces count every tenant's traffic (audit round four, Low 7)."""
+    text = f"a text only globex has embedded [{uuid.uuid4().hex}]"
+    assert clients["globex"].post("/embed", json={"inputs": [text]}).status_code == 200
+    assert clients["acme"].post("/embed", json={"inputs": [f"acme's own [{uuid.uuid4().hex}]"]}).status_code == 200
+    answer = clients["acmeops"].get("/stats")
+    assert answer.status_code == 200, answer.text
+    (model,) = answer.json()["models"].values()
+    assert set(model) == {"tenant", "since_start", "recent"} and model["tenant"] == "acme"
+    assert model["since_start"]["texts"] >= 1
+    assert "globex" not in answer.text and answer.json()["rerankers"] == {}
+    refused = clients["acmeops"].get("/metrics")
+    assert refused.status_code == 403 and refused.json()["error"]["type"] == "forbidden"
+    assert "ragcache_hits_total" in clients["ops"].get("/metrics").text  # the operator's key still reads them
+
+
 
 def test_rate_limit_per_key_is_a_429_with_retry_after(clients):
     statuses = [clients["metered"].post("/embed", json={"inputs": "x"}) for _ in range(3)]
