@@ -112,7 +112,9 @@ def _l3(settings: Settings, stores: Stores, space: EmbeddingSpace, device: torch
     # One collection per space id, the key's: a drift switch moves to another collection, and a late write of
     # the old generation still goes to the old one (ragcache.tiers.spaces).
     budget = L3Budget(max_rows=settings.levels.l3_max_rows, max_age_s=settings.levels.l3_max_age_s)
-    per_space = lambda space_id: MilvusTier(milvus, space_id=space_id, dim=space.dim, dtype=dtype, budget=budget)  # noqa: E731
+    recheck_s = settings.levels.l3_empty_recheck_s
+    per_space = lambda space_id: MilvusTier(milvus, space_id=space_id, dim=space.dim, dtype=dtype, budget=budget,  # noqa: E731
+                                            empty_recheck_s=recheck_s)
     return PerSpaceTier(per_space, dim=space.dim, dtype=dtype)
 
 

@@ -310,7 +310,7 @@ class EmbeddingCache:
             return  # every key in L1: no miss to explain
         counts = self._ledger.explain(
             [(scope, text) for text in texts], space.generation, found.served, num_levels=len(self.levels),
-            unavailable=found.unavailable, on_reuse=self.levels.on_reuse, ttl_s=self._ttl_s)
+            unavailable=found.unavailable, bypassed=found.bypassed, on_reuse=self.levels.on_reuse, ttl_s=self._ttl_s)
         self.levels.record_causes(counts)
 
     # ---- state -----------------------------------------------------------------------------------------

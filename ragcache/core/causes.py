@@ -9,8 +9,8 @@ they proved reuse), and a miss is judged against that:
 - ``never_seen``: the text was never seen here under this scope (or so long ago the ledger forgot it);
 - ``drift``: seen, but under an earlier generation of the model (``ragcache.models.drift``): its old vector is
   no longer the model's, so no level may serve it;
-- ``bypassed``: the level admits only vectors that proved reuse (L3 by default with a disk level), and this one
-  has not yet;
+- ``bypassed``: the level was not asked (it said it holds none of the keys: an empty L3 collection), or it
+  admits only vectors that proved reuse (L3 by default with a disk level) and this one has not yet;
 - ``expired``: the level keeps entries for a time to live (L2's ``ttl_s``) and the text was first seen longer
   ago than that;
 - ``evicted``: the rest — seen, current, admitted, within any TTL: the level dropped it for room (or another
@@ -53,6 +53,7 @@ class MissLedger:
         *,
         num_levels: int,
         unavailable: frozenset[int],
+        bypassed: frozenset[int],
         on_reuse: frozenset[int],
         ttl_s: Sequence[float | None],
     ) -> np.ndarray:
@@ -66,16 +67,18 @@ class MissLedger:
                 key = hash(identity)
                 entry = self._seen.get(key)
                 for position in range(level):
-                    counts[position, self._cause(position, entry, generation, now, unavailable, on_reuse, ttl_s)] += 1
+                    counts[position, self._cause(position, entry, generation, now, unavailable, bypassed, on_reuse, ttl_s)] += 1
                 self._remember(key, entry, generation, now, proved_reuse=level in reuse_levels,
                                written=level == num_levels)
         return counts
 
     @staticmethod
     def _cause(position: int, entry: list | None, generation: int, now: float, unavailable: frozenset[int],
-               on_reuse: frozenset[int], ttl_s: Sequence[float | None]) -> int:
+               bypassed: frozenset[int], on_reuse: frozenset[int], ttl_s: Sequence[float | None]) -> int:
         if position in unavailable:
             return UNAVAILABLE
+        if position in bypassed:
+            return BYPASSED
         if entry is None:
             return NEVER_SEEN
         if entry[0] != generation:

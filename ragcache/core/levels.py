@@ -48,6 +48,7 @@ class Found:
     served: np.ndarray
     missing: np.ndarray
     unavailable: frozenset[int] = frozenset()
+    bypassed: frozenset[int] = frozenset()  # levels not asked: they said they hold none of these keys (``may_hold``)
 
 
 class Levels:
@@ -89,6 +90,9 @@ class Levels:
         self._writers = {
             position: WriteBehind(self.store, linger_s=lingers.get(self.names[position], 0.0)) for position in range(1, len(self.tiers))
         } if write_behind else {}
+        # A level may say, without a call, that it holds none of some keys (an empty Milvus collection): it is then
+        # not asked, and its misses are counted as bypassed.
+        self._may_hold = [getattr(tier, "may_hold", None) for tier in self.tiers]
         self._on_reuse = frozenset(position for position, name in enumerate(self.names) if name in admit_on_reuse and position)
         self._admission_lock = threading.Lock()
         self._num_admitted = dict.fromkeys(self._on_reuse, 0)
@@ -121,9 +125,15 @@ class Levels:
         missing = np.arange(len(keys))
         asked = keys  # the keys at ``missing``, in order: what the next level is asked for
         unavailable: set[int] = set()
+        bypassed: set[int] = set()
         for position in range(len(self)):
             if not len(missing):
                 break
+            may_hold = self._may_hold[position]
+            if may_hold is not None and not may_hold(asked):
+                self._recorders[position].record(hits=0, misses=len(asked))
+                bypassed.add(position)
+                continue
             hits = first if position == 0 and first is not None else self.lookup(position, asked, failed=unavailable)
             if not hits.index:
                 continue
@@ -148,7 +158,7 @@ class Levels:
             asked = asked.take(np.flatnonzero(still))
         if vectors is None:
             vectors = torch.empty((len(keys), self._dim), dtype=self._dtype, device=device)
-        return Found(vectors, served, missing, frozenset(unavailable))
+        return Found(vectors, served, missing, frozenset(unavailable), frozenset(bypassed))
 
     # ---- lookups -------------------------------------------------------------------------------------------
 

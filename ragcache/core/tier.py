@@ -35,6 +35,9 @@ class Tier(Protocol):
 
     A level every process of a fleet sees (Redis, a Milvus server) says so with ``shared = True``: the first
     such level below L1 is where single flight across processes publishes vectors (``ragcache.core.levels``).
+
+    A level whose every call costs (Milvus) may also offer ``may_hold(keys) -> bool``: False means it holds
+    none of them (its collection is empty), and the walk does not ask it (the misses count as bypassed).
     """
 
     name: str

@@ -96,6 +96,9 @@ class Levels(_Section):
     l3_write_linger_ms: float = Field(
         500.0, ge=0, description="L3's write-behind gathers writes this long into one Milvus call (fewer calls, less CPU)"
     )
+    l3_empty_recheck_s: float | None = Field(
+        30.0, gt=0, description="an empty L3 collection is not asked; its row count is read again this often (rows other "
+        "processes write are found within it); unset: always asked")
     l3_admission: Literal["auto", "all", "reuse"] = Field(
         "auto",
         description="which vectors L3 stores: 'reuse' = a text asked for again after leaving L1 (served by the disk level "

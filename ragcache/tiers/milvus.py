@@ -45,6 +45,7 @@ class MilvusTier:
         dtype: torch.dtype,
         budget: L3Budget | None = None,
         clock: Callable[[], float] = time.time,
+        empty_recheck_s: float | None = None,
     ):
         self.client = client
         self.collection = f"rc_{space_id}"
@@ -57,6 +58,11 @@ class MilvusTier:
         self._ready_lock = threading.Lock()
         self._num_failed_prepares = 0  # failed tries to prepare the collection, and why the last one failed
         self._last_failure: str | None = None
+        # An empty collection is not asked (``may_hold``): its row count is read again every empty_recheck_s
+        # (None: always asked), so rows another process writes are found within that time.
+        self._empty_recheck_s = empty_recheck_s
+        self._holds_rows = empty_recheck_s is None
+        self._next_count_at = 0.0
 
     def _ensure_collection(self) -> None:
         if self._ready:
@@ -132,6 +138,21 @@ class MilvusTier:
         # Keys are rc:<space_id>:<text_hash>; the collection already names the space.
         return [key[-TEXT_HASH_LENGTH:] for key in keys]
 
+    def may_hold(self) -> bool:
+        """False while the collection is known to be empty: a lookup there costs a Milvus call (the client's CPU
+        and Milvus Lite's) to find nothing, on every request with a miss. Once it holds a row, always True."""
+        if self._holds_rows:
+            return True
+        now = time.monotonic()
+        if now < self._next_count_at:
+            return False
+        self._next_count_at = now + (self._empty_recheck_s or 0.0)
+        try:
+            self._holds_rows = self.count() > 0
+        except TierUnavailableError:
+            return True  # asked, so that the failure is seen and counted where lookups are
+        return self._holds_rows
+
     def get_many(self, keys: Sequence[str]) -> TierHits:
         if not keys:
             return TierHits.none(self.dim, self.dtype)
@@ -183,6 +204,7 @@ class MilvusTier:
             # (measured: ~150 vs ~4,700 rows/s), so a large batch (an ingest, a warm-up) goes in chunks.
             for start in range(0, len(data), MAX_ROWS_PER_CALL):
                 self.client.upsert(self.collection, data[start : start + MAX_ROWS_PER_CALL])
+            self._holds_rows = True
             if self._has_written_at:
                 self.budget.maybe_enforce()
         except milvus_failures as exc:

@@ -46,6 +46,14 @@ class PerSpaceTier:
     def num_corrupt(self) -> int:
         return sum(getattr(tier, "num_corrupt", 0) for tier in list(self._tiers.values()))
 
+    def may_hold(self, keys: Sequence[str]) -> bool:
+        """Whether any of the keys' spaces may hold a row (a level that says so of itself, ``MilvusTier.may_hold``)."""
+        for space_id in _by_space(keys):
+            may_hold = getattr(self.tier_for(space_id), "may_hold", None)
+            if may_hold is None or may_hold():
+                return True
+        return False
+
     def get_many(self, keys: Sequence[str]) -> TierHits:
         groups = _by_space(keys)
         if len(groups) <= 1:  # the usual case: one request, one space
