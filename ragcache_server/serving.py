@@ -27,7 +27,7 @@ import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.supervisors import Multiprocess
 
-__all__ = ["GuardedHttpToolsProtocol", "ServeConfig", "bounds_of", "max_connections_of", "run_server"]
+__all__ = ["GuardedHttpToolsProtocol", "ServeConfig", "bounds_of", "max_connections_of", "proxy_options", "run_server"]
 
 log = logging.getLogger("uvicorn.error")
 
@@ -109,9 +109,20 @@ def max_connections_of(configured: int) -> int:
     return max(16, min(MAX_AUTO_CONNECTIONS, limit))
 
 
-def bounds_of(service: Any) -> dict[str, Any]:
-    """The server's bounds from the settings' ``service`` section, as ``ServeConfig`` takes them."""
-    return {"header_timeout_s": service.header_timeout_s, "max_connections": max_connections_of(service.max_connections)}
+def bounds_of(service: Any, access: Any = None) -> dict[str, Any]:
+    """The server's bounds from the settings' ``service`` section, as ``ServeConfig`` takes them; with ``access``,
+    also whose X-Forwarded-For is believed (``proxy_options``)."""
+    bounds = {"header_timeout_s": service.header_timeout_s, "max_connections": max_connections_of(service.max_connections)}
+    return bounds if access is None else {**bounds, **proxy_options(access.trusted_proxies)}
+
+
+def proxy_options(trusted_proxies: list[str]) -> dict[str, Any]:
+    """uvicorn's forwarded-header options: believed only from the listed proxies. uvicorn's own default believes
+    X-Forwarded-For from 127.0.0.1, so any local process could send a forged one and be counted as another client
+    (a fresh failed-key budget per request); with no proxy listed, the connection's own address counts."""
+    if not trusted_proxies:
+        return {"proxy_headers": False}
+    return {"proxy_headers": True, "forwarded_allow_ips": list(trusted_proxies)}
 
 
 def run_server(config: ServeConfig) -> None:

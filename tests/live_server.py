@@ -36,7 +36,7 @@ class LiveServer:
         # connection just as the server closes it gets a ReadError that says nothing about the service.
         # The protocol and bounds of `ragcache serve` too (ragcache_server/serving.py: header deadline, connection bound).
         config = ServeConfig(self.app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on",
-                             timeout_keep_alive=75, **bounds_of(settings.service))
+                             timeout_keep_alive=75, **bounds_of(settings.service, settings.access))
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 

@@ -55,7 +55,7 @@ class ServiceProcess:
             "from ragcache.app.cli import SERVE_OPTIONS; from ragcache.settings import Settings; "
             "from ragcache_server.serving import ServeConfig, bounds_of, run_server; "
             "run_server(ServeConfig('ragcache_bench.floor_app:create_bench_app', factory=True, host='127.0.0.1', "
-            f"port={self.port}, workers=1, log_level={log_level!r}, **bounds_of(Settings.load().service), **SERVE_OPTIONS))"
+            f"port={self.port}, workers=1, log_level={log_level!r}, **bounds_of(Settings.load().service, Settings.load().access), **SERVE_OPTIONS))"
         )
         command = [sys.executable, "-c", serve]
         self.process = subprocess.Popen(command, env=env, stdout=self._log, stderr=subprocess.STDOUT)

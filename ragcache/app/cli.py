@@ -132,7 +132,7 @@ def run_serve(args) -> int:
             port=args.port or settings.service.port,
             workers=args.workers,
             log_level=args.log_level,
-            **bounds_of(settings.service),
+            **bounds_of(settings.service, settings.access),
             **SERVE_OPTIONS,
         ))
     return 0

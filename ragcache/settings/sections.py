@@ -278,6 +278,10 @@ class Access(_Section):
     tenant_cache_namespaces: bool = Field(False, description="each tenant its own cache entries (no shared hits)")
     rate_limit_per_s: float | None = Field(None, gt=0, description="requests a second per key; unset = no limit")
     rate_limit_burst: int | None = Field(None, gt=0, description="bucket size; default: 2 x rate, at least 1")
+    trusted_proxies: list[str] = Field(
+        default_factory=list,
+        description="addresses (IPs or CIDRs) of the proxies in front whose X-Forwarded-For names the client; none: the "
+        "connection's own address counts (rate limits and the failed-key budget), a forwarded header is ignored")
 
     def bind_refusal(self, host: str) -> str | None:
         """Why the service must not bind ``host`` with these settings, or None: a non-loopback address

@@ -14,9 +14,20 @@ from ragcache.errors import ConfigError
 from ragcache.settings import Settings
 from ragcache.storage.embedded_redis import free_port
 from ragcache_server.app import create_app
-from ragcache_server.auth import OPEN_PATHS, ROUTE_SCOPES, SCOPES, AccessMiddleware, ApiKey, KeyRing, required_scope, route_table
+from ragcache_server.auth import (
+    FAILED_AUTH_BURST,
+    OPEN_PATHS,
+    ROUTE_SCOPES,
+    SCOPES,
+    AccessMiddleware,
+    ApiKey,
+    KeyRing,
+    required_scope,
+    route_table,
+)
 from ragcache_server.limits import RateLimiter
 from ragcache_server.routes_ui import HEADERS as UI_HEADERS
+from ragcache_server.serving import proxy_options
 from tests.live_server import LiveServer
 from tests.server.test_limits import Clock, asgi_messages
 
@@ -423,6 +434,24 @@ def test_failed_authentication_is_rate_limited_per_client_address():
     assert status_for("10.0.0.1", LEGACY) == (429, b"100")
     assert status_for("10.0.0.2", "wrong-key") == (401, None)
     assert status_for("10.0.0.2", LEGACY) == (200, None)
+
+
+def test_a_forged_x_forwarded_for_gets_no_fresh_budget_of_wrong_keys(tmp_path):
+    """uvicorn believes X-Forwarded-For from 127.0.0.1 by default, so a local guesser sending a new one with each
+    wrong key was a new client each time (audit round four, Low 11). With no trusted proxy listed, the connection's
+    own address counts: past the budget, 429 whatever the header says."""
+    settings = Settings(api_key=LEGACY, redis_url="off", milvus_uri="off", data_dir=tmp_path)
+    with LiveServer(settings) as live, httpx.Client(base_url=live.url, timeout=60) as http:
+        forged = [{"Authorization": "Bearer wrong-key", "X-Forwarded-For": f"10.9.0.{n}"} for n in range(FAILED_AUTH_BURST + 5)]
+        statuses = [http.get("/stats", headers=headers).status_code for headers in forged]
+    assert statuses.count(401) <= FAILED_AUTH_BURST + 2 and statuses[-1] == 429, statuses
+
+
+def test_forwarded_addresses_are_believed_only_from_listed_proxies():
+    assert proxy_options([]) == {"proxy_headers": False}
+    assert proxy_options(["10.0.0.0/8"]) == {"proxy_headers": True, "forwarded_allow_ips": ["10.0.0.0/8"]}
+    with pytest.raises(ValueError):
+        Settings(trusted_proxies="10.0.0.1")  # a list, as JSON in the environment: ["10.0.0.1"]
 
 
 def test_no_key_never_matches_and_keys_never_show_in_the_settings_repr():
