@@ -1,0 +1,156 @@
+"""The KV-event subscriber against a loopback ZMQ publisher of the tests' own (tests/prefixes/kv_publisher.py, vLLM's
+wire format): events drive residency exactly; a lost message is replayed; a publisher that dies, floods or sends
+garbage costs a breaker and a log line, never the subscriber. The real vLLM's events: tests/vllm."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from ragcache.prefixes.kv_events import EventsConfig, KVEventsError, KVEventSubscriber, decode_batch
+from ragcache.prefixes.msgpack_lite import MsgpackError, unpackb
+from ragcache.prefixes.residency import BlockIndex, BlockRemoved, BlockStored, prefix_digests
+from tests.prefixes.kv_publisher import KVPublisher, packb, removed, stored
+
+BLOCK = 4
+PREFIX = list(range(1, 14))  # 13 tokens: 3 full blocks of 4
+
+
+def wait_until(condition: Callable[[], bool], timeout_s: float = 20.0) -> bool:
+    """Poll ``condition`` (a correctness wait, not a speed assertion: the deadline is far beyond any run)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.02)
+    return condition()
+
+
+def store_prefix(publisher: KVPublisher, first_hash: int = 100, *, skip_wire: bool = False) -> None:
+    publisher.publish([stored([first_hash, first_hash + 1, first_hash + 2], None, PREFIX[:12], BLOCK)], skip_wire=skip_wire)
+
+
+@pytest.fixture
+def publisher() -> Iterator[KVPublisher]:
+    publisher = KVPublisher().start()
+    yield publisher
+    publisher.close()
+
+
+def subscriber_of(publisher: KVPublisher, changes: list[str] | None = None, **config) -> KVEventSubscriber:
+    config = {"backoff_min_s": 0.05, "backoff_max_s": 0.2, **config}
+    on_change = changes.append if changes is not None else None
+    subscriber = KVEventSubscriber("http://vllm.test", EventsConfig(publisher.endpoint, publisher.replay_endpoint, **config),
+                                   on_change=on_change)
+    subscriber.start()
+    assert wait_until(lambda: subscriber.synced), "the subscriber never synced"
+    return subscriber
+
+
+def resident(subscriber: KVEventSubscriber) -> int:
+    return subscriber.index.resident_blocks(prefix_digests(PREFIX, BLOCK))
+
+
+def test_the_index_counts_a_prefixs_leading_blocks_exactly():
+    index = BlockIndex()
+    digests = prefix_digests(PREFIX, BLOCK)
+    assert len(digests) == 3 and index.resident_blocks(digests) == 0
+    index.apply(BlockStored((1, 2), None, tuple(PREFIX[:8]), BLOCK))
+    index.apply(BlockStored((3,), 2, tuple(PREFIX[8:12]), BLOCK))
+    assert index.resident_blocks(digests) == 3
+    index.apply(BlockStored((9,), 2, (0, 0, 0, 0), BLOCK))  # another prompt sharing two blocks: not the prefix's third
+    index.apply(BlockRemoved((2,)))
+    assert index.resident_blocks(digests) == 1  # the chain breaks at its second block
+    index.apply(BlockStored((7,), 55, tuple(PREFIX[4:8]), BLOCK))  # a parent never seen: not placed, not counted
+    assert index.num_unplaced == 1 and index.resident_blocks(digests) == 1
+
+
+def test_events_drive_residency_and_report_each_removal(publisher):
+    changes: list[str] = []
+    subscriber = subscriber_of(publisher, changes)
+    try:
+        store_prefix(publisher)
+        assert wait_until(lambda: resident(subscriber) == 3)
+        publisher.publish([removed([101])])
+        assert wait_until(lambda: resident(subscriber) == 1) and changes == ["http://vllm.test"]
+        publisher.publish([{"type": "AllBlocksCleared"}])
+        assert wait_until(lambda: resident(subscriber) == 0) and subscriber.index.num_blocks == 0
+    finally:
+        subscriber.stop()
+
+
+def test_a_lost_message_is_replayed(publisher):
+    subscriber = subscriber_of(publisher)
+    try:
+        store_prefix(publisher, skip_wire=True)  # buffered by the publisher, never received live
+        publisher.publish([stored([200], 102, [99, 98, 97, 96], BLOCK)])  # the next one arrives: a gap before it
+        assert wait_until(lambda: resident(subscriber) == 3 and subscriber.index.num_blocks == 4)
+        assert subscriber.num_replays >= 1 and subscriber.synced
+    finally:
+        subscriber.stop()
+
+
+def test_a_publisher_that_dies_is_a_breaker_and_comes_back_replayed(publisher, caplog):
+    subscriber = subscriber_of(publisher)
+    try:
+        store_prefix(publisher)
+        assert wait_until(lambda: resident(subscriber) == 3)
+        with caplog.at_level(logging.WARNING, logger="ragcache.prefixes.kv_events"):
+            publisher.stop()
+            assert wait_until(lambda: not subscriber.synced and subscriber.health.is_down)
+        assert [r.message for r in caplog.records].count(
+            "KV events of http://vllm.test: the publisher went away (residency from warms until they recover)") == 1
+        revived = KVPublisher()
+        revived.port, revived.replay_port = publisher.port, publisher.replay_port
+        revived.endpoint, revived.replay_endpoint = publisher.endpoint, publisher.replay_endpoint
+        revived.start()
+        try:
+            store_prefix(revived, 300)  # a restarted engine: its own sequence, from 0
+            assert wait_until(lambda: subscriber.synced and not subscriber.health.is_down and resident(subscriber) == 3)
+        finally:
+            revived.close()
+    finally:
+        subscriber.stop()
+
+
+def test_garbage_costs_a_breaker_and_one_log_line_never_the_subscriber(publisher, caplog):
+    subscriber = subscriber_of(publisher, backoff_min_s=5.0, backoff_max_s=5.0)
+    try:
+        with caplog.at_level(logging.WARNING, logger="ragcache.prefixes.kv_events"):
+            for payload in (b"\xc1 not msgpack", packb({"not": "a batch"}), packb([1.0, [{"type": "Nope", "block_hashes": []}]]),
+                            packb([1.0, [stored([1], None, [1], BLOCK)]])):  # fewer tokens than its block holds
+                publisher.send_raw(payload)
+            assert wait_until(lambda: subscriber.health.is_down and not subscriber.synced)
+        warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+        assert len(warnings) == 1 and "residency from warms" in warnings[0].getMessage()
+        assert all(thread.is_alive() for thread in subscriber._threads)
+    finally:
+        subscriber.stop()
+
+
+def test_a_flood_of_blocks_beyond_the_bound_clears_the_index_and_opens_the_breaker(publisher):
+    subscriber = subscriber_of(publisher, max_blocks=50)
+    try:
+        store_prefix(publisher)
+        assert wait_until(lambda: resident(subscriber) == 3)
+        publisher.publish([stored(list(range(1000, 1100)), None, [5] * 400, BLOCK)])  # 100 blocks at once
+        assert wait_until(lambda: subscriber.health.is_down and not subscriber.synced)
+        assert subscriber.index.num_blocks <= 50
+    finally:
+        subscriber.stop()
+
+
+def test_decoding_refuses_what_vllm_never_sends():
+    batch = packb([1.5, [stored([7], None, [1, 2, 3, 4], BLOCK), removed([7]), {"type": "AllBlocksCleared"},
+                         {**removed([8]), "medium": "CPU"}]])  # an offloading tier's event: not the GPU cache
+    events = decode_batch(batch)
+    assert [type(e).__name__ for e in events] == ["BlockStored", "BlockRemoved", "AllBlocksCleared"]
+    for bad in (b"", b"\x92\x01", packb([1.0, ["x"]]), packb([1.0, [{"type": "BlockRemoved", "block_hashes": "no"}]])):
+        with pytest.raises(KVEventsError):
+            decode_batch(bad)
+    for bad in (b"\xdd\xff\xff\xff\xff", b"\x91" * 100 + b"\x00", b"\xa3ab", b"\x81\x90\x00"):
+        with pytest.raises(MsgpackError):
+            unpackb(bad)
