@@ -18,6 +18,7 @@ from ragcache.prefixes import register_prefix_metrics
 from ragcache.settings import Settings
 from ragcache_server import prefixes_api, routes_docs, routes_embed, routes_ops, routes_rerank, routes_retrieval, routes_ui
 from ragcache_server.auth import OPEN_PATHS, AccessMiddleware, KeyRing
+from ragcache_server.embed_path import EmbedFastPath, FastPathCounts
 from ragcache_server.errors import install_error_handlers
 from ragcache_server.limits import LimitsMiddleware, RateLimiter
 from ragcache_server.schemas import ERROR_RESPONSES
@@ -70,6 +71,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.include_router(router, responses=ERROR_RESPONSES)  # type: ignore[arg-type]
     # The last added runs first: keys and rate limits are checked before a body is read (docs/SECURITY.md).
     app.state.workers = WorkerPool(settings.service.max_worker_threads)
+    # Innermost: the embedding routes' fast path answers inside every check below (embed_path.py).
+    app.state.embed_fast_path = FastPathCounts()
+    app.add_middleware(EmbedFastPath, answer=routes_embed.answer, error_handlers=lambda: app.exception_handlers,
+                       counts=app.state.embed_fast_path)
     app.add_middleware(LimitsMiddleware, max_body_bytes=settings.service.max_body_bytes, timeout_s=settings.service.request_timeout_s,
                        body_timeout_s=settings.service.body_timeout_s, untimed_paths=OPEN_PATHS, workers=app.state.workers)
     limiter = RateLimiter(settings.access.rate_limit_per_s, settings.access.rate_limit_burst)

@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 from contextlib import nullcontext
 
 import numpy as np
 from fastapi import APIRouter, Request
+from starlette.responses import Response
 
 from ragcache import InvalidInputError, InvalidTextError
 from ragcache.core import EmbeddingCache, EmbedResult, Tokenizer
 from ragcache.models import prompt_name_of
 from ragcache_server.deps import blocking, cache_of, check_count, check_text_size, served_count_headers, state_of
+from ragcache_server.embed_path import EmbedCall, call_of, check_dimensions, openai_base64_answer
 from ragcache_server.errors import HTTPError
 from ragcache_server.passthrough import caller_scope
 from ragcache_server.responses import JSONResponse
@@ -73,63 +74,46 @@ async def embed_through_cache(
     return await blocking(work)
 
 
-def base64_rows(vectors: np.ndarray) -> list[str]:
-    """One base64 string per row. A row of 384 float32 is 1,536 bytes, a multiple of 3, so the rows' encodings
-    are exact slices of one encoding of the whole matrix: one C call instead of one per row (~4x faster)."""
-    row_bytes = vectors.shape[1] * vectors.itemsize
-    if row_bytes % 3:
-        return [base64.b64encode(row.tobytes()).decode("ascii") for row in vectors]
-    encoded = base64.b64encode(np.ascontiguousarray(vectors).tobytes()).decode("ascii")
-    width = row_bytes // 3 * 4
-    return [encoded[start : start + width] for start in range(0, len(encoded), width)]
-
-
 # "/" is text-embeddings-inference's route for the model's own task: for an embedding model, /embed. The most
-# used TEI client, huggingface_hub's InferenceClient(model=<url>).feature_extraction(...), posts there.
+# used TEI client, huggingface_hub's InferenceClient(model=<url>).feature_extraction(...), posts there. These
+# FastAPI routes are the OpenAPI schema and the path of what ``EmbedFastPath`` hands over (embed_path.py); both
+# answer through ``answer``.
 @router.post("/", summary="Embed texts (text-embeddings-inference's root route, as /embed)")
 @router.post("/embed", summary="Embed texts (text-embeddings-inference compatible)")
-async def embed(body: EmbedRequest, request: Request) -> JSONResponse:
+async def embed(body: EmbedRequest, request: Request) -> Response:
     """A JSON list of vectors, one per input; response headers ``X-Cache-*`` tell which level served them."""
-    state = state_of(request)
-    texts = as_batch(body.inputs, "inputs", state.settings.service.max_batch, state.settings.service.max_text_bytes)
-    cache = prompted_cache_of(request, body.model, body.prompt_name, body.input_type)
-    truncate = state.settings.service.truncate if body.truncate is None else body.truncate
-    result = await embed_through_cache(cache, texts, normalize=body.normalize, truncate=truncate, field="inputs",
-                                       scope=caller_scope(request, cache))
-    return JSONResponse(result.vectors, headers=served_headers(result))
+    return await answer(call_of(body), request)
 
 
 @router.post("/v1/embeddings", summary="Embed texts (OpenAI compatible)")
-async def openai_embeddings(body: OpenAIEmbeddingsRequest, request: Request) -> JSONResponse:
+async def openai_embeddings(body: OpenAIEmbeddingsRequest, request: Request) -> Response:
     """OpenAI's response shape; ``encoding_format=base64`` carries raw little-endian float32."""
+    return await answer(call_of(body), request)
+
+
+async def answer(call: EmbedCall, request: Request) -> Response:
+    """The answer to one validated embedding request, on either path."""
     state = state_of(request)
-    texts = as_batch(body.input, "input", state.settings.service.max_batch, state.settings.service.max_text_bytes)
-    cache = prompted_cache_of(request, body.model, body.prompt_name, body.input_type)
-    if body.dimensions is not None and body.dimensions != cache.space.dim:
-        raise InvalidInputError(
-            f"dimensions={body.dimensions} is not available: {cache.space.model} gives {cache.space.dim} dimensions only",
-            field="dimensions",
-        )
-    result = await embed_through_cache(cache, texts, normalize=False, truncate=state.settings.service.truncate, field="input",
+    texts = as_batch(call.inputs, call.field, state.settings.service.max_batch, state.settings.service.max_text_bytes)
+    cache = prompted_cache_of(request, call.model, call.prompt_name, call.input_type)
+    check_dimensions(call, cache.space.model, cache.space.dim)
+    truncate = state.settings.service.truncate if call.truncate is None else call.truncate
+    result = await embed_through_cache(cache, texts, normalize=call.normalize, truncate=truncate, field=call.field,
                                        scope=caller_scope(request, cache))
+    headers = served_headers(result)
+    if call.shape == "tei":
+        return JSONResponse(result.vectors, headers=headers)
     token_counts = token_counts_of(request, cache)
     num_tokens = token_counts.known_total(texts)
     if num_tokens is None:
         num_tokens = await blocking(token_counts.total, texts)
     vectors = np.asarray(result.vectors, dtype="<f4")
-    if body.encoding_format == "base64":
-        embeddings = base64_rows(vectors)
-    else:
-        embeddings = list(vectors)
-    return JSONResponse(
-        {
-            "object": "list",
-            "data": [{"object": "embedding", "embedding": e, "index": i} for i, e in enumerate(embeddings)],
-            "model": body.model or cache.space.model,
-            "usage": {"prompt_tokens": num_tokens, "total_tokens": num_tokens},
-        },
-        headers=served_headers(result),
-    )
+    model = call.model or cache.space.model
+    if call.encoding == "base64":
+        return Response(openai_base64_answer(vectors, model, num_tokens), headers=headers, media_type="application/json")
+    data = [{"object": "embedding", "embedding": row, "index": index} for index, row in enumerate(vectors)]
+    return JSONResponse({"object": "list", "data": data, "model": model,
+                         "usage": {"prompt_tokens": num_tokens, "total_tokens": num_tokens}}, headers=headers)
 
 
 def tokenizer_of(cache: EmbeddingCache) -> Tokenizer:

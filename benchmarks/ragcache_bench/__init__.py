@@ -62,6 +62,8 @@ BENCHMARKS: dict[str, Benchmark] = {
         Benchmark("http", "ragcache_bench.http", "bench_http", "the service: /embed L1 vs computed (1), texts/s under load (2)"),
         Benchmark("overhead", "ragcache_bench.overhead", "bench_overhead",
                   "ragcache's own CPU per text in front of an instant upstream: miss, hit, texts/s vs the upstream (22)"),
+        Benchmark("http-floor", "ragcache_bench.http_floor", "bench_http_floor",
+                  "L1 hits and the upstream call against bare ones; uvicorn vs Granian on ragcache's own app (29)"),
         Benchmark("cold", "ragcache_bench.cold", "bench_cold",
                   "cold Zipf stream (full: 20,480 texts) through the service vs MGET + encode misses + SET (22.4)"),
         Benchmark("search", "ragcache_bench.http", "bench_search", "/search on 100k documents: repeated vs first query (8)"),
