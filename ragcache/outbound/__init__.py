@@ -5,12 +5,13 @@
     CallLimits       the overall deadline, connect timeout, retries, back-off and concurrency of its calls
     retry_after_s    a ``Retry-After`` header as seconds (the one parser of it)
 
-What every call gets, whoever makes it: an overall deadline that every socket operation keeps (a trickling
-upstream is cut off at it, not after each read), a byte cap on the answer (streamed, aborted past it), no
-redirects and no proxy from the environment, retries of 429/5xx/dropped connections within the deadline
-(``Retry-After`` honoured), the breaker (``ragcache.core.tier.TierHealth``; a timeout opens it like a
-refusal), and masking: no key or URL credential appears in an error or log line, and a 401/403 body is
-never quoted. Failures are the ``UpstreamError`` family of ``ragcache.errors``.
+What every call gets, whoever makes it, on pooled keep-alive sockets with httptools' compiled parser
+(``_wire.py``): an overall deadline that every socket operation keeps (a trickling upstream is cut off at it, not
+after each read), a byte cap on the answer (counted as it arrives, aborted past it), no redirects and no proxy from
+the environment, retries of 429/5xx/dropped connections within the deadline (``Retry-After`` honoured), the breaker
+(``ragcache.core.tier.TierHealth``; a timeout opens it like a refusal; a caller's own key has its own), and masking:
+no key or URL credential appears in an error or log line, and a 401/403 body is never quoted. Failures are the
+``UpstreamError`` family of ``ragcache.errors``.
 """
 
 from ragcache.outbound._upstream import CallLimits, CallObserver, Secret, Upstream, retry_after_s

@@ -19,7 +19,7 @@ import orjson
 
 from ragcache.errors import UpstreamBadResponseError, UpstreamError, UpstreamTimeoutError, UpstreamUnavailableError
 from ragcache.observe.redact import redact_text, redact_url
-from ragcache.outbound._transport import DeadlineTransport, deadline_of_call
+from ragcache.outbound._wire import AnswerTooLarge, WireTransport
 
 if TYPE_CHECKING:  # the breaker is handed in; importing the levels here would pull torch into the HTTP client
     from ragcache.core.health import TierHealth
@@ -145,15 +145,21 @@ class Upstream:
         # cost more CPU than the call itself (``ragcache bench overhead``). A caller's own client (the prefix
         # registry's seam, shared with a benchmark's other calls) is used as it is and left open; without the
         # socket clamp of ours, its answer's deadline is checked at every chunk.
+        # By default the calls go over ``WireTransport`` (pooled keep-alive sockets, httptools' compiled parser; see
+        # _wire.py), which keeps the same bounds for a fraction of httpx's CPU; an httpx transport or client handed
+        # in (a test's ``MockTransport``, a caller's own client) goes through httpx, its deadline checked at every chunk.
         self._owns_transport = not isinstance(transport, httpx.Client)
+        self._wire: WireTransport | None = None
         if isinstance(transport, httpx.Client):
             client = transport
             self._send_request: Callable[[httpx.Request], httpx.Response] = (
                 lambda request: client.send(request, stream=True, follow_redirects=False))
             self._close = client.close
+        elif transport is not None:
+            self._send_request, self._close = transport.handle_request, transport.close
         else:
-            own = transport or DeadlineTransport(limits.concurrency)
-            self._send_request, self._close = own.handle_request, own.close
+            self._wire = WireTransport(limits.concurrency, connect_timeout_s=limits.connect_timeout_s)
+            self._close = self._wire.close
 
     def post(self, url: str, body: Any, *, parse: Callable[[bytes], T], max_bytes: int, caller_key: Secret | None = None) -> T:
         """POST ``body`` as JSON to ``url``; ``parse``'s value of the answer. ``caller_key`` replaces the
@@ -239,9 +245,8 @@ class Upstream:
         raise self._status_error(status, headers, body, url, caller_key)
 
     def _send(self, method: str, url: str, content: bytes | None, deadline: float, max_bytes: int,
-              caller_key: Secret | None) -> tuple[int, httpx.Headers, bytes]:
+              caller_key: Secret | None) -> tuple[int, Mapping[str, str], bytes]:
         remaining = max(0.001, deadline - self._clock())
-        timeout = {"connect": min(self.limits.connect_timeout_s, remaining), "read": remaining, "write": remaining, "pool": remaining}
         headers = {"Accept": "application/json", "Accept-Encoding": "identity"}
         if content is not None:
             headers["Content-Type"] = "application/json"
@@ -249,29 +254,35 @@ class Upstream:
         if key is not None:
             headers["Authorization"] = key.header()
         shown = redact_url(url)
-        request = httpx.Request(method, url, content=content, headers=headers, extensions={"timeout": timeout})
         try:
-            with deadline_of_call(remaining):
-                response = self._send_request(request)
+            if self._wire is not None:
                 try:
-                    chunks, size = [], 0
-                    for chunk in response.stream:  # type: ignore[union-attr]
-                        size += len(chunk)
-                        if size > max_bytes:
-                            raise UpstreamBadResponseError(self.name, f"the answer of {shown} is over {max_bytes} bytes")
-                        if self._clock() > deadline:  # with a transport of a test's own, no socket keeps the deadline
-                            raise httpx.ReadTimeout("the answer took longer than the call's deadline")
-                        chunks.append(chunk)
-                finally:
-                    response.close()
-                return response.status_code, response.headers, b"".join(chunks)
+                    return self._wire.exchange(method, url, headers, content, seconds_left=remaining, max_bytes=max_bytes)
+                except AnswerTooLarge:
+                    raise UpstreamBadResponseError(self.name, f"the answer of {shown} is over {max_bytes} bytes") from None
+            timeout = {"connect": min(self.limits.connect_timeout_s, remaining), "read": remaining, "write": remaining,
+                       "pool": remaining}
+            request = httpx.Request(method, url, content=content, headers=headers, extensions={"timeout": timeout})
+            response = self._send_request(request)
+            try:
+                chunks, size = [], 0
+                for chunk in response.stream:  # type: ignore[union-attr]
+                    size += len(chunk)
+                    if size > max_bytes:
+                        raise UpstreamBadResponseError(self.name, f"the answer of {shown} is over {max_bytes} bytes")
+                    if self._clock() > deadline:  # a transport of a test's own: no socket of ours keeps the deadline
+                        raise httpx.ReadTimeout("the answer took longer than the call's deadline")
+                    chunks.append(chunk)
+            finally:
+                response.close()
+            return response.status_code, response.headers, b"".join(chunks)
         except httpx.TimeoutException as exc:
             late = f"no answer from {shown} within {self.limits.timeout_s:g} s ({type(exc).__name__})"
             raise _Retry(UpstreamTimeoutError(self.name, late)) from None
         except httpx.RequestError as exc:  # refused, reset or dropped: the request may not have been handled
             raise _Retry(UpstreamUnavailableError(self.name, f"{shown} cannot be reached: {type(exc).__name__}")) from None
 
-    def _status_error(self, status: int, headers: httpx.Headers, body: bytes, url: str, caller_key: Secret | None) -> Exception:
+    def _status_error(self, status: int, headers: Mapping[str, str], body: bytes, url: str, caller_key: Secret | None) -> Exception:
         """The error (or the retry) an answer's status means. The upstream's message is quoted cut short and
         masked, never for 401/403, whose messages quote parts of keys."""
         said = f"the upstream at {redact_url(url)} answered {status}"
