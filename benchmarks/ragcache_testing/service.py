@@ -53,9 +53,9 @@ class ServiceProcess:
         # `ragcache serve`'s server and settings, with the app that adds the bench's floor route (benchmarks/ragcache_bench/floor_app.py).
         serve = (
             "from ragcache.app.cli import SERVE_OPTIONS; from ragcache.settings import Settings; "
-            "from ragcache_server.serving import ServeConfig, bounds_of, run_server; "
+            "from ragcache_server.serving import ServeConfig, bounds_of, run_server; settings = Settings.load(); "
             "run_server(ServeConfig('ragcache_bench.floor_app:create_bench_app', factory=True, host='127.0.0.1', "
-            f"port={self.port}, workers=1, log_level={log_level!r}, **bounds_of(Settings.load().service, Settings.load().access), **SERVE_OPTIONS))"
+            f"port={self.port}, workers=1, log_level={log_level!r}, **bounds_of(settings.service, settings.access), **SERVE_OPTIONS))"
         )
         command = [sys.executable, "-c", serve]
         self.process = subprocess.Popen(command, env=env, stdout=self._log, stderr=subprocess.STDOUT)
