@@ -150,17 +150,26 @@ class BenchContext:
             self._milvus = open_milvus(str(self.workdir / "l3.db"))
         return self._milvus
 
-    def fresh_cache(self, *, l1_bytes: int | None = None, l2: bool = True, l3: bool = True, encoder=None, **overrides):
-        """A new cache over emptied stores: Redis flushed, the L3 collection dropped."""
+    def fresh_cache(self, *, l1_bytes: int | None = None, l2: bool = True, l3: bool = True, disk: bool = False, encoder=None,
+                    **overrides):
+        """A new cache over emptied stores: Redis flushed, the L3 collection dropped, with ``disk`` a disk level in a
+        new folder of its own (closed with the cache)."""
+        import uuid
+
         from ragcache import Stores, build_cache
+        from ragcache.storage.disk_store import DiskStore
 
         settings = self.settings.replace(l1_bytes=l1_bytes or self.settings.levels.l1_bytes, **overrides)
         if l2:
             self.redis_client.flushdb()
         if l3:
             self.milvus.drop_collection(f"rc_{self.encoder.space.space_id}")
-        stores = Stores(self._cache_redis_client(settings) if l2 else None, self.milvus if l3 else None)
-        return build_cache(settings, stores, encoder or self.encoder)
+        store = None
+        if disk:
+            store = DiskStore(self.workdir / f"disk-{uuid.uuid4().hex[:8]}", capacity_bytes=settings.levels.disk_max_bytes,
+                              num_generations=settings.levels.disk_generations)
+        stores = Stores(self._cache_redis_client(settings) if l2 else None, self.milvus if l3 else None, disk=store)
+        return build_cache(settings, stores, encoder or self.encoder, on_close=store.close if store is not None else None)
 
     def _cache_redis_client(self, settings):
         import redis

@@ -32,6 +32,7 @@ import fcntl
 import logging
 import os
 import shutil
+import struct
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -68,9 +69,20 @@ class DiskStoreFigures:
 
 @dataclass(frozen=True)
 class _Generation:
+    """One LMDB environment with two databases: ``blobs`` (one value per write batch: its values end to end,
+    under an ascending batch number, appended, so pages fill whole) and ``index`` (key -> batch number, offset,
+    length). Why not one value per key: LMDB fits two 1.5 KB values in a 4 KB page at best, and random keys
+    split pages half-empty, so a 384-d float32 vector took ~4.5 KB on disk; a batch's blob takes its own size."""
+
     seq: int
     path: Path
     env: lmdb.Environment
+    blobs: lmdb._Database
+    index: lmdb._Database
+
+    def num_entries(self) -> int:
+        with self.env.begin() as txn:
+            return int(txn.stat(self.index)["entries"])
 
 
 class DiskStore:
@@ -112,8 +124,7 @@ class DiskStore:
             if not wanted:
                 break
             try:
-                with gen.env.begin() as txn:
-                    found = dict(txn.cursor().getmulti([keys[i] for i in wanted]))
+                found = _read(gen, [keys[i] for i in wanted])
             except lmdb.Error as exc:
                 self._lose(gen, exc)
                 continue
@@ -134,7 +145,7 @@ class DiskStore:
             try:
                 with gen.env.begin(write=True) as txn:
                     for key in keys:
-                        txn.delete(key)
+                        txn.delete(key, db=gen.index)
             except lmdb.Error as exc:
                 self._lose(gen, exc)
 
@@ -147,8 +158,7 @@ class DiskStore:
         for _ in range(self.num_generations + 1):
             gen = self._current()[-1]
             try:
-                with gen.env.begin(write=True) as txn:
-                    txn.cursor().putmulti(items)
+                _write(gen, items)
                 return
             except lmdb.MapFullError:
                 if not self._rotate(gen):
@@ -171,7 +181,7 @@ class DiskStore:
             self._rescan()
             if self._gens[-1].seq != full.seq:
                 return True  # another thread or process rotated meanwhile: write into its new generation
-            if full.env.stat()["entries"] == 0:
+            if full.num_entries() == 0:
                 return False
             self._add_generation()
             return True
@@ -207,8 +217,9 @@ class DiskStore:
     def _open(self, seq: int, *, create: bool) -> _Generation | None:
         path = self.root / f"{_PREFIX}{seq:012d}"
         try:
-            env = lmdb.open(str(path), map_size=self.generation_bytes, max_dbs=0, max_readers=_MAX_READERS, sync=False,
+            env = lmdb.open(str(path), map_size=self.generation_bytes, max_dbs=2, max_readers=_MAX_READERS, sync=False,
                             metasync=False, readahead=False, meminit=False, create=create)
+            blobs, index = env.open_db(b"blobs"), env.open_db(b"index")
         except lmdb.Error as exc:
             if not create and not (path / "data.mdb").exists():
                 return None  # being made by another process right now: the next epoch lists it
@@ -216,18 +227,19 @@ class DiskStore:
             self.num_lost += 1
             shutil.rmtree(path, ignore_errors=True)
             return None
-        return _Generation(seq, path, env)
+        return _Generation(seq, path, env, blobs, index)
 
     def _add_generation(self) -> None:
         """A new newest generation, then the oldest dropped beyond the count (caller holds the rotation lock)."""
-        seq = self._gens[-1].seq + 1 if self._gens else 0
+        # Sequence numbers only grow: a cleared folder's new generation never takes a name still mapped somewhere.
+        seq = max([gen.seq for gen in (*self._gens, *self._retired)], default=-1) + 1
         made = self._open(seq, create=True)
         assert made is not None, "creating a generation either succeeds or raises"
         gens = [*self._gens, made]
         dropped = gens[: max(0, len(gens) - self.num_generations)]
         for gen in dropped:
             try:
-                evicted = gen.env.stat()["entries"]
+                evicted = gen.num_entries()
             except lmdb.Error:
                 evicted = 0
             self.num_evicted += evicted
@@ -265,6 +277,16 @@ class DiskStore:
     def _rotation_lock(self):
         return _RotationLock(self._lock, self.root / "rotate.lock")
 
+    def clear(self) -> None:
+        """Drop every generation (the host's whole disk level) and start an empty one."""
+        with self._rotation_lock():
+            self._rescan()
+            for gen in self._gens:
+                shutil.rmtree(gen.path, ignore_errors=True)
+            self._retire(list(self._gens))
+            self._gens = ()
+            self._add_generation()
+
     # ---- figures --------------------------------------------------------------------------------------------
 
     def figures(self) -> DiskStoreFigures:
@@ -286,6 +308,44 @@ class DiskStore:
                 gen.env.close()
             self._gens, self._retired = (), []
             self._meta.close()
+
+
+_LOCATION = struct.Struct("<QII")  # batch number, offset, length of a value inside its batch's blob
+
+
+def _write(gen: _Generation, items: Sequence[tuple[bytes, bytes]]) -> None:
+    """One transaction: the batch's values as one blob under the next batch number, and each key's location."""
+    with gen.env.begin(write=True) as txn:
+        cursor = txn.cursor(db=gen.blobs)
+        batch = int.from_bytes(cursor.key(), "big") + 1 if cursor.last() else 0
+        locations, offset = [], 0
+        for key, value in items:
+            locations.append((key, _LOCATION.pack(batch, offset, len(value))))
+            offset += len(value)
+        txn.put(batch.to_bytes(8, "big"), b"".join(value for _, value in items), db=gen.blobs, append=True)
+        txn.cursor(db=gen.index).putmulti(locations)
+
+
+def _read(gen: _Generation, keys: list[bytes]) -> dict[bytes, bytes]:
+    """The values of those ``keys`` the generation holds, in one read transaction. A location that points outside
+    its blob (a damaged file) reads as an empty value: the codec counts it corrupt."""
+    found: dict[bytes, bytes] = {}
+    # Copies, not buffers: a blob is read once per batch it holds (tens of KB, one memcpy), and each value is then
+    # a slice of it, cheaper in Python than a buffer per key turned into bytes.
+    with gen.env.begin() as txn:
+        located = txn.cursor(db=gen.index).getmulti(keys)
+        if not located:
+            return found
+        blobs: dict[bytes, bytes | None] = {}
+        unpack, size = _LOCATION.unpack_from, _LOCATION.size
+        for key, raw in located:
+            batch_key = raw[:8]
+            blob = blobs.get(batch_key, b"")
+            if blob == b"":
+                blob = blobs[batch_key] = txn.get(int.from_bytes(batch_key, "little").to_bytes(8, "big"), db=gen.blobs)
+            _, offset, length = unpack(raw) if len(raw) == size else (0, 0, -1)
+            found[key] = blob[offset : offset + length] if blob is not None and 0 <= length and offset + length <= len(blob) else b""
+    return found
 
 
 class _RotationLock:
