@@ -1,9 +1,9 @@
 """The cold path through the service: a Zipf stream of short passages that starts with every level empty.
 
-ragcache (HTTP, one worker, L1 + L2 on the bench's Redis + L3 on its own Milvus Lite) against the floor a team
-would write instead of a cache service: per request one MGET, encode the misses with the same model and batch
-size, and pipelined SETs of the new vectors. Both see the same requests in the same order and compute the same
-distinct texts; a cache must not make that path slower.
+ragcache (HTTP, one worker, L1 + the disk level + L2 on the bench's Redis + L3 on its own Milvus Lite) against the
+floor a team would write instead of a cache service: per request one MGET, encode the misses with the same model
+and batch size, and pipelined SETs of the new vectors. Both see the same requests in the same order and compute the
+same distinct texts; a cache must not make that path slower.
 
 Side by side in time: the stream is cut into blocks of ``BLOCK`` requests, and each block runs through both
 systems before the next one starts (the floor first in even blocks, the service first in odd ones). Each system
@@ -143,7 +143,9 @@ class _Service:
     name = "ragcache"
 
     def __init__(self, ctx: BenchContext):
-        self.process = ServiceProcess(ctx.workdir / "cold", redis_url=ctx.redis_url)
+        # Every level on, as `ragcache serve` has them: the disk level in its data folder, L2, L3 (Milvus Lite).
+        self.process = ServiceProcess(ctx.workdir / "cold", redis_url=ctx.redis_url,
+                                      extra_env={"RAGCACHE_DISK_PATH": str(ctx.workdir / "cold" / "disk")})
         self._model_s_seen = 0.0
         self.restart_counts()
 
