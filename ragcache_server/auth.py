@@ -69,6 +69,7 @@ ROUTE_SCOPES: dict[tuple[str, str], str] = {
     ("GET", "/prefixes/{name}"): "search",
     ("GET", "/prefixes/{name}/stats"): "search",
     ("POST", "/prefixes/{name}/uses"): "search",
+    ("POST", "/prefixes/{name}/route"): "search",  # where to send a request built on the prefix (issue 30)
     # Hit counters are shared by every tenant: watching them change would tell one tenant what another
     # embeds, so /stats and /metrics are the operator's (Prometheus sends the key as a bearer token).
     ("GET", "/stats"): "admin",

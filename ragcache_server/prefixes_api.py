@@ -27,6 +27,7 @@ from ragcache.prefixes import (
     PrefixSpec,
     PrefixStats,
     RegisterResult,
+    RouteResult,
     WarmResult,
 )
 from ragcache.retrieval import own_named
@@ -103,6 +104,13 @@ def report_uses(name: str, body: UsesIn, request: Request) -> Response:
     """Clients report how many requests they built with this prefix (at most ``MAX_USES_PER_REPORT`` a call)."""
     _registry(request).record_use(_name(request, name), body.count)
     return Response(status_code=204)
+
+
+@router.post("/{name}/route", response_model=RouteResult)
+def route_prefix(name: str, request: Request) -> RouteResult:
+    """The vLLM endpoint a request starting with this prefix should go to: the replica holding most of its KV blocks by
+    the engines' events (the least loaded among equals), else the least loaded, else the next in turn (``reason``)."""
+    return _registry(request).route(_name(request, name))
 
 
 @router.get("/{name}/stats", response_model=PrefixStats)

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from ragcache import ConfigError, InvalidInputError, NotFoundError, build_cache, drift_monitor, load_encoder, load_remote_encoders
 from ragcache.core import UNSCOPED, EmbeddingCache, Prompt, Scope
 from ragcache.models import PACKAGED_MODEL, DriftMonitor, known_prompts, load_models
-from ragcache.prefixes import PrefixRegistry, PrefixRegistryConfig
+from ragcache.prefixes import EventsConfig, PrefixRegistry, PrefixRegistryConfig
 from ragcache.rerank import RerankCache, build_rerankers, score_cache
 from ragcache.retrieval import KnowledgeBase
 from ragcache.settings import Settings
@@ -97,6 +97,7 @@ class ServiceState:
                 max_text_bytes=settings.prefixes.prefix_max_text_bytes,
                 max_prefixes_per_tenant=settings.prefixes.prefix_max_per_tenant,
                 registrations_per_minute=settings.prefixes.prefix_registrations_per_minute,
+                kv_events=kv_events_of(settings),
                 lease_ttl_s=settings.prefixes.prefix_lease_ttl_s,
                 warm_priority=settings.prefixes.prefix_warm_priority,
                 warm_max_waiting=settings.prefixes.prefix_warm_max_waiting,
@@ -177,3 +178,15 @@ def restricts_prefix_targets(settings: Settings) -> bool:
     access, prefixes = settings.access, settings.prefixes
     return bool(access.api_key or access.api_keys or access.api_keys_file or access.insecure
                 or prefixes.prefix_vllm_endpoints or prefixes.prefix_allowed_targets or prefixes.prefix_tenant_targets)
+
+
+def kv_events_of(settings: Settings) -> dict[str, EventsConfig]:
+    """RAGCACHE_PREFIX_KV_EVENTS as the registry's configs: each endpoint's publisher and replay socket."""
+    configs = {}
+    for url, given in settings.prefixes.prefix_kv_events.items():
+        unknown = set(given) - {"endpoint", "replay_endpoint", "topic"}
+        if "endpoint" not in given or unknown:
+            raise ConfigError(f"prefix_kv_events[{url!r}] needs an 'endpoint' (tcp://host:port), optionally "
+                              f"'replay_endpoint' and 'topic'{'; unknown: ' + ', '.join(sorted(unknown)) if unknown else ''}")
+        configs[url] = EventsConfig(given["endpoint"], given.get("replay_endpoint"), given.get("topic", ""))
+    return configs

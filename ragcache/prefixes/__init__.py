@@ -13,6 +13,7 @@ Errors (all under :class:`ragcache.errors.RagCacheError`):
 """
 
 from .config import PrefixRegistryConfig
+from .kv_events import EventsConfig
 from .metrics import PrefixMetricsCollector, register_prefix_metrics
 from .model import (
     MAX_USES_PER_REPORT,
@@ -32,6 +33,7 @@ from .model import (
 )
 from .quota import PrefixLimitError
 from .registry import PrefixRegistry
+from .routing import RouteCandidate, RouteResult
 from .store import FilePrefixStore, PrefixStore, RedisPrefixStore, make_store
 from .text import Chunk, assemble_prompt, find_volatile, render_messages, render_text, template_head
 from .vllm_client import TargetBadResponseError, TargetUnavailableError, VLLMClient
@@ -39,6 +41,7 @@ from .vllm_client import TargetBadResponseError, TargetUnavailableError, VLLMCli
 __all__ = [
     "MAX_USES_PER_REPORT",
     "Chunk",
+    "EventsConfig",
     "FilePrefixStore",
     "Prefix",
     "PrefixMetricsCollector",
@@ -53,6 +56,8 @@ __all__ = [
     "RedisPrefixStore",
     "RegisterResult",
     "RegistryStats",
+    "RouteCandidate",
+    "RouteResult",
     "Target",
     "TargetStats",
     "TargetBadResponseError",

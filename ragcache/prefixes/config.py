@@ -9,6 +9,7 @@ from pathlib import Path
 from ragcache.errors import ConfigError, InvalidInputError
 
 from .allow import canonical_url
+from .kv_events import EventsConfig
 
 __all__ = ["PrefixRegistryConfig"]
 
@@ -79,6 +80,16 @@ class PrefixRegistryConfig:
     # Warms one tenant's prefixes may take in any minute, within warm_budget_per_minute (:mod:`.lease`): one tenant's
     # many prefixes spend its own share, never another tenant's. The keys without a tenant share one.
     warm_budget_per_tenant_per_minute: int = 60
+    # vLLM endpoints that publish KV events (--kv-events-config), by base URL: their prefixes' residency is read from
+    # the engine (:mod:`.engine_view`), a warm goes out when the prefix's blocks are removed, and a due timer warm is
+    # not sent while the events show the prefix whole. Other endpoints keep the warm-measured schedule.
+    kv_events: Mapping[str, EventsConfig] = field(default_factory=dict)
+    # A prefix the events show evicted within unkeepable_within_s of its warm, unkeepable_after times in a row, is
+    # reported not keepable there (churn evicts it faster than it can be re-warmed): no warm is sent for it on that
+    # endpoint for unkeepable_retry_s, then one is tried again.
+    unkeepable_within_s: float = 1.0
+    unkeepable_after: int = 3
+    unkeepable_retry_s: float = 60.0
 
     def __post_init__(self) -> None:
         if not 0 < self.min_rewarm_interval_s <= self.max_rewarm_interval_s:
@@ -100,5 +111,10 @@ class PrefixRegistryConfig:
         except InvalidInputError as exc:
             raise ConfigError(f"endpoints: every one must be a plain http(s) base URL ({exc})") from None
         object.__setattr__(self, "endpoints", endpoints)
+        try:
+            events = {canonical_url(url, "kv_events"): config for url, config in self.kv_events.items()}
+        except InvalidInputError as exc:
+            raise ConfigError(f"kv_events: every key must be a plain http(s) base URL ({exc})") from None
+        object.__setattr__(self, "kv_events", events)
         if self.tick_interval_s <= 0 or self.default_block_size < 1:
             raise ConfigError("tick_interval_s and default_block_size must be positive")

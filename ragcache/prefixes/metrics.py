@@ -39,7 +39,19 @@ class PrefixMetricsCollector(Collector):
         evictions = CounterMetricFamily("ragcache_prefix_endpoint_evictions",
                                         "Warms on this vLLM endpoint that found the prefix evicted",
                                         labels=["prefix", "endpoint"])
+        blocks = GaugeMetricFamily("ragcache_prefix_endpoint_resident_blocks",
+                                   "The prefix's KV blocks the endpoint holds, by its KV events (synced endpoints only)",
+                                   labels=["prefix", "endpoint"])
+        full = GaugeMetricFamily("ragcache_prefix_endpoint_blocks", "The prefix's full KV blocks", labels=["prefix", "endpoint"])
+        keepable = GaugeMetricFamily("ragcache_prefix_endpoint_keepable",
+                                     "0 while churn evicts the prefix faster than it can be re-warmed (no warms sent)",
+                                     labels=["prefix", "endpoint"])
         for p in stats.prefixes:
+            for endpoint in p.endpoints:
+                if endpoint.resident_blocks is not None and endpoint.num_blocks is not None:
+                    blocks.add_metric([p.name, endpoint.base_url], endpoint.resident_blocks)
+                    full.add_metric([p.name, endpoint.base_url], endpoint.num_blocks)
+                keepable.add_metric([p.name, endpoint.base_url], 1.0 if endpoint.keepable else 0.0)
             if p.num_tokens is not None:
                 tokens.add_metric([p.name], p.num_tokens)
             for outcome, value in (("resident", p.num_resident), ("evicted", p.num_evicted),
@@ -76,8 +88,11 @@ class PrefixMetricsCollector(Collector):
         held = CounterMetricFamily("ragcache_prefix_warms_held_busy",
                                    "Due warms held back while their vLLM endpoint reported users waiting or running")
         held.add_metric([], stats.num_warms_held_busy)
+        avoided = CounterMetricFamily("ragcache_prefix_warms_avoided",
+                                      "Due timer warms not sent: the engine's KV events showed the prefix whole")
+        avoided.add_metric([], stats.num_warms_avoided)
         yield from (tokens, warms, residency, interval, uses, resident, evictions, up, queries, hits, hit_rate, sent,
-                    deferred, held)
+                    deferred, held, blocks, full, keepable, avoided)
 
 
 def register_prefix_metrics(registry: PrefixRegistry, collector_registry: CollectorRegistry) -> PrefixMetricsCollector:

@@ -199,6 +199,16 @@ class EndpointStats:
     num_skipped: int
     residency_rate: float | None
     rewarm_interval_s: float
+    # By the engine's KV events (issue 30): "synced" (exact), "out_of_sync" (unknown now), "off" (none published);
+    # the prefix's full blocks and how many of them the endpoint holds, when synced and known.
+    events: str = "off"
+    resident_blocks: int | None = None
+    num_blocks: int | None = None
+    # False while churn evicts the prefix faster than it can be re-warmed (no warm is sent for it then).
+    keepable: bool = True
+    num_warms_avoided: int = 0
+    # Why the engine cannot keep it, each with the figure that shows it (:mod:`.reasons`).
+    why_not_cached: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -250,6 +260,8 @@ class RegistryStats:
     num_warms_deferred: int
     # Due warms held back while their endpoint reported users waiting or running (warm_max_waiting/_running).
     num_warms_held_busy: int = 0
+    # Due timer warms not sent because the engine's KV events showed the prefix whole.
+    num_warms_avoided: int = 0
 
 
 @dataclass(frozen=True)

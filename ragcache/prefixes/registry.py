@@ -49,6 +49,7 @@ from .model import (
     content_hash,
 )
 from .quota import PrefixQuota
+from .routing import RoundRobin, RouteCandidate, RouteResult, choose_route
 from .store import PrefixStore, make_store
 from .targets import Targets
 from .text import find_volatile, render_messages, render_text, template_head
@@ -90,6 +91,7 @@ class PrefixRegistry:
         self._token_counter = token_counter
         self._policy = TargetPolicy(self.config)
         self._quota = PrefixQuota(self.config, clock)
+        self._turns = RoundRobin()
         gate = gate or LocalWarmGate(TenantBudgets(self.config.warm_budget_per_minute,
                                                    self.config.warm_budget_per_tenant_per_minute, clock))
         self._targets = Targets(vllm, self.config, clock=clock)
@@ -248,6 +250,24 @@ class PrefixRegistry:
         endpoint's back-off, and record the result."""
         return self._keep_warm.warm(PrefixName.of(name), endpoint)
 
+    def route(self, name: str | PrefixName) -> RouteResult:
+        """The endpoint a request on prefix ``name`` should go to (:mod:`.routing`), by the engines' KV events where
+        they report, else by load, else in turn; the answer carries the caller's name."""
+        name = PrefixName.of(name)
+        prefix = self._known.get(name)
+        candidates = []
+        for url in self.endpoints_of(prefix):
+            view = self._keep_warm.residency(prefix, url)
+            counters = self._targets.counters_of(url)
+            load = None
+            if counters is not None and counters.num_running is not None and counters.num_waiting is not None:
+                load = counters.num_running + counters.num_waiting
+            candidates.append(RouteCandidate(url, not self._targets.health_of(url).is_down, view.events,
+                                             view.resident_blocks, view.num_blocks, load))
+        if not candidates:
+            raise InvalidInputError(f"prefix {name.public!r} has no endpoint this service may call", field="name")
+        return choose_route(name.public, candidates, self._turns.next(name.stored))
+
     def scrape(self, url: str) -> PrefixCacheCounters | None:
         """Read a target's prefix-cache counters; also a health probe (and restart detector)."""
         return self._keep_warm.scrape(url)
@@ -279,7 +299,7 @@ class PrefixRegistry:
         per_target = self._targets.stats({url for p in prefixes for url in self.endpoints_of(p)})
         keep_warm = self._keep_warm
         return RegistryStats(per_prefix, per_target, keep_warm.num_warms_sent, keep_warm.num_warms_deferred,
-                             keep_warm.num_warms_held_busy)
+                             keep_warm.num_warms_held_busy, keep_warm.num_warms_avoided)
 
 
 def _validate(spec: PrefixSpec) -> str:

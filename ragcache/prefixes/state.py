@@ -40,6 +40,12 @@ class WarmState:
     lmcache_pinned_tokens: int | None = None
     # True while a due warm is held back because the endpoint is busy (counted once per hold).
     held: bool = False
+    # With KV events (:mod:`.engine_view`): evictions seen within unkeepable_within_s of a warm, in a row, the
+    # shortest such gap, and until when (monotonic) no warm is sent because churn evicts the prefix faster.
+    num_quick_evictions: int = 0
+    quickest_eviction_s: float | None = None
+    not_keepable_until: float | None = None
+    num_warms_avoided: int = 0  # due timer warms not sent: the events showed the prefix whole
 
     def count(self, outcome: WarmOutcome, wall_time: float) -> None:
         """Record one warm's outcome."""

@@ -41,6 +41,10 @@ class Targets:
                                                         backoff_max_s=self.config.backoff_max_s, clock=self._clock)
             return health
 
+    def counters_of(self, url: str) -> PrefixCacheCounters | None:
+        """``url``'s counters as last scraped (None before a scrape answered)."""
+        return self._counters.get(url)
+
     def block_size(self, target: Target) -> int:
         counters = self._counters.get(target.base_url)
         return (counters.block_size if counters else None) or self.config.default_block_size

@@ -70,6 +70,9 @@ class PrefixCacheCounters:
     # vllm:num_requests_running / vllm:num_requests_waiting (summed over engines); None when not exposed.
     num_running: float | None = None
     num_waiting: float | None = None
+    # From vllm:cache_config_info: whether prefix caching is on, and the KV cache's blocks (None: not exposed).
+    prefix_caching: bool | None = None
+    num_gpu_blocks: int | None = None
 
 
 class VLLMClient:
@@ -199,6 +202,8 @@ def parse_prefix_cache_counters(text: str) -> PrefixCacheCounters:
     """Pick the prefix-cache counters out of a Prometheus exposition (summing engines and models)."""
     queries = hits = 0.0
     block_size: int | None = None
+    num_gpu_blocks: int | None = None
+    prefix_caching: bool | None = None
     load: dict[str, float] = {}
     wanted = "\n".join(line for line in text.splitlines() if line.startswith(_SERIES))
     for family in text_string_to_metric_families(wanted):
@@ -209,11 +214,19 @@ def parse_prefix_cache_counters(text: str) -> PrefixCacheCounters:
                 hits += sample.value
             elif sample.name in ("vllm:num_requests_running", "vllm:num_requests_waiting"):
                 load[sample.name] = load.get(sample.name, 0.0) + sample.value
-            elif sample.name == "vllm:cache_config_info" and "block_size" in sample.labels:
-                try:
-                    block_size = int(sample.labels["block_size"])
-                except ValueError:
-                    block_size = None
+            elif sample.name == "vllm:cache_config_info":
+                block_size = _int_label(sample.labels, "block_size")
+                num_gpu_blocks = _int_label(sample.labels, "num_gpu_blocks")
+                caching = sample.labels.get("enable_prefix_caching")
+                prefix_caching = None if caching is None else caching.lower() == "true"
     return PrefixCacheCounters(queries=queries, hits=hits, block_size=block_size,
                                num_running=load.get("vllm:num_requests_running"),
-                               num_waiting=load.get("vllm:num_requests_waiting"))
+                               num_waiting=load.get("vllm:num_requests_waiting"),
+                               prefix_caching=prefix_caching, num_gpu_blocks=num_gpu_blocks)
+
+
+def _int_label(labels: dict[str, str], name: str) -> int | None:
+    try:
+        return int(labels[name])
+    except (KeyError, ValueError):
+        return None

@@ -17,10 +17,12 @@ from ragcache.errors import InvalidInputError, TierUnavailableError
 
 from .allow import TargetPolicy, canonical_url, tenant_of
 from .config import PrefixRegistryConfig
+from .engine_view import EngineView, ResidencyView
 from .known import KnownPrefixes
 from .lease import WarmGate
-from .model import Prefix, PrefixName, PrefixStats, PromptForm, Target, WarmOutcome, WarmResult
+from .model import EndpointStats, Prefix, PrefixName, PrefixStats, PromptForm, Target, WarmOutcome, WarmResult
 from .policy import Schedule, holds_warm, judge_residency, next_schedule
+from .reasons import why_not_cached
 from .state import WarmState, summarize
 from .targets import Targets
 from .text import template_head
@@ -50,9 +52,11 @@ class KeepWarm:
         clock: Callable[[], float],
         wall_clock: Callable[[], float],
         policy: TargetPolicy | None = None,
+        engines: EngineView | None = None,
     ) -> None:
         self.config = config
         self._policy = policy or TargetPolicy(config)
+        self.engines = engines or EngineView(config.kv_events, vllm)
         self._known = known
         self._targets = targets
         self._vllm = vllm  # for LMCache's pin API; the warms themselves go through the targets
@@ -67,6 +71,7 @@ class KeepWarm:
         self.num_warms_sent = 0
         self.num_warms_deferred = 0
         self.num_warms_held_busy = 0
+        self.num_warms_avoided = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -89,6 +94,7 @@ class KeepWarm:
         with self._lock:
             self._states = {key: state for key, state in self._states.items() if key[0] != name}
             self._uses.pop(name, None)
+        self.engines.forget(name)
 
     def record_use(self, name: str, count: int) -> None:
         """Count ``count`` more requests that used prefix ``name``."""
@@ -246,16 +252,71 @@ class KeepWarm:
         # Every pair's lease is checked (and renewed) each tick, due or not: a holder that let its lease
         # lapse between two warms would hand its schedule to another replica and both would warm.
         held = [(p, url) for p, url in pairs if self._gate.holds(p.name, url)]
+        self._follow_events(held)
         due: list[tuple[float, str, str]] = []
         with self._lock:
             for prefix, url in held:
                 state = self._state_for(prefix, url)
-                if self._clock() >= state.next_due_at and self._targets.health_of(url).may_try():
+                if self._clock() >= state.next_due_at and self._targets.health_of(url).may_try() and \
+                        self._wanted(prefix, url, state):
                     due.append((state.next_due_at, prefix.name, url))
         due = self._not_held_busy(due, scraped)
         # Longest-waiting first, so a spent budget delays every prefix fairly instead of starving
         # the ones that sort last.
         return [self.warm(PrefixName(name, name), url) for _, name, url in sorted(due)]
+
+    def _follow_events(self, held: list[tuple[Prefix, str]]) -> None:
+        """Where the engine publishes KV events: learn each prefix's token ids once per version (after its first warm),
+        and make due at once every prefix whose blocks the events show removed since the last tick (warm on
+        eviction), judging whether churn evicts it faster than it can be re-warmed."""
+        changed = self.engines.take_changed()
+        now = self._clock()
+        for prefix, url in held:
+            if not self.engines.publishes(url):
+                continue
+            with self._lock:
+                state = self._state_for(prefix, url)
+                primed = state.primed
+            if primed and self.engines.needs_tokens(prefix, url):
+                self.engines.learn_tokens(prefix, url, template_head(prefix.text, prefix.is_template))
+            if url in changed and self.engines.view(prefix, url).evicted:
+                with self._lock:
+                    self._evicted(state, now)
+
+    def _evicted(self, state: WarmState, now: float) -> None:
+        """The events show ``state``'s prefix evicted (caller locks): due now, unless churn makes it not keepable."""
+        gap_s = None if state.last_sent_at is None else now - state.last_sent_at
+        if gap_s is not None and gap_s < self.config.unkeepable_within_s:
+            state.num_quick_evictions += 1
+            state.quickest_eviction_s = min(gap_s, state.quickest_eviction_s or gap_s)
+        else:
+            state.num_quick_evictions = 0
+        if state.num_quick_evictions >= self.config.unkeepable_after:
+            if state.not_keepable_until is None:
+                log.info("prefix on %s is evicted within %.2fs of each warm: not keepable, warms stop for %.0fs",
+                         state.base_url, state.quickest_eviction_s or 0.0, self.config.unkeepable_retry_s)
+            state.not_keepable_until = now + self.config.unkeepable_retry_s
+        state.next_due_at = min(state.next_due_at, now)
+
+    def _wanted(self, prefix: Prefix, url: str, state: WarmState) -> bool:
+        """Whether a due warm is worth sending (caller locks): not while churn makes the prefix not keepable, nor while
+        the engine's events show it whole (the timer is only a fallback there; it is pushed to the longest interval)."""
+        now = self._clock()
+        if state.not_keepable_until is not None:
+            if now < state.not_keepable_until:
+                return False
+            state.not_keepable_until = None  # try again once: traffic may have calmed
+            state.num_quick_evictions = 0
+        if state.primed and self.engines.view(prefix, url).fully_resident:
+            state.num_warms_avoided += 1
+            self.num_warms_avoided += 1
+            state.next_due_at = now + self.config.max_rewarm_interval_s
+            return False
+        return True
+
+    def residency(self, prefix: Prefix, url: str) -> ResidencyView:
+        """The prefix's residency on ``url`` by the engine's events."""
+        return self.engines.view(prefix, url)
 
     def _not_held_busy(self, due: list[tuple[float, str, str]],
                        scraped: dict[str, PrefixCacheCounters | None]) -> list[tuple[float, str, str]]:
@@ -290,6 +351,7 @@ class KeepWarm:
         """Start the keep-warm loop in a daemon thread (idempotent)."""
         if self._thread is not None and self._thread.is_alive():
             return
+        self.engines.start()
         self._stop.clear()
         self._thread = threading.Thread(target=self._run, name="ragcache-prefix-warmer", daemon=True)
         self._thread.start()
@@ -300,6 +362,7 @@ class KeepWarm:
         if self._thread is not None:
             self._thread.join(timeout=self.config.request_timeout_s + 5)
             self._thread = None
+        self.engines.stop()
 
     # ----- stats --------------------------------------------------------------------------------
 
@@ -307,4 +370,17 @@ class KeepWarm:
         """Counters of ``prefix`` in this process, summed and per endpoint."""
         with self._lock:
             states = [self._state_for(prefix, url) for url in self.endpoints_of(prefix)]
-            return summarize(prefix, states, self._uses.get(prefix.name, 0))
+            stats = summarize(prefix, states, self._uses.get(prefix.name, 0))
+            endpoints = tuple(self._with_residency(prefix, state, snapshot) for state, snapshot in zip(states, stats.endpoints))
+        return dataclasses.replace(stats, endpoints=endpoints)
+
+    def _with_residency(self, prefix: Prefix, state: WarmState, snapshot: EndpointStats) -> EndpointStats:
+        """An endpoint's stats with what the engine's events say and why it cannot keep the prefix (caller locks)."""
+        view = self.engines.view(prefix, state.base_url)
+        counters = self._targets.counters_of(state.base_url)
+        block_size = self._targets.block_size(Target(state.base_url, prefix.target.model))
+        reasons = why_not_cached(template_head(prefix.text, prefix.is_template), prefix.num_tokens, block_size, counters,
+                                 view, state)
+        return dataclasses.replace(snapshot, events=view.events, resident_blocks=view.resident_blocks,
+                                   num_blocks=view.num_blocks, keepable=state.not_keepable_until is None,
+                                   num_warms_avoided=state.num_warms_avoided, why_not_cached=reasons)

@@ -217,6 +217,11 @@ class Prefixes(_Section):
         100, gt=0, description="most prefixes one tenant may register (403 beyond; the keys without a tenant count as one)")
     prefix_registrations_per_minute: int = Field(
         60, gt=0, description="most prefix registrations of one tenant in any minute, per replica (429 beyond)")
+    prefix_kv_events: dict[str, dict[str, str]] = Field(
+        default_factory=dict,
+        description='vLLM endpoints that publish KV events (--kv-events-config), by base URL (JSON): '
+        '{"http://vllm-1:8000": {"endpoint": "tcp://vllm-1:5557", "replay_endpoint": "tcp://vllm-1:5558"}}; their '
+        "residency comes from the engine, warms go out on eviction (docs/kv-events.md)")
     prefix_lease_ttl_s: float = Field(
         10.0, gt=0, description="with Redis: how long a dead replica's warm leases outlive it before another takes over")
     prefix_warm_priority: int = Field(

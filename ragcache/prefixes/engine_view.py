@@ -1,0 +1,111 @@
+"""What the engines' own KV events say about each prefix: its resident blocks per endpoint (:mod:`.residency`, fed by
+one :class:`~.kv_events.KVEventSubscriber` per endpoint that publishes), and which endpoints saw blocks removed since
+the keep-warm loop last looked (it warms what was evicted, instead of on a timer).
+
+A prefix's blocks are placed by its token ids, which vLLM's ``/tokenize`` gives; they are asked for once per version
+and endpoint by the keep-warm loop (never by a stats or route request), so an endpoint reports a prefix's residency
+from the tick after its first warm on.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from .kv_events import EventsConfig, KVEventSubscriber
+from .model import Prefix, Target
+from .residency import prefix_digests
+from .vllm_client import TargetUnavailableError, VLLMClient
+
+__all__ = ["EngineView", "ResidencyView"]
+
+
+@dataclass(frozen=True)
+class ResidencyView:
+    """One prefix on one endpoint, by the engine's events. ``events``: ``synced`` (the counts are exact), ``out_of_sync``
+    (events were lost, the publisher is down or misbehaves: counts unknown), ``off`` (the endpoint publishes none)."""
+
+    events: str
+    resident_blocks: int | None = None
+    num_blocks: int | None = None
+
+    @property
+    def fully_resident(self) -> bool:
+        return self.num_blocks is not None and self.num_blocks > 0 and self.resident_blocks == self.num_blocks
+
+    @property
+    def evicted(self) -> bool:
+        return self.num_blocks is not None and self.num_blocks > 0 and (self.resident_blocks or 0) < self.num_blocks
+
+
+class EngineView:
+    """The subscribers of the endpoints that publish KV events, and the prefixes' token ids (thread-safe)."""
+
+    def __init__(self, events: Mapping[str, EventsConfig], vllm: VLLMClient) -> None:
+        self._vllm = vllm
+        # The subscribers keep real time (socket deadlines, their breakers' back-off), whatever clock the registry has.
+        self._subscribers = {url: KVEventSubscriber(url, config, on_change=self._changed) for url, config in events.items()}
+        self._lock = threading.Lock()
+        self._tokens: dict[tuple[str, int, str], tuple[int, ...]] = {}  # (prefix, version, url) -> the head's token ids
+        self._changed_urls: set[str] = set()
+
+    def start(self) -> None:
+        for subscriber in self._subscribers.values():
+            subscriber.start()
+
+    def stop(self) -> None:
+        for subscriber in self._subscribers.values():
+            subscriber.stop()
+
+    def publishes(self, url: str) -> bool:
+        return url in self._subscribers
+
+    def subscriber(self, url: str) -> KVEventSubscriber | None:
+        return self._subscribers.get(url)
+
+    def _changed(self, url: str) -> None:
+        with self._lock:
+            self._changed_urls.add(url)
+
+    def take_changed(self) -> set[str]:
+        """The endpoints whose blocks were removed or cleared since the last call."""
+        with self._lock:
+            changed, self._changed_urls = self._changed_urls, set()
+            return changed
+
+    def needs_tokens(self, prefix: Prefix, url: str) -> bool:
+        with self._lock:
+            return self.publishes(url) and (prefix.name, prefix.version, url) not in self._tokens
+
+    def learn_tokens(self, prefix: Prefix, url: str, head: str) -> None:
+        """Ask ``url``'s ``/tokenize`` for the head's token ids (what the engine's blocks are keyed by); a failure
+        leaves them unknown until the next tick."""
+        try:
+            tokens = self._vllm.tokenize(Target(url, prefix.target.model), head)
+        except TargetUnavailableError:
+            return
+        with self._lock:
+            stale = [key for key in self._tokens if key[0] == prefix.name and key[2] == url]
+            for key in stale:
+                del self._tokens[key]
+            self._tokens[(prefix.name, prefix.version, url)] = tuple(tokens)
+
+    def forget(self, name: str) -> None:
+        with self._lock:
+            self._tokens = {key: tokens for key, tokens in self._tokens.items() if key[0] != name}
+
+    def view(self, prefix: Prefix, url: str) -> ResidencyView:
+        """The prefix's residency on ``url`` as the engine's events say."""
+        subscriber = self._subscribers.get(url)
+        if subscriber is None:
+            return ResidencyView("off")
+        if not subscriber.synced:
+            return ResidencyView("out_of_sync")
+        with self._lock:
+            tokens = self._tokens.get((prefix.name, prefix.version, url))
+        block_size = subscriber.index.block_size
+        if tokens is None or block_size is None:
+            return ResidencyView("synced")
+        digests = prefix_digests(tokens, block_size)
+        return ResidencyView("synced", subscriber.index.resident_blocks(digests), len(digests))

@@ -1,0 +1,155 @@
+"""The registry driven by an engine's KV events (issue 30): residency from the events in the prefix's stats and
+/metrics, no timer warm while the events show the prefix whole, a warm as soon as its blocks are removed, a prefix that
+churn evicts faster than it can be re-warmed reported not keepable and no longer warmed, the reasons it is not cached,
+and routing by residency. A vLLM stand-in (httpx.MockTransport) answers the warms; a loopback ZMQ publisher of the
+tests' own sends the events; the registry's clock is a fake one, so every step is one tick."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+
+from ragcache.prefixes import (
+    EventsConfig,
+    FilePrefixStore,
+    PrefixRegistry,
+    PrefixRegistryConfig,
+    PrefixSpec,
+    Target,
+    VLLMClient,
+    register_prefix_metrics,
+)
+from ragcache.prefixes.routing import RouteCandidate, choose_route
+from tests.prefixes.kv_publisher import KVPublisher, removed, stored
+from tests.prefixes.test_kv_events import wait_until
+from tests.prefixes.test_prefixes_unit import BLOCK, FakeClock, FakeVLLM
+
+TARGET = Target("http://vllm.test", "m")
+# 12 words + BOS: 13 tokens, 3 full blocks of 4 (FakeVLLM: one token a word, tokens numbered 0..n-1).
+SYSTEM = "You answer from the context only and say so when the context is silent.\n"
+TOKENS = list(range(13))
+
+
+@pytest.fixture
+def publisher() -> Iterator[KVPublisher]:
+    publisher = KVPublisher().start()
+    yield publisher
+    publisher.close()
+
+
+@pytest.fixture
+def setup(publisher, tmp_path) -> Iterator[tuple[PrefixRegistry, FakeVLLM, FakeClock]]:
+    clock, vllm = FakeClock(), FakeVLLM()
+    config = PrefixRegistryConfig(initial_rewarm_interval_s=8.0, min_rewarm_interval_s=2.0, max_rewarm_interval_s=16.0,
+                                  default_block_size=BLOCK, store_refresh_interval_s=0.0, metrics_interval_s=5.0,
+                                  tick_interval_s=3600.0,  # the loop thread never ticks by itself: the test does
+                                  kv_events={TARGET.base_url: EventsConfig(publisher.endpoint, publisher.replay_endpoint)})
+    http = httpx.Client(transport=httpx.MockTransport(vllm.handler))
+    registry = PrefixRegistry(FilePrefixStore(tmp_path / "p.json"), VLLMClient(http), config, clock=clock, wall_clock=clock)
+    registry.start()
+    subscriber = registry._keep_warm.engines.subscriber(TARGET.base_url)
+    assert subscriber is not None and wait_until(lambda: subscriber.synced)
+    yield registry, vllm, clock
+    registry.close()
+
+
+def endpoint(registry: PrefixRegistry):
+    return registry.prefix_stats("sys").endpoints[0]
+
+
+def store_blocks(publisher: KVPublisher, first: int) -> None:
+    publisher.publish([stored([first, first + 1, first + 2], None, TOKENS[:12], BLOCK)])
+
+
+def test_events_drive_residency_and_warms(setup, publisher):
+    registry, vllm, clock = setup
+    registry.register(PrefixSpec("sys", SYSTEM, TARGET))  # the prime warm
+    store_blocks(publisher, 10)  # what the engine stored for it
+    registry.tick()  # learns the prefix's token ids from /tokenize
+    assert wait_until(lambda: endpoint(registry).resident_blocks == 3)
+    assert (endpoint(registry).events, endpoint(registry).num_blocks) == ("synced", 3)
+
+    num_sent = len(vllm.prompts)
+    clock.now += 9  # the timer says due; the events say whole: no warm
+    registry.tick()
+    assert len(vllm.prompts) == num_sent and endpoint(registry).num_warms_avoided == 1
+
+    publisher.publish([removed([12])])  # the prefix's last block evicted
+    assert wait_until(lambda: endpoint(registry).resident_blocks == 2)
+    clock.now += 5  # well after the last warm: an ordinary eviction
+    registry.tick()
+    assert len(vllm.prompts) == num_sent + 1  # warmed on eviction, long before the 16 s timer
+    assert endpoint(registry).keepable
+
+    metrics = CollectorRegistry()
+    register_prefix_metrics(registry, metrics)
+    exposition = generate_latest(metrics).decode()
+    assert 'ragcache_prefix_endpoint_resident_blocks{endpoint="http://vllm.test",prefix="sys"} 2.0' in exposition
+    assert "ragcache_prefix_warms_avoided_total 1.0" in exposition
+
+
+def test_a_prefix_churn_evicts_at_once_is_reported_and_no_longer_warmed(setup, publisher):
+    registry, vllm, clock = setup
+    registry.register(PrefixSpec("sys", SYSTEM, TARGET))
+    store_blocks(publisher, 10)
+    registry.tick()
+    assert wait_until(lambda: endpoint(registry).resident_blocks == 3)
+    held = [10, 11, 12]
+    for i in range(3):  # each warm's blocks are gone a fraction of a second later
+        publisher.publish([removed(held)])
+        assert wait_until(lambda: endpoint(registry).resident_blocks == 0)
+        clock.now += 0.2
+        sent = len(vllm.prompts)
+        registry.tick()  # the eviction, 0.2 s after the last warm
+        if i < 2:
+            assert len(vllm.prompts) == sent + 1  # still warmed on eviction
+            held = [100 + 10 * i + k for k in range(3)]
+            store_blocks(publisher, held[0])
+            assert wait_until(lambda: endpoint(registry).resident_blocks == 3)
+    stats = endpoint(registry)
+    assert not stats.keepable and any("churn evicts it within 0.20 s" in reason for reason in stats.why_not_cached)
+    sent = len(vllm.prompts)
+    for _ in range(3):
+        clock.now += 9
+        registry.tick()
+    assert len(vllm.prompts) == sent  # no warm for a prefix reported not keepable
+    clock.now += 61  # after unkeepable_retry_s one warm is tried again
+    registry.tick()
+    assert len(vllm.prompts) == sent + 1 and endpoint(registry).keepable
+
+
+def test_why_not_cached_names_a_sub_block_prefix_and_a_volatile_part(setup):
+    registry, _, _ = setup
+    registry.register(PrefixSpec("sys", "Be brief.", TARGET))  # 3 tokens: under one block of 4
+    assert any("not more than one KV block of 4" in reason for reason in endpoint(registry).why_not_cached)
+    registry.register(PrefixSpec("sys", "Today is 2026-12-01. You answer from the context only, briefly.\n", TARGET))
+    assert any("volatile" in reason and "2026-12-01" in reason for reason in endpoint(registry).why_not_cached)
+
+
+def test_route_prefers_the_replica_holding_the_prefix_then_the_least_loaded_then_turns():
+    def candidate(url, resident=None, load=None, up=True):
+        return RouteCandidate(url, up, "synced" if resident is not None else "off", resident, 3 if resident is not None else None, load)
+
+    holding = choose_route("p", [candidate("a", 0, 0.0), candidate("b", 3, 5.0)], 0)
+    assert (holding.endpoint, holding.reason) == ("b", "resident")
+    tie = choose_route("p", [candidate("a", 3, 4.0), candidate("b", 3, 1.0)], 0)
+    assert (tie.endpoint, tie.reason) == ("b", "resident")
+    loaded = choose_route("p", [candidate("a", load=2.0), candidate("b", load=0.0)], 0)
+    assert (loaded.endpoint, loaded.reason) == ("b", "least_load")
+    down = choose_route("p", [candidate("a", 3, 0.0, up=False), candidate("b", 0, 0.0)], 0)
+    assert down.endpoint == "b"  # a replica whose breaker is open is not routed to while another is up
+    assert [choose_route("p", [candidate("a"), candidate("b")], turn).endpoint for turn in range(3)] == ["a", "b", "a"]
+
+
+def test_the_registry_routes_by_the_events_and_falls_back_in_turn(setup, publisher, tmp_path):
+    registry, _, _ = setup
+    registry.register(PrefixSpec("sys", SYSTEM, TARGET, endpoints=("http://vllm-b.test",)))
+    store_blocks(publisher, 10)
+    registry.tick()
+    assert wait_until(lambda: registry.route("sys").reason == "resident")
+    assert registry.route("sys").endpoint == TARGET.base_url
+    publisher.publish([{"type": "AllBlocksCleared"}])
+    assert wait_until(lambda: registry.route("sys").reason != "resident")  # nobody holds it: no residency preference
