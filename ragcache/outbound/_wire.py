@@ -74,6 +74,8 @@ class _Answer:
         self.max_bytes = max_bytes
         self.complete = False
         self.started = False
+        self.keep_alive = False
+        self.parser: httptools.HttpResponseParser | None = None
 
     def on_message_begin(self) -> None:
         self.started = True
@@ -91,6 +93,8 @@ class _Answer:
 
     def on_message_complete(self) -> None:
         self.complete = True
+        # Only here does the parser still know (llhttp resets it once the message is done).
+        self.keep_alive = self.parser is not None and self.parser.should_keep_alive()
 
 
 class WireTransport:
@@ -191,7 +195,7 @@ class WireTransport:
     def _exchange_on(self, sock: socket.socket, request: bytes, deadline: float, max_bytes: int, *,
                      reused: bool) -> tuple[tuple[int, dict[str, str], bytes], bool]:
         answer = _Answer(max_bytes)
-        parser = httptools.HttpResponseParser(answer)
+        parser = answer.parser = httptools.HttpResponseParser(answer)
         try:
             sock.settimeout(_left(deadline))
             sock.sendall(request)
@@ -221,8 +225,7 @@ class WireTransport:
             raise httpx.RemoteProtocolError(f"not an HTTP answer: {type(exc).__name__}") from exc
         except OSError as exc:
             raise httpx.ReadError(type(exc).__name__) from exc
-        keep_alive = parser.should_keep_alive()
-        return (parser.get_status_code(), answer.headers, b"".join(answer.chunks)), keep_alive
+        return (parser.get_status_code(), answer.headers, b"".join(answer.chunks)), answer.keep_alive
 
 
 class _StaleConnection(Exception):

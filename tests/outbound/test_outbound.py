@@ -207,3 +207,40 @@ def test_an_answer_parse_refuses_is_a_502_that_opens_the_breaker():
             client.post(server.url, {}, parse=refuse, max_bytes=1024)
         assert SECRET not in str(raised.value) and client.health is not None and client.health.is_down
         client.close()
+
+
+def test_calls_reuse_one_kept_alive_connection():
+    with LoopbackServer(Plan()) as server:
+        client = upstream()
+        for _ in range(3):
+            assert client.post(server.url, {}, parse=as_json, max_bytes=1024) == {"ok": True}
+        client.close()
+    assert len({request.peer for request in server.received}) == 1
+
+
+def test_a_kept_alive_connection_the_upstream_closed_while_idle_is_replaced_and_the_call_served():
+    """An upstream that closes each connection after its answer without saying so: the next call finds the pooled
+    socket dead before anything is read back and sends the request once more on a fresh one."""
+    accepted = []
+    listener = socket.create_server(("127.0.0.1", 0))
+    answer = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 12\r\n\r\n{\"ok\": true}"
+
+    def serve() -> None:
+        for _ in range(2):
+            conn, _ = listener.accept()
+            accepted.append(conn)
+            conn.recv(65536)
+            conn.sendall(answer)
+            conn.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    client = upstream()
+    url = f"http://127.0.0.1:{listener.getsockname()[1]}/"
+    assert client.post(url, {}, parse=as_json, max_bytes=1024) == {"ok": True}
+    time.sleep(0.05)  # the close reaches the pooled socket before it is used again
+    assert client.post(url, {}, parse=as_json, max_bytes=1024) == {"ok": True}
+    thread.join(timeout=10)
+    client.close()
+    listener.close()
+    assert len(accepted) == 2 and client.health is not None and not client.health.is_down

@@ -35,6 +35,7 @@ class Received:
     path: str
     headers: dict[str, str]
     body: object
+    peer: tuple = ()  # the client's address: one per connection, so a test can see a kept-alive one reused
 
 
 class LoopbackServer:
@@ -49,7 +50,8 @@ class LoopbackServer:
 
             def do_POST(self):  # noqa: N802 - the http.server name
                 length = int(self.headers.get("Content-Length", 0))
-                request = Received(self.path, {k.lower(): v for k, v in self.headers.items()}, json.loads(self.rfile.read(length)))
+                request = Received(self.path, {k.lower(): v for k, v in self.headers.items()}, json.loads(self.rfile.read(length)),
+                                   self.client_address)
                 server.received.append(request)
                 reply = server.answer(request)
                 if reply.hang_s:
