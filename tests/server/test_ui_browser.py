@@ -144,6 +144,7 @@ def test_the_page_shows_what_stats_says_and_runs_a_search(page, server, tmp_path
         row = f'{card} tr[data-level="{level["level"]}"]'
         for field in ("lookups", "hits", "misses", "errors", "hit_rate", "latency_p50_ms", "latency_p99_ms"):
             assert number(shown(page, f'{row} [data-field="{field}"]')) == pytest.approx(level[field]), (level["level"], field)
+        assert json.loads(shown(page, f'{row} [data-field="misses_by_cause"]')) == level["misses_by_cause"], level["level"]
         state = entry["levels"][level["level"]]
         assert shown(page, f'{row} [data-field="up"]') == ("true" if state["up"] else "false")
         assert number(shown(page, f'{row} [data-field="num_outages"]')) == state["num_outages"]
