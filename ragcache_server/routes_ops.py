@@ -163,6 +163,9 @@ def _admin_info(state: ServiceState, models: list[dict]) -> dict:
             "max_batch": state.settings.service.max_batch,
             "truncate": state.settings.service.truncate,
             "l1_bytes": state.settings.levels.l1_bytes,
+            "disk": str(state.stores.disk.root) if state.stores.disk is not None else "off",
+            "disk_max_bytes": state.settings.levels.disk_max_bytes,
+            "l3_admission": "reuse" if state.settings.levels.l3_on_reuse else "all",
             "redis": "embedded" if state.stores.embedded_redis else ("off" if state.stores.redis is None else "external"),
             # Redacted: a URI may carry a user and password (ragcache.observe.redact).
             "milvus": redact_url(uri) if (uri := state.settings.levels.resolved_milvus_uri) else "off",

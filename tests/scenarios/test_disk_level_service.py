@@ -67,7 +67,9 @@ def test_a_restart_serves_from_disk_what_was_written_before_it(upstream, tmp_pat
         assert again.embed(texts) == {"l1": 0, "disk": 16, "l2": 0, "l3": 0, "compute": 0}
         with httpx.Client(base_url=again.url) as client:
             levels = client.get("/stats").json()["models"][upstream.model]["since_start"]["levels"]
+            settings = client.get("/info").json()["settings"]
         assert [level["level"] for level in levels] == ["L1", "disk"]
+        assert settings["disk"] == str(tmp_path / "disk") and settings["l3_admission"] == "reuse"
     finally:
         again.stop()
 
