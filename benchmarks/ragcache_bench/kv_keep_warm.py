@@ -31,6 +31,7 @@ def _registry_process(connection: Connection, config: PrefixRegistryConfig, spec
             stats = registry.stats()
             connection.send({"num_warms_sent": stats.num_warms_sent, "num_warms_deferred": stats.num_warms_deferred,
                              "num_warms_held_busy": stats.num_warms_held_busy,
+                             "num_warms_avoided": stats.num_warms_avoided,
                              "prefix": asdict(registry.prefix_stats(spec.name))})
         finally:
             registry.close()

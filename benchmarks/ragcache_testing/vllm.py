@@ -8,6 +8,7 @@ be caused on demand.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,6 +38,17 @@ class VLLMServerConfig:
     scheduling_policy: str = "fcfs"
     # Requests running at once (None: vLLM's default); 1 makes every other request wait in the queue.
     max_num_seqs: int | None = None
+    # KV events (--kv-events-config): the PUB and replay ports on 127.0.0.1; None: no events.
+    kv_events_port: int | None = None
+    kv_replay_port: int | None = None
+
+    @property
+    def kv_events_endpoint(self) -> str | None:
+        return None if self.kv_events_port is None else f"tcp://127.0.0.1:{self.kv_events_port}"
+
+    @property
+    def kv_replay_endpoint(self) -> str | None:
+        return None if self.kv_replay_port is None else f"tcp://127.0.0.1:{self.kv_replay_port}"
 
 
 class VLLMServer(HttpServerProcess):
@@ -65,4 +77,12 @@ class VLLMServer(HttpServerProcess):
             "--gpu-memory-utilization", str(c.memory_utilization),
             "--disable-uvicorn-access-log", "--scheduling-policy", c.scheduling_policy,
             *(["--max-num-seqs", str(c.max_num_seqs)] if c.max_num_seqs is not None else []),
+            *(["--kv-events-config", self._kv_events_config()] if c.kv_events_port is not None else []),
         ]
+
+    def _kv_events_config(self) -> str:
+        c = self.config
+        config = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{c.kv_events_port}"}
+        if c.kv_replay_port is not None:
+            config["replay_endpoint"] = f"tcp://*:{c.kv_replay_port}"
+        return json.dumps(config)

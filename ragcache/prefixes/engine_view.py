@@ -13,6 +13,8 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from ragcache.errors import ConfigError
+
 from .kv_events import EventsConfig, KVEventSubscriber
 from .model import Prefix, Target
 from .residency import prefix_digests
@@ -44,6 +46,11 @@ class EngineView:
 
     def __init__(self, events: Mapping[str, EventsConfig], vllm: VLLMClient) -> None:
         self._vllm = vllm
+        if events:
+            try:
+                import zmq  # noqa: F401 - pyzmq: the subscribers' transport, needed only where an endpoint publishes
+            except ImportError:
+                raise ConfigError("RAGCACHE_PREFIX_KV_EVENTS needs pyzmq (pip install pyzmq)") from None
         # The subscribers keep real time (socket deadlines, their breakers' back-off), whatever clock the registry has.
         self._subscribers = {url: KVEventSubscriber(url, config, on_change=self._changed) for url, config in events.items()}
         self._lock = threading.Lock()

@@ -1,0 +1,95 @@
+"""The registry on a real vLLM's KV events (issue 30; the session server publishes them, tests/vllm/conftest.py):
+residency comes from the engine's own events, a churned-out prefix is seen evicted and warmed again, routing prefers
+the replica that holds it, and why-not-cached names a prefix shorter than one block and a volatile part."""
+
+from __future__ import annotations
+
+import random
+import time
+
+import pytest
+
+from ragcache.prefixes import EventsConfig, PrefixRegistry, PrefixRegistryConfig, PrefixSpec
+from ragcache_bench.prefixes import build_prefix_text
+
+BLOCK_SIZE = 32  # the server fixture's block size (tests/vllm/conftest.py)
+NUM_BLOCKS = 128
+
+pytestmark = pytest.mark.vllm
+
+
+def _wait_for(predicate, timeout_s: float, what: str) -> float:
+    """Seconds until ``predicate`` held (a correctness wait with a generous deadline, printed, never asserted on)."""
+    start = time.monotonic()
+    while time.monotonic() - start < timeout_s:
+        if predicate():
+            return time.monotonic() - start
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+
+
+@pytest.fixture
+def registry(vllm_server, http, tmp_path):
+    events = {vllm_server.base_url: EventsConfig(vllm_server.config.kv_events_endpoint,
+                                                 vllm_server.config.kv_replay_endpoint)}
+    config = PrefixRegistryConfig(file_path=tmp_path / "prefixes.json", initial_rewarm_interval_s=5.0,
+                                  min_rewarm_interval_s=5.0, max_rewarm_interval_s=60.0, tick_interval_s=0.05,
+                                  metrics_interval_s=0.5, default_block_size=BLOCK_SIZE, warm_max_waiting=None,
+                                  kv_events=events)
+    reg = PrefixRegistry.create(config, http=http)
+    reg.start()
+    subscriber = reg._keep_warm.engines.subscriber(vllm_server.base_url)
+    assert subscriber is not None
+    _wait_for(lambda: subscriber.synced, 30, "the subscriber to sync with vLLM's publisher")
+    yield reg
+    reg.close()
+
+
+def _endpoint(registry: PrefixRegistry, name: str):
+    return registry.prefix_stats(name).endpoints[0]
+
+
+def _churn(http, target, seed: int) -> None:
+    """Fill the whole KV cache (128 blocks of 32 = 4096 tokens) with token-id prompts nothing else shares."""
+    rng = random.Random(seed)
+    for _ in range(6):
+        prompt = [rng.randrange(3, 8000) for _ in range(1024)]
+        r = http.post(f"{target.base_url}/v1/completions", json={"model": target.model, "prompt": prompt, "max_tokens": 1})
+        r.raise_for_status()
+
+
+def test_events_drive_residency_and_a_churned_out_prefix_is_warmed_back(registry, http, target):
+    registry.register(PrefixSpec("events-sys", build_prefix_text(http, target, 600), target))
+    _wait_for(lambda: (_endpoint(registry, "events-sys").num_blocks or 0) > 0 and
+              _endpoint(registry, "events-sys").resident_blocks == _endpoint(registry, "events-sys").num_blocks,
+              60, "the prefix's blocks in the engine's events")
+    stats = _endpoint(registry, "events-sys")
+    assert stats.events == "synced" and stats.num_blocks >= 600 // BLOCK_SIZE - 1
+    route = registry.route("events-sys")
+    assert (route.endpoint, route.reason) == (target.base_url, "resident")
+    warms_before = registry.prefix_stats("events-sys").num_warms
+
+    _churn(http, target, 1)  # evicts the prefix: the events show it, and the registry warms it on eviction
+    seen_s = _wait_for(lambda: registry.prefix_stats("events-sys").num_warms > warms_before, 60,
+                       "a warm on eviction")
+    print(f"a warm went out {seen_s:.2f}s after the churn ended")
+    _wait_for(lambda: _endpoint(registry, "events-sys").resident_blocks == _endpoint(registry, "events-sys").num_blocks,
+              60, "the prefix resident again")
+    assert _endpoint(registry, "events-sys").keepable
+
+
+def test_no_timer_warm_while_the_events_show_the_prefix_whole(registry, http, target):
+    registry.register(PrefixSpec("events-quiet", build_prefix_text(http, target, 300), target))
+    _wait_for(lambda: _endpoint(registry, "events-quiet").resident_blocks == _endpoint(registry, "events-quiet").num_blocks
+              and (_endpoint(registry, "events-quiet").num_blocks or 0) > 0, 60, "the prefix resident by the events")
+    warms = registry.prefix_stats("events-quiet").num_warms
+    # Its timer falls due 5 s after the prime (initial_rewarm_interval_s): the events say whole, so nothing is sent.
+    _wait_for(lambda: _endpoint(registry, "events-quiet").num_warms_avoided >= 1, 30, "the due warm avoided")
+    assert registry.prefix_stats("events-quiet").num_warms == warms
+
+
+def test_why_not_cached_names_a_sub_block_prefix_and_a_volatile_part(registry, target):
+    registry.register(PrefixSpec("events-short", "Answer briefly.", target))
+    assert any(f"not more than one KV block of {BLOCK_SIZE}" in r for r in _endpoint(registry, "events-short").why_not_cached)
+    registry.register(PrefixSpec("events-dated", "Today is 2026-12-01. " + "You answer from the context only. " * 20, target))
+    assert any("volatile" in r and "2026-12-01" in r for r in _endpoint(registry, "events-dated").why_not_cached)
