@@ -20,7 +20,8 @@
     "latency_p50_ms", "latency_p99_ms", "misses_by_cause"]);
   const KNOWN_HIT = new Set(["id", "score", "text", "metadata"]);
   const KNOWN_PREFIX = new Set(["name", "version", "num_tokens", "pinned", "num_warms", "num_resident", "num_evicted",
-    "num_errors", "num_skipped", "residency_rate", "last_outcome", "last_warm_at", "rewarm_interval_s", "num_uses"]);
+    "num_errors", "num_skipped", "residency_rate", "last_outcome", "last_warm_at", "rewarm_interval_s", "num_uses",
+    "endpoints"]);
 
   let apiKey = sessionStorage.getItem(KEY_STORE) || "";
   let timer = null;
@@ -82,6 +83,18 @@
   }
 
   // A value of any shape as short text: numbers formatted, objects as compact JSON.
+  // Per vLLM endpoint, what its KV events say (issue 30): resident blocks of the prefix's, or why they are unknown,
+  // then the reasons it cannot be kept cached. Text only (set as text, never as HTML).
+  function fmtEngine(endpoints) {
+    return endpoints.map((e) => {
+      const blocks = e.events === "synced" && e.num_blocks !== null ? `${e.resident_blocks}/${e.num_blocks} blocks`
+        : e.events === "off" ? "no events" : e.events.replace("_", " ");
+      const keep = e.keepable === false ? ", not keepable" : "";
+      const why = (e.why_not_cached || []).length ? " — " + e.why_not_cached.join("; ") : "";
+      return `${e.base_url}: ${blocks}${keep}${why}`;
+    }).join("\n") || "–";
+  }
+
   function fmtAny(value) {
     if (typeof value === "number") return fmtNum(value);
     if (value === null || value === undefined) return "–";
@@ -388,10 +401,11 @@
     setStatus("prefixes-status", prefixes.length ? more.trim() : "No prefix is registered.");
     const extraNames = [...new Set(stats.flatMap((s) => Object.keys(s).filter((k) => !KNOWN_PREFIX.has(k) && k !== "error")))];
     const head = el("tr", {}, ...["prefix", "version", "tokens", "pinned", "residency", "last warm", "last outcome",
-      "warms", "resident", "evicted", "errors", "skipped", "uses", "re-warm every", ...extraNames.map(label)]
+      "warms", "resident", "evicted", "errors", "skipped", "uses", "re-warm every", "engine (KV events)",
+      ...extraNames.map(label)]
       .map((h) => el("th", { text: h })));
     const rows = stats.map((s) => {
-      if (s.error) return el("tr", { "data-prefix": s.name }, el("td", { text: s.name }), el("td", { colspan: 13, className: "text", text: refusal(s.error) }));
+      if (s.error) return el("tr", { "data-prefix": s.name }, el("td", { text: s.name }), el("td", { colspan: 14, className: "text", text: refusal(s.error) }));
       return el("tr", { "data-prefix": s.name },
         el("td", { text: s.name }),
         cell("version", s.version, fmtInt(s.version)),
@@ -408,6 +422,7 @@
         cell("num_skipped", s.num_skipped, fmtInt(s.num_skipped)),
         cell("num_uses", s.num_uses, fmtInt(s.num_uses)),
         cell("rewarm_interval_s", s.rewarm_interval_s, s.rewarm_interval_s.toFixed(1) + " s"),
+        cell("engine", (s.endpoints || []).map((e) => e.resident_blocks).join(","), fmtEngine(s.endpoints || []), "text"),
         ...extraNames.map((name) => cell(name, s[name], fmtAny(s[name]))));
     });
     $("prefixes").replaceChildren(...(prefixes.length ? [head, ...rows] : []));
