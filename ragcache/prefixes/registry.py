@@ -262,8 +262,10 @@ class PrefixRegistry:
             load = None
             if counters is not None and counters.num_running is not None and counters.num_waiting is not None:
                 load = counters.num_running + counters.num_waiting
+            subscriber = self._keep_warm.engines.subscriber(url)
+            held = subscriber.index.num_blocks if subscriber is not None and subscriber.synced else None
             candidates.append(RouteCandidate(url, not self._targets.health_of(url).is_down, view.events,
-                                             view.resident_blocks, view.num_blocks, load))
+                                             view.resident_blocks, view.num_blocks, load, held))
         if not candidates:
             raise InvalidInputError(f"prefix {name.public!r} has no endpoint this service may call", field="name")
         return choose_route(name.public, candidates, self._turns.next(name.stored))

@@ -24,13 +24,17 @@ class RouteCandidate:
     num_blocks: int | None
     # Requests running plus waiting by its last /metrics; None before one answered.
     load: float | None
+    # KV blocks the endpoint holds in all, by its events (None without them): where the prefix is nowhere, the one
+    # holding the fewest has the most room, so warming it there costs least.
+    held_blocks: int | None = None
 
 
 @dataclass(frozen=True)
 class RouteResult:
     """Where to send a request that starts with prefix ``name``, and why (``resident``: it holds most of the prefix;
-    ``least_load``: no replica holds more of it than another, this one is the least busy; ``round_robin``: nothing
-    known, the next in turn)."""
+    ``least_load``: no replica holds more of it than another, this one is the least busy; ``least_cost``: as busy as
+    the others, it holds the fewest blocks, so loading the prefix there evicts least; ``round_robin``: nothing known,
+    the next in turn)."""
 
     name: str
     endpoint: str
@@ -63,4 +67,10 @@ def choose_route(name: str, candidates: Sequence[RouteCandidate], turn: int) -> 
         least = min(loaded, key=lambda c: c.load or 0.0)
         if any(c.load != least.load for c in loaded):
             return RouteResult(name, least.base_url, "least_load", tuple(candidates))
+        pool = [c for c in pool if c.load == least.load]
+    held = [c for c in pool if c.held_blocks is not None]
+    if held:
+        roomiest = min(held, key=lambda c: c.held_blocks or 0)
+        if any(c.held_blocks != roomiest.held_blocks for c in held):
+            return RouteResult(name, roomiest.base_url, "least_cost", tuple(candidates))
     return RouteResult(name, pool[turn % len(pool)].base_url, "round_robin", tuple(candidates))

@@ -252,6 +252,7 @@ class KeepWarm:
         # Every pair's lease is checked (and renewed) each tick, due or not: a holder that let its lease
         # lapse between two warms would hand its schedule to another replica and both would warm.
         held = [(p, url) for p, url in pairs if self._gate.holds(p.name, url)]
+        self._learn_tokens(prefixes)
         self._follow_events(held)
         due: list[tuple[float, str, str]] = []
         with self._lock:
@@ -265,10 +266,17 @@ class KeepWarm:
         # the ones that sort last.
         return [self.warm(PrefixName(name, name), url) for _, name, url in sorted(due)]
 
+    def _learn_tokens(self, prefixes: list[Prefix]) -> None:
+        """Every prefix's token ids (pinned or not: routing needs them too), once per version, on each endpoint that
+        publishes KV events and is not backing off (one /tokenize each; a failure is asked again next tick)."""
+        for prefix in prefixes:
+            for url in self.endpoints_of(prefix):
+                if self.engines.needs_tokens(prefix, url) and self._targets.health_of(url).may_try():
+                    self.engines.learn_tokens(prefix, url, template_head(prefix.text, prefix.is_template))
+
     def _follow_events(self, held: list[tuple[Prefix, str]]) -> None:
-        """Where the engine publishes KV events: learn each prefix's token ids once per version (after its first warm),
-        and make due at once every prefix whose blocks the events show removed since the last tick (warm on
-        eviction), judging whether churn evicts it faster than it can be re-warmed."""
+        """Where the engine publishes KV events: make due at once every prefix whose blocks the events show removed
+        since the last tick (warm on eviction), judging whether churn evicts it faster than it can be re-warmed."""
         changed = self.engines.take_changed()
         now = self._clock()
         for prefix, url in held:
@@ -276,9 +284,6 @@ class KeepWarm:
                 continue
             with self._lock:
                 state = self._state_for(prefix, url)
-                primed = state.primed
-            if primed and self.engines.needs_tokens(prefix, url):
-                self.engines.learn_tokens(prefix, url, template_head(prefix.text, prefix.is_template))
             if url in changed and self.engines.view(prefix, url).evicted:
                 with self._lock:
                     self._evicted(state, now)

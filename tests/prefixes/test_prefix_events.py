@@ -130,8 +130,9 @@ def test_why_not_cached_names_a_sub_block_prefix_and_a_volatile_part(setup):
 
 
 def test_route_prefers_the_replica_holding_the_prefix_then_the_least_loaded_then_turns():
-    def candidate(url, resident=None, load=None, up=True):
-        return RouteCandidate(url, up, "synced" if resident is not None else "off", resident, 3 if resident is not None else None, load)
+    def candidate(url, resident=None, load=None, up=True, held=None):
+        return RouteCandidate(url, up, "synced" if resident is not None else "off", resident, 3 if resident is not None else None,
+                              load, held)
 
     holding = choose_route("p", [candidate("a", 0, 0.0), candidate("b", 3, 5.0)], 0)
     assert (holding.endpoint, holding.reason) == ("b", "resident")
@@ -141,6 +142,8 @@ def test_route_prefers_the_replica_holding_the_prefix_then_the_least_loaded_then
     assert (loaded.endpoint, loaded.reason) == ("b", "least_load")
     down = choose_route("p", [candidate("a", 3, 0.0, up=False), candidate("b", 0, 0.0)], 0)
     assert down.endpoint == "b"  # a replica whose breaker is open is not routed to while another is up
+    cost = choose_route("p", [candidate("a", 0, 1.0, held=90), candidate("b", 0, 1.0, held=10)], 0)
+    assert (cost.endpoint, cost.reason) == ("b", "least_cost")  # nowhere resident, as busy: the one with most room
     assert [choose_route("p", [candidate("a"), candidate("b")], turn).endpoint for turn in range(3)] == ["a", "b", "a"]
 
 
