@@ -10,6 +10,7 @@ from typing import Any, Literal
 import torch
 
 from ragcache.core.cache import EmbeddingCache
+from ragcache.core.encoder import capabilities_of
 from ragcache.core.flight import RedisFlight
 from ragcache.core.keys import EmbeddingSpace
 from ragcache.core.tier import Tier
@@ -153,7 +154,7 @@ def build_cache(
         write_linger_s={row.name: row.write_linger_ms(settings) / 1000 for row in rows[1:] if row.write_linger_ms(settings)},
         admit_on_reuse=[row.name for row in rows[1:] if row.on_reuse(settings)],
         # A remote model takes as many texts as fill its upstream requests in parallel (max_inputs x concurrency).
-        compute_max_batch=getattr(encoder, "max_batch", settings.compute.compute_batch_size),
+        compute_max_batch=capabilities_of(encoder).max_batch or settings.compute.compute_batch_size,
         compute_max_wait_s=settings.compute.compute_max_wait_ms / 1000,
         compute_max_pending=settings.compute.compute_max_pending,
         window_s=settings.service.stats_window_s,

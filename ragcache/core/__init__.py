@@ -14,6 +14,7 @@ from ragcache.observe.exports import lazy_exports
 
 _EXPORTS = {
     ".cache": ("EmbeddingCache", "EmbedResult"),
+    ".encoder": ("Capabilities", "Encoder", "EncoderStats", "capabilities_of"),
     ".batching": ("CALLER_GONE",),
     ".flight": ("RedisFlight",),
     ".tier": ("Tier", "TierHits"),
@@ -29,6 +30,7 @@ __all__, __getattr__ = lazy_exports(__name__, _EXPORTS)
 if TYPE_CHECKING:
     from ragcache.core.batching import CALLER_GONE
     from ragcache.core.cache import EmbeddingCache, EmbedResult
+    from ragcache.core.encoder import Capabilities, Encoder, EncoderStats, capabilities_of
     from ragcache.core.flight import RedisFlight
     from ragcache.core.health import TierHealth
     from ragcache.core.keys import DTYPES, EmbeddingSpace, Generation, key_digests, text_hash, text_hashes

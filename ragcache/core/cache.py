@@ -15,13 +15,14 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from ragcache.core.batching import CallsInProgress
 from ragcache.core.causes import MissLedger
+from ragcache.core.encoder import Encoder
 from ragcache.core.flight import Flight
 from ragcache.core.keys import EmbeddingSpace, Generation, KeyList
 from ragcache.core.levels import Found, Levels
@@ -40,16 +41,6 @@ __all__ = ["EmbeddingCache", "EmbedResult", "Encoder", "Probe"]
 log = logging.getLogger(__name__)
 
 COMPUTE = "compute"
-
-
-class Encoder(Protocol):
-    """What the cache needs from a model (``ModelEncoder`` is the real one)."""
-
-    space: EmbeddingSpace
-
-    def encode(self, texts: Sequence[str]) -> torch.Tensor: ...
-
-    def stats(self): ...
 
 
 @dataclass(frozen=True)

@@ -10,12 +10,13 @@ left missing and gets back how many of them were computed.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from ragcache.core.batching import CallsInProgress, ComputeBatcher
+from ragcache.core.encoder import Encoder, capabilities_of
 from ragcache.core.flight import Flight
 from ragcache.core.keys import KeyList
 from ragcache.core.levels import Levels
@@ -28,16 +29,12 @@ if TYPE_CHECKING:
 __all__ = ["MissResolver"]
 
 
-class _Model(Protocol):
-    def encode(self, texts: Sequence[str]) -> torch.Tensor: ...
-
-
 class MissResolver:
     """Computes a request's missing keys into its vectors, through one ``ComputeBatcher`` (``batcher``)."""
 
     def __init__(
         self,
-        encoder: _Model,
+        encoder: Encoder,
         levels: Levels,
         calls: CallsInProgress,
         *,
@@ -55,7 +52,7 @@ class MissResolver:
         self.levels = levels
         self._encoder = encoder
         # Whether the model takes a named prompt apart (``encode(texts, prompt=...)``): a class attribute, read once.
-        self._takes_prompt = bool(getattr(encoder, "takes_prompt", False))
+        self._takes_prompt = capabilities_of(encoder).takes_prompt
         self.batcher = ComputeBatcher(self._encode, max_batch=max_batch, max_wait_s=max_wait_s, max_pending=max_pending,
                                       levels=levels, calls=calls)
         self._flight = flight

@@ -23,12 +23,12 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Protocol
 
 import numpy as np
 import torch
 
-from ragcache.core.keys import EmbeddingSpace, Generation
+from ragcache.core.encoder import Encoder
+from ragcache.core.keys import Generation
 from ragcache.errors import RagCacheError, TierUnavailableError
 from ragcache.models.fingerprints import Fingerprint, Fingerprints
 from ragcache.models.remote.http import RemoteEncoder
@@ -60,12 +60,6 @@ CANARY_TEXTS = (
 # replica on other hardware never starts a new generation by itself; a change smaller than the noise (all word
 # embeddings scaled by 1.001 -> 6.6e-4) is below what any cache could tell from recomputation noise.
 TOLERANCES = {"float32": 2e-3, "float16": 5e-3, "bfloat16": 3e-2}
-
-
-class Encoder(Protocol):
-    space: EmbeddingSpace
-
-    def encode(self, texts: Sequence[str]) -> torch.Tensor: ...
 
 
 @dataclass(frozen=True)

@@ -10,12 +10,12 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import xxhash
 
+from ragcache.core.encoder import Capabilities, EncoderStats
 from ragcache.core.keys import EmbeddingSpace, text_hashes
 from ragcache.core.tokens import Token
 from ragcache.errors import ConfigError, InvalidInputError
@@ -56,18 +56,6 @@ def fingerprint_weights(model: torch.nn.Module) -> str:
         digest.update(name.encode())
         digest.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()[:16]
-
-
-@dataclass(frozen=True)
-class EncoderStats:
-    num_texts: int
-    num_batches: int
-    compute_s: float
-    batch_sizes: tuple[int, ...]  # the most recent batch sizes the model saw
-
-    @property
-    def seconds_per_text(self) -> float:
-        return self.compute_s / self.num_texts if self.num_texts else 0.0
 
 
 class ModelEncoder:
@@ -132,7 +120,12 @@ class ModelEncoder:
     def dim(self) -> int:
         return self.space.dim
 
-    takes_prompt = True  # encode(prompt=...): a named prompt's text, applied by sentence-transformers (ragcache.models.prompts)
+    @property
+    def capabilities(self) -> Capabilities:
+        """It takes a named prompt's text apart (``encode(prompt=...)``, applied by sentence-transformers) and has the
+        named prompts of its sentence-transformers config."""
+        own = getattr(self.model, "prompts", None) or {}  # sentence-transformers' attribute (absent in old versions)
+        return Capabilities(takes_prompt=True, prompts=dict(own))
 
     def encode(self, texts: Sequence[str], *, prompt: str | None = None) -> torch.Tensor:
         """Vectors for ``texts`` (already ``prepare``d by the space), on the model's device, in the space's dtype.

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from ragcache.core.encoder import capabilities_of
 from ragcache.errors import InvalidInputError
 
 __all__ = ["QUERY", "DOCUMENT", "INPUT_TYPES", "known_prompts", "prompt_name_of"]
@@ -33,8 +34,7 @@ INPUT_TYPES = {"query": QUERY, "document": DOCUMENT, "search_query": QUERY, "sea
 def known_prompts(encoder: object, configured: Mapping[str, str] | None) -> dict[str, str]:
     """The model's own named prompts (empty ones left out: they change nothing), overlaid with the
     configured ones."""
-    model = getattr(encoder, "model", None)
-    own = getattr(model, "prompts", None) or {}
+    own = capabilities_of(encoder).prompts
     prompts = {name: text for name, text in own.items() if isinstance(text, str) and text}
     prompts.update(configured or {})
     return prompts

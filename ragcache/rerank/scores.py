@@ -19,9 +19,9 @@ import numpy as np
 import torch
 
 from ragcache.core.cache import EmbeddingCache
+from ragcache.core.encoder import EncoderStats
 from ragcache.core.scope import UNSCOPED, Scope
 from ragcache.errors import InvalidInputError
-from ragcache.models.local import EncoderStats
 from ragcache.rerank.base import Reranker, RerankHit, RerankResult
 
 __all__ = ["RerankCache", "PairEncoder", "pair_text"]

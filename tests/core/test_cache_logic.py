@@ -8,6 +8,7 @@ import torch
 
 from ragcache.core.batching import CallsInProgress, ComputeBatcher
 from ragcache.core.cache import EmbeddingCache
+from ragcache.core.encoder import Capabilities
 from ragcache.core.scope import Prompt, Scope
 from ragcache.errors import ComputeError, InvalidInputError, TierUnavailableError
 from ragcache.storage.processes import poll_until
@@ -289,7 +290,7 @@ def test_a_request_whose_every_text_arrived_in_l1_meanwhile_writes_nothing_below
 class PromptRecording(HashEncoder):
     """Takes sentence-transformers' ``prompt=`` and records each call's prompt; holds its first call until ``gate``."""
 
-    takes_prompt = True
+    capabilities = Capabilities(takes_prompt=True)
 
     def __init__(self):
         super().__init__(DIM)

@@ -35,6 +35,7 @@ import numpy as np
 import orjson
 import torch
 
+from ragcache.core.encoder import Capabilities
 from ragcache.core.health import TierHealth
 from ragcache.errors import InvalidInputError, PartialEncodeError, UpstreamBadResponseError, UpstreamError
 from ragcache.models.local import TORCH_DTYPES
@@ -87,8 +88,9 @@ class RemoteEncoder:
         self.name = model.name
         self.space = remote_space(model)
         self.device = torch.device("cpu")
-        # The cache's batcher hands over up to this many texts at once: enough for every slot to be busy.
-        self.max_batch = model.max_inputs * model.concurrency
+        # The cache's batcher hands over up to this many texts at once: enough for every slot to be busy. A remote
+        # model takes no prompt apart (the prompt is put before each text) and names none of its own.
+        self.capabilities = Capabilities(max_batch=model.max_inputs * model.concurrency)
         self._api_key = api_key
         self._dtype = TORCH_DTYPES[model.dtype]
         self._url = model.base_url.rstrip("/") + self.path

@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from ragcache.models.local import EncoderStats
+from ragcache.core.encoder import EncoderStats
 
 __all__ = ["UpstreamStats", "UpstreamRecorder", "UpstreamSavings", "savings", "upstream_figures"]
 

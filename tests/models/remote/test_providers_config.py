@@ -96,7 +96,7 @@ def test_the_token_estimate_is_half_the_utf8_bytes_plus_special_tokens():
 def test_the_encoder_takes_what_fills_every_slot():
     encoder = OpenAIEncoder(RemoteModel(**BASE, max_inputs=16, concurrency=3))
     try:
-        assert encoder.max_batch == 48 and str(encoder.device) == "cpu"
+        assert encoder.capabilities.max_batch == 48 and str(encoder.device) == "cpu"
     finally:
         encoder.close()
 
