@@ -10,6 +10,8 @@ in the same run, in alternating blocks, and the absolute figures are printed bes
   vectors) under each. CPU per 32-text request of the server's whole process tree, read from /proc.
 - **L1 hits, base64**: ragcache / bare app on the same server, the same response bytes (target <= 1.5x).
 - **L1 hits, JSON**: ragcache / bare app that formats the same vectors with orjson per request (target <= 1.2x).
+- **The Python client** (in this process): CPU per 32-text ``embed`` of ``ragcache.client.Client`` against the OpenAI
+  SDK's ``embeddings.create`` (both base64), the same request to the bare app (target <= 1.2x; needs ``openai``).
 - **The upstream call** (in this process, no server of ours): CPU per 32-text base64 call through the one outbound
   helper (``ragcache.outbound.Upstream``: deadline, byte cap, breaker, masking) / a bare client on a raw keep-alive
   socket with httptools' compiled parser sending the same request and parsing the same JSON (target <= 1.5x).
@@ -176,6 +178,35 @@ class _Sink:
         self.done.append(True)
 
 
+def _client_figures(server: Server, num_calls: int, num_blocks: int) -> dict[str, list[float]] | None:
+    """CPU ms per 32-text embed call in this process: ragcache's Python client against the OpenAI SDK (both base64),
+    the same request to the same bare server; None without the ``openai`` package."""
+    try:
+        import openai
+    except ImportError:
+        return None
+    from ragcache.client import Client
+
+    texts = [f"client text {i} about caches" for i in range(TEXTS_PER_REQUEST)]
+    ours = Client(server.url)
+    sdk = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+    model = orjson.loads(_post(server.url, orjson.dumps({"input": texts, "encoding_format": "base64"})).content)["model"]
+    calls = {"ragcache client": lambda: ours.embed(texts),
+             "OpenAI SDK": lambda: [item.embedding for item in sdk.embeddings.create(input=texts, model=model).data]}
+    same = bool(np.allclose(np.asarray(calls["ragcache client"]()), np.asarray(calls["OpenAI SDK"]())))
+    figures: dict[str, list[float]] = {name: [] for name in calls}
+    for _ in range(num_blocks):
+        for name, call in calls.items():
+            started = time.process_time()
+            for _ in range(num_calls):
+                call()
+            figures[name].append(1000 * (time.process_time() - started) / num_calls)
+    figures["same vectors"] = [float(same)]
+    ours.close()
+    sdk.close()
+    return figures
+
+
 def bench_http_floor(ctx: BenchContext) -> BenchResult:
     result = BenchResult("http-floor", "the serving path against bare ones: servers, L1-hit answers, the upstream call")
     num_blocks, num_requests = (3, 150) if ctx.quick else (5, 400)
@@ -217,6 +248,8 @@ def bench_http_floor(ctx: BenchContext) -> BenchResult:
                     for server in servers:
                         samples.setdefault((server.kind, server.app, encoding), []).append(
                             _cpu_per_request_ms(server, body, num_requests))
+            client_calls = _client_figures(next(s for s in servers if s.kind == "uvicorn" and s.app == "bare"),
+                                           100 if ctx.quick else 300, num_blocks)
             all_l1 = all(_post(s.url, bodies["base64"]).headers.get("x-cache-l1")
                          == str(TEXTS_PER_REQUEST) for s in servers if s.app == "ragcache")
         finally:
@@ -243,6 +276,12 @@ def bench_http_floor(ctx: BenchContext) -> BenchResult:
                target=Target("<=", 1.5), goal="29.3", requires={"the same answer": bool(calls["same answer"][0])},
                note=f"{helper_ms:.3f} vs {bare_ms:.3f} ms CPU a call")
     details["upstream_call_cpu_ms"] = calls
+    if client_calls is not None:
+        ours_ms, sdk_ms = statistics.median(client_calls["ragcache client"]), statistics.median(client_calls["OpenAI SDK"])
+        result.add("Python client embed, 32 texts base64: ragcache.client / OpenAI SDK", round(ours_ms / sdk_ms, 2), "x",
+                   target=Target("<=", 1.2), goal="29.5", requires={"the same vectors": bool(client_calls["same vectors"][0])},
+                   note=f"{ours_ms:.3f} vs {sdk_ms:.3f} ms CPU a call")
+        details["client_cpu_ms"] = client_calls
     details["load_after"] = os.getloadavg()
     result.details = details
     return result
