@@ -3,6 +3,7 @@ worker-thread calls and the request limits. Routes import these from here, never
 
 from __future__ import annotations
 
+import functools
 from functools import partial
 
 from fastapi import Request
@@ -66,9 +67,14 @@ async def blocking(function, *args, **kwargs):
     return await current_pool.get().run(partial(function, *args, **kwargs))
 
 
+@functools.cache
+def _served_header(level: str) -> str:
+    return f"X-Cache-{level.capitalize()}"
+
+
 def served_count_headers(served: dict[str, int]) -> dict[str, str]:
     """``X-Cache-<level>`` per level and ``X-Cache-Hit-Rate``, from how many items each level served."""
-    headers = {f"X-Cache-{name.capitalize()}": str(count) for name, count in served.items()}
+    headers = {_served_header(name): str(count) for name, count in served.items()}
     total = sum(served.values())
     headers["X-Cache-Hit-Rate"] = f"{(total - served.get('compute', 0)) / total:.4f}" if total else "0"
     return headers

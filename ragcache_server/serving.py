@@ -51,6 +51,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._header_timeout_s: float = getattr(config, "header_timeout_s", 10.0)
         self._max_connections: int | None = getattr(config, "max_connections", None)
         self._header_deadline: asyncio.TimerHandle | None = None
+        self._num_headers_done = 0  # requests whose headers are in, on this connection
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         if self._max_connections is not None and len(self.connections) >= self._max_connections:
@@ -63,12 +64,16 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._arm_header_deadline()
 
     def data_received(self, data: bytes) -> None:
-        # Bytes between requests (the next one starting): its headers get their deadline from the first byte.
-        if self._header_deadline is None and (self.cycle is None or self.cycle.response_complete):
-            self._arm_header_deadline()
+        # Bytes between requests (the next one starting): its headers get their deadline from the first byte. Armed
+        # only when this chunk did not complete them (the common case does: no timer made and cancelled a request).
+        between = self._header_deadline is None and (self.cycle is None or self.cycle.response_complete)
+        num_headers_done = self._num_headers_done
         super().data_received(data)
+        if between and self._num_headers_done == num_headers_done and not self.transport.is_closing():
+            self._arm_header_deadline()
 
     def on_headers_complete(self) -> None:
+        self._num_headers_done += 1
         self._disarm_header_deadline()
         super().on_headers_complete()
 
