@@ -154,7 +154,7 @@ class _BareClient:
                 f"Content-Length: {len(content)}\r\n\r\n").encode()
         self._sock.sendall(head + content)
         chunks: list[bytes] = []
-        done = []
+        done: list[bool] = []
         parser = httptools.HttpResponseParser(_Sink(chunks, done))
         while not done:
             data = self._sock.recv(262144)
