@@ -11,8 +11,8 @@ evicted ones, counted). A hit costs one read transaction per generation asked, a
 
 Bytes on disk: at most ``capacity_bytes`` in the live generations, plus, for a moment, one dropped
 generation that a process of the host still maps (its files are unlinked at once; the space comes back when
-every process has closed it, which each does at its next rotation or refresh): ``capacity_bytes`` + one
-generation at worst, as ``bench levels`` measures.
+every process has closed it, which each does at its next call once no call of its own is still reading it):
+``capacity_bytes`` + one generation at worst, as ``bench levels`` measures.
 
 Processes: any number read without locks (LMDB readers); writes are serialised by LMDB's own writer lock,
 and a rotation by ``flock`` on ``rotate.lock``. Which generations exist is announced through a small
@@ -104,7 +104,12 @@ class DiskStore:
         self._lock = threading.Lock()
         self._meta = lmdb.open(str(self.root / "meta"), map_size=1 << 20, max_dbs=0, sync=False)
         self._gens: tuple[_Generation, ...] = ()  # oldest first; replaced whole, so readers take it without the lock
-        self._retired: list[_Generation] = []  # dropped, still open until no read can be using them
+        # Dropped generations stay open while a call that may have taken them is in flight: closing an environment
+        # under another thread's read would free the map it reads from.
+        self._retired: list[_Generation] = []
+        self._flight_lock = threading.Lock()
+        self._num_in_flight = 0
+        self._max_seq = -1  # the largest generation number seen: new ones only ever count up
         self._epoch = -1
         self.num_rotations = self.num_evicted = self.num_lost = 0
         self._closed = False
@@ -115,8 +120,26 @@ class DiskStore:
 
     # ---- reads ----------------------------------------------------------------------------------------------
 
+    def _enter(self) -> None:
+        with self._flight_lock:
+            self._num_in_flight += 1
+
+    def _leave(self) -> None:
+        with self._flight_lock:
+            self._num_in_flight -= 1
+            idle = self._num_in_flight == 0
+        if idle and self._retired:
+            self._close_retired()
+
     def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
         """The stored value of each key (None: absent), the newest generation first."""
+        self._enter()
+        try:
+            return self._get_many(keys)
+        finally:
+            self._leave()
+
+    def _get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
         gens = self._current()
         values: list[bytes | None] = [None] * len(keys)
         wanted = list(range(len(keys)))
@@ -141,13 +164,17 @@ class DiskStore:
 
     def delete(self, keys: Sequence[bytes]) -> None:
         """Remove ``keys`` from every generation (a corrupt value, so that it is not read and counted again)."""
-        for gen in self._current():
-            try:
-                with gen.env.begin(write=True) as txn:
-                    for key in keys:
-                        txn.delete(key, db=gen.index)
-            except lmdb.Error as exc:
-                self._lose(gen, exc)
+        self._enter()
+        try:
+            for gen in self._current():
+                try:
+                    with gen.env.begin(write=True) as txn:
+                        for key in keys:
+                            txn.delete(key, db=gen.index)
+                except lmdb.Error as exc:
+                    self._lose(gen, exc)
+        finally:
+            self._leave()
 
     # ---- writes ---------------------------------------------------------------------------------------------
 
@@ -155,6 +182,13 @@ class DiskStore:
         """Store ``items`` in the newest generation, one transaction; a full generation rotates first."""
         if not items:
             return
+        self._enter()
+        try:
+            self._put_many(items)
+        finally:
+            self._leave()
+
+    def _put_many(self, items: Sequence[tuple[bytes, bytes]]) -> None:
         for _ in range(self.num_generations + 1):
             gen = self._current()[-1]
             try:
@@ -168,8 +202,8 @@ class DiskStore:
         # A batch larger than a whole generation: stored in halves (each fits, or is halved again).
         if len(items) > 1:
             middle = len(items) // 2
-            self.put_many(items[:middle])
-            self.put_many(items[middle:])
+            self._put_many(items[:middle])
+            self._put_many(items[middle:])
         else:
             log.warning("disk level: one value of %d bytes does not fit a generation of %d bytes", len(items[0][1]),
                         self.generation_bytes)
@@ -211,8 +245,9 @@ class DiskStore:
             gen = open_now.pop(seq, None) or self._open(seq, create=False)
             if gen is not None:
                 gens.append(gen)
-        self._retire(list(open_now.values()))
+        self._max_seq = max([self._max_seq, *on_disk])
         self._gens = tuple(gens)
+        self._retire(list(open_now.values()))
 
     def _open(self, seq: int, *, create: bool) -> _Generation | None:
         path = self.root / f"{_PREFIX}{seq:012d}"
@@ -232,7 +267,7 @@ class DiskStore:
     def _add_generation(self) -> None:
         """A new newest generation, then the oldest dropped beyond the count (caller holds the rotation lock)."""
         # Sequence numbers only grow: a cleared folder's new generation never takes a name still mapped somewhere.
-        seq = max([gen.seq for gen in (*self._gens, *self._retired)], default=-1) + 1
+        seq = self._max_seq = self._max_seq + 1
         made = self._open(seq, create=True)
         assert made is not None, "creating a generation either succeeds or raises"
         gens = [*self._gens, made]
@@ -253,11 +288,18 @@ class DiskStore:
             txn.put(_EPOCH, str(self._epoch).encode())
 
     def _retire(self, gens: list[_Generation]) -> None:
-        """Close what was retired before (no read can still be in it: reads take microseconds, rotations come
-        far apart), and keep ``gens`` open until the next time."""
-        for gen in self._retired:
+        """Close ``gens`` (no longer in ``self._gens``) once no call that may have taken them is in flight."""
+        with self._flight_lock:
+            self._retired.extend(gens)
+        self._close_retired()
+
+    def _close_retired(self) -> None:
+        with self._flight_lock:
+            if self._num_in_flight:
+                return  # the last call to leave closes them
+            retired, self._retired = self._retired, []
+        for gen in retired:
             gen.env.close()
-        self._retired = gens
 
     def _lose(self, gen: _Generation, exc: Exception) -> None:
         """A generation whose file fails to read: dropped from the host, counted; its keys become misses."""
@@ -281,10 +323,10 @@ class DiskStore:
         """Drop every generation (the host's whole disk level) and start an empty one."""
         with self._rotation_lock():
             self._rescan()
-            for gen in self._gens:
+            cleared, self._gens = list(self._gens), ()
+            for gen in cleared:
                 shutil.rmtree(gen.path, ignore_errors=True)
-            self._retire(list(self._gens))
-            self._gens = ()
+            self._retire(cleared)
             self._add_generation()
 
     # ---- figures --------------------------------------------------------------------------------------------

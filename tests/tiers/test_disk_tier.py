@@ -165,3 +165,43 @@ def test_clear_empties_the_host_s_disk_level(tmp_path):
         assert len(list(tmp_path.glob("gen-*"))) == 1
     finally:
         tier.store.close()
+
+
+def test_threads_read_while_another_thread_rotates_the_generations_under_them(tmp_path):
+    import threading
+
+    tier = open_tier(str(tmp_path), CAPACITY)
+    write(tier, 0, 256)
+    stop, failures, num_hits = threading.Event(), [], [0]
+    started = threading.Barrier(4)  # each reader has read once (all hits) before the storm begins
+
+    def reader() -> None:
+        num_hits[0] += len(read_some(tier))
+        started.wait()
+        while not stop.is_set():
+            try:
+                num_hits[0] += len(read_some(tier))
+            except Exception as exc:  # noqa: BLE001 - any failure is the test's finding
+                failures.append(exc)
+                return
+
+    def read_some(disk: DiskTier) -> list[int]:
+        hits = disk.get_many([key(i) for i in range(256)])
+        assert torch.equal(hits.vectors, torch.stack([vector(i) for i in hits.index])) if hits.index else True
+        return hits.index
+
+    readers = [threading.Thread(target=reader) for _ in range(3)]
+    for thread in readers:
+        thread.start()
+    started.wait()
+    try:
+        write(tier, 256, 256 + 6 * CAPACITY // VALUE_BYTES)  # rotations, the seeded generation dropped among them
+    finally:
+        stop.set()
+        for thread in readers:
+            thread.join()
+        figures = tier.store.figures()
+        left_open = list(tier.store._retired)  # every call has left: nothing dropped may still be open
+        tier.store.close()
+    assert failures == [] and num_hits[0] >= 3 * 256
+    assert figures.num_evicted > 0 and left_open == []
