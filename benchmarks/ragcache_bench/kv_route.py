@@ -3,7 +3,7 @@ system prompts whose KV does not fit on one replica beside the traffic.
 
     python -m ragcache_bench.kv_route --vllm-python .venv-vllm/bin/python --model-path .cache/tiny-llama
 
-Each request is one of the two prompts (alternating) plus a unique question of ``suffix_tokens`` random token ids,
+Each request is one of the two prompts (drawn at random) plus a unique question of ``suffix_tokens`` random token ids,
 ``concurrency`` in flight; ``routed`` sends it where ``PrefixRegistry.route`` says (the replica holding the prefix by
 the engines' events; where none does, the one with the most room), ``round_robin`` to the replicas in turn. The two
 modes run on the same two servers in alternating blocks (``rounds`` each), so load drift lands on both. Reported per
@@ -53,7 +53,8 @@ def _request(http: httpx.Client, url: str, model: str, prompt: list[int]) -> tup
     try:
         r = http.post(f"{url}/v1/completions", json={"model": model, "prompt": prompt, "max_tokens": 1})
         r.raise_for_status()
-    except httpx.HTTPError:
+    except httpx.HTTPError as exc:
+        print(f"request failed: {exc}"[:300])
         return None
     usage = r.json()["usage"]
     return time.perf_counter() - start, (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0, \
@@ -67,8 +68,10 @@ def _block(mode: str, registry: PrefixRegistry, http: httpx.Client, urls: list[s
     lock = threading.Lock()
 
     def one(i: int) -> tuple[float, int, int] | None:
-        name = names[i % 2]
         with lock:
+            # Drawn, not alternated: alternating both the prompt and the replica would pair each prompt with one
+            # replica and make round-robin a perfect partition by accident.
+            name = rng.choice(names)
             suffix = [rng.randrange(3, 8000) for _ in range(args.suffix_tokens)]
             url = registry.route(name).endpoint if mode == "routed" else urls[next(turn) % len(urls)]
         return _request(http, url, model, prompts[name] + suffix)
@@ -144,10 +147,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--vllm-python", type=Path, default=Path(".venv-vllm/bin/python"))
     parser.add_argument("--model-path", type=Path, default=Path(".cache/tiny-llama"))
-    parser.add_argument("--num-blocks", type=int, default=128, help="KV blocks of each server")
+    parser.add_argument("--num-blocks", type=int, default=72,
+                        help="KV blocks of each server: one prompt and the traffic fit, both prompts and the traffic do not")
     parser.add_argument("--block-size", type=int, default=32)
-    parser.add_argument("--prefix-tokens", type=int, default=1700, help="tokens of each system prompt")
-    parser.add_argument("--suffix-tokens", type=int, default=200, help="unique tokens after the prompt, per request")
+    parser.add_argument("--prefix-tokens", type=int, default=1400, help="tokens of each system prompt")
+    parser.add_argument("--suffix-tokens", type=int, default=160, help="unique tokens after the prompt, per request")
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--requests-per-block", type=int, default=24)
     parser.add_argument("--rounds", type=int, default=4)
