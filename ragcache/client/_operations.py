@@ -234,6 +234,11 @@ class _Operations:
         """The service's counters of prefix ``name`` (warms, residency, uses), as it reports them."""
         return self._call(_Call("GET", _prefix_path(name, "/stats"), None, _parse_object))
 
+    def route_prefix(self, name: str) -> dict[str, Any]:
+        """Where a request built on prefix ``name`` should go: ``endpoint`` (a vLLM base URL), ``reason`` and each
+        candidate's figures, as ``POST /prefixes/{name}/route`` answers (by the engines' KV events, else by load)."""
+        return self._call(_Call("POST", _prefix_path(name, "/route"), None, _parse_object))
+
     def report_uses(self, name: str, count: int) -> None:
         """Tell the service that ``count`` requests were built with prefix ``name``."""
         return self._call(_Call("POST", _prefix_path(name, "/uses"), {"count": count}, _parse_nothing))

@@ -10,8 +10,11 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
 from prometheus_client import CollectorRegistry, generate_latest
 
+from ragcache.client import Client
 from ragcache.prefixes import (
     EventsConfig,
     FilePrefixStore,
@@ -23,6 +26,8 @@ from ragcache.prefixes import (
     register_prefix_metrics,
 )
 from ragcache.prefixes.routing import RouteCandidate, choose_route
+from ragcache_server.prefixes_api import router
+from tests.live_server import transport_to
 from tests.prefixes.kv_publisher import KVPublisher, removed, stored
 from tests.prefixes.test_kv_events import wait_until
 from tests.prefixes.test_prefixes_unit import BLOCK, FakeClock, FakeVLLM
@@ -156,3 +161,17 @@ def test_the_registry_routes_by_the_events_and_falls_back_in_turn(setup, publish
     assert registry.route("sys").endpoint == TARGET.base_url
     publisher.publish([{"type": "AllBlocksCleared"}])
     assert wait_until(lambda: registry.route("sys").reason != "resident")  # nobody holds it: no residency preference
+
+
+def test_the_client_asks_where_to_send_a_request(setup, publisher):
+    registry, _, _ = setup
+    app = FastAPI()
+    app.state.prefixes = registry
+    app.include_router(router)
+    registry.register(PrefixSpec("sys", SYSTEM, TARGET))
+    store_blocks(publisher, 10)
+    registry.tick()
+    with TestClient(app) as http, Client("http://ragcache.test", transport=transport_to(http)) as client:
+        assert wait_until(lambda: client.route_prefix("sys")["reason"] == "resident")
+        answer = client.route_prefix("sys")
+    assert answer["endpoint"] == TARGET.base_url and answer["candidates"][0]["resident_blocks"] == 3
