@@ -24,7 +24,7 @@ from ragcache.core.batching import CallsInProgress
 from ragcache.core.causes import MissLedger
 from ragcache.core.encoder import Encoder
 from ragcache.core.flight import Flight
-from ragcache.core.keys import EmbeddingSpace, Generation, KeyList
+from ragcache.core.keys import EmbeddingSpace, Generation, KeyList, KeyMemo
 from ragcache.core.levels import Found, Levels
 from ragcache.core.misses import MissResolver
 from ragcache.core.scope import UNSCOPED, Scope, ScopeRecorders, ScopeStats
@@ -123,6 +123,8 @@ class EmbeddingCache:
         # shared by every view (``scoped``), and its own counters.
         self._scope = UNSCOPED  # this view's (``scoped``)
         self._spaces: dict[tuple[Scope, int], EmbeddingSpace] = {}
+        # Texts' keys remembered across requests (shared by the views): a repeated text is not hashed again.
+        self._key_memo = KeyMemo()
         self._scopes = ScopeRecorders(window_s=window_s)
         self._is_view = False
         self._on_close = on_close
@@ -215,7 +217,7 @@ class EmbeddingCache:
         scope = self._scope if scope is None else scope
         space = self.space_in(scope)
         prepared = space.prepare(texts)
-        keys = space.keys(prepared)
+        keys = self._key_memo.keys(space, prepared)
         hits = self.levels.first.get_many(keys)
         if len(hits.index) != len(keys):
             return Probe(space, prepared, keys, hits, started, scope)
@@ -255,7 +257,7 @@ class EmbeddingCache:
             # computed while a drift switch happens are written under the generation they were computed for.
             space = self.space_in(scope)
             prepared = space.prepare(texts)
-            keys = space.keys(prepared)
+            keys = self._key_memo.keys(space, prepared)
             started = self._clock()
         # Each distinct key is looked up and computed once, however often it repeats in the request. Most
         # requests repeat nothing: one dict.fromkeys tells, and the per-key bookkeeping is skipped.

@@ -16,7 +16,9 @@ description (``KEY_FORMAT``), so entries written under format 1 are never looked
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
+import threading
 import unicodedata
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, fields
@@ -26,7 +28,7 @@ import xxhash
 
 from ragcache.errors import InvalidInputError, InvalidTextError
 
-__all__ = ["DTYPES", "KEY_FORMAT", "EmbeddingSpace", "Generation", "KeyList", "identity_hash", "key_digests",
+__all__ = ["DTYPES", "KEY_FORMAT", "EmbeddingSpace", "Generation", "KeyList", "KeyMemo", "identity_hash", "key_digests",
            "text_hash", "text_hashes"]
 
 KEY_PREFIX = "rc"
@@ -116,6 +118,55 @@ class EmbeddingSpace:
         return KeyList([prefix + digest for digest in text_hashes(texts)])
 
 
+class KeyMemo:
+    """The keys of texts keyed recently, so that a text asked for again (an L1 hit's, the common case of a cache) is
+    not hashed again: a dict lookup of the text costs a fifth of its BLAKE2b and its L1 digest. Exact by construction:
+    the dict compares whole texts, and an entry names the space it was keyed in.
+
+    Bounded: at most ``max_entries`` texts of at most ``max_text_chars`` characters (a longer text is keyed as
+    usual, never kept: its hash is a small part of its request), the oldest quarter dropped when full. Lookups take
+    no lock (a dict read is atomic); filling and dropping take one per request.
+    """
+
+    def __init__(self, max_entries: int = 32_768, max_text_chars: int = 512):
+        self.max_entries = max_entries
+        self.max_text_chars = max_text_chars
+        self._entries: dict[str, tuple[str, str, bytes]] = {}  # text -> (space id, key, its L1 digest)
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def keys(self, space: EmbeddingSpace, texts: Sequence[str]) -> KeyList:
+        """``space.keys(texts)`` with the L1 digests made, each text hashed only when it is not remembered."""
+        space_id, entries = space.space_id, self._entries
+        try:
+            found = [entries.get(text) for text in texts]
+        except TypeError:  # an item that is not even hashable: _fill's keying names it
+            found = None
+        if found is None or any(entry is None or entry[0] != space_id for entry in found):
+            return self._fill(space, texts, found)
+        keys = KeyList([entry[1] for entry in found])  # type: ignore[index]
+        keys._digests = _digest_array([entry[2] for entry in found], len(found))  # type: ignore[index]
+        return keys
+
+    def _fill(self, space: EmbeddingSpace, texts: Sequence[str], found: list | None) -> KeyList:
+        keys = space.keys(texts)  # validates the texts (an InvalidInputError names the first bad one)
+        digests = _digests_of(keys)
+        keys._digests = digests
+        rows = digests.tobytes()
+        space_id, limit = space.space_id, self.max_text_chars
+        new = {text: (space_id, key, rows[16 * i : 16 * i + 16]) for i, (text, key) in enumerate(zip(texts, keys))
+               if len(text) <= limit and (found is None or found[i] is None or found[i][0] != space_id)}
+        if new:
+            with self._lock:
+                if len(self._entries) + len(new) > self.max_entries:
+                    for text in list(itertools.islice(self._entries, max(len(new), self.max_entries // 4))):
+                        del self._entries[text]  # insertion order: the oldest first
+                self._entries.update(itertools.islice(new.items(), self.max_entries))
+        return keys
+
+
 class KeyList(list):
     """A request's keys (strings, as the shared levels store them), with their L1 digests made at most once.
 
@@ -149,13 +200,16 @@ def key_digests(keys: Sequence[str]) -> np.ndarray:
     return keys.digests() if isinstance(keys, KeyList) else _digests_of(keys)
 
 
+def _digest_array(digests: list[bytes], count: int) -> np.ndarray:
+    return np.frombuffer(b"".join(digests), dtype=np.uint64).reshape(count, 2)
+
+
 def _digests_of(keys: Sequence[str]) -> np.ndarray:
     # xxh3 is safe here, unlike for the text: a key is the space id and a BLAKE2b digest, bytes no caller chooses,
     # so a collision of two keys' xxh3 costs the generic 2**64 tries, and xxh3 costs a sixth of BLAKE2b a key.
     digest = xxhash.xxh3_128_digest
-    joined = b"".join([digest(key.encode("utf-8", "surrogatepass")) for key in keys])
     # Native byte order, no copy: which word is "high" does not matter as long as it is always the same.
-    return np.frombuffer(joined, dtype=np.uint64).reshape(len(keys), 2)
+    return _digest_array([digest(key.encode("utf-8", "surrogatepass")) for key in keys], len(keys))
 
 
 class Generation:

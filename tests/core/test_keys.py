@@ -3,9 +3,10 @@ import re
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
-from ragcache.core.keys import EmbeddingSpace, text_hash
+from ragcache.core.keys import EmbeddingSpace, KeyMemo, key_digests, text_hash
 from ragcache.errors import InvalidInputError, InvalidTextError
 
 BASE = dict(model="m", revision="r1", dtype="float32", dim=384, normalize=False, max_seq_length=256)
@@ -100,3 +101,38 @@ def test_invalid_space_is_rejected():
         space(dtype="int8")
     with pytest.raises(dataclasses.FrozenInstanceError):
         space().model = "x"
+
+
+def test_the_key_memo_gives_the_spaces_keys_and_digests():
+    memo, texts = KeyMemo(), ["a", "b", "a", "é"]
+    first, again = memo.keys(space(), texts), memo.keys(space(), texts)
+    assert first == again == space().keys(texts)
+    assert np.array_equal(first.digests(), key_digests(list(space().keys(texts))))
+    assert np.array_equal(again.digests(), first.digests())
+    assert len(memo) == 3
+
+
+def test_the_key_memo_never_answers_for_another_space():
+    memo = KeyMemo()
+    memo.keys(space(), ["shared text"])
+    other = space(prompt="q: ")
+    assert memo.keys(other, ["shared text"]) == other.keys(["shared text"]) != space().keys(["shared text"])
+    assert memo.keys(space(), ["shared text"]) == space().keys(["shared text"])
+
+
+def test_the_key_memo_is_bounded_and_keeps_no_long_text():
+    memo = KeyMemo(max_entries=8, max_text_chars=10)
+    for n in range(20):
+        memo.keys(space(), [f"text {n}"])
+        assert len(memo) <= 8
+    assert memo.keys(space(), ["x" * 11]) == space().keys(["x" * 11]) and "x" * 11 not in memo._entries
+    assert memo.keys(space(), [f"text {n}" for n in range(12)]) == space().keys([f"text {n}" for n in range(12)])
+    assert len(memo) <= 8
+
+
+def test_the_key_memo_refuses_what_keys_refuse():
+    memo = KeyMemo()
+    with pytest.raises(InvalidInputError, match="item 1"):
+        memo.keys(space(), ["ok", ["not", "a", "string"]])
+    with pytest.raises(InvalidInputError, match="item 0"):
+        memo.keys(space(), ["\ud800"])

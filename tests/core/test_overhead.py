@@ -28,11 +28,14 @@ def upstream():
         yield server
 
 
+def settings_of(upstream, redis_url, data_dir) -> Settings:
+    return Settings(models_json=upstream.models_json, model=upstream.model, redis_url=redis_url, milvus_uri="off",
+                    data_dir=data_dir, drift_check=False, single_flight=False)
+
+
 @pytest.fixture
 def cache(upstream, redis_url, tmp_path):
-    settings = Settings(models_json=upstream.models_json, model=upstream.model, redis_url=redis_url, milvus_uri="off",
-                        data_dir=tmp_path, drift_check=False, single_flight=False)
-    with open_cache(settings) as cache:
+    with open_cache(settings_of(upstream, redis_url, tmp_path)) as cache:
         yield cache
 
 
@@ -62,13 +65,15 @@ def hash_calls(work) -> Counter:
     return calls
 
 
-def test_a_request_not_wholly_in_l1_hashes_each_text_once(cache):
+def test_a_request_not_wholly_in_l1_hashes_each_text_once(cache, upstream, redis_url, tmp_path):
     """The service's path: a resident probe on the event loop, then the walk continues from it (L1's answer,
-    the keys and their L1 digests carried over). Texts in L2, not L1: the whole walk runs in this thread."""
+    the keys and their L1 digests carried over). Texts in L2, not L1: the whole walk runs in this thread. The
+    texts were embedded by another process's cache (here: another cache), so this one has never keyed them."""
     texts = fresh_texts("hash-once")
-    cache.embed(texts)
-    cache.flush()
-    cache.tiers[0].clear()
+    with open_cache(settings_of(upstream, redis_url, tmp_path / "writer")) as writer:
+        writer.embed(texts)
+        writer.flush()
+    cache.embed(fresh_texts("other"))  # its space (hashed once per cache and scope) is made before the count
 
     def request() -> EmbedResult:
         outcome = cache.probe(texts)
@@ -81,6 +86,10 @@ def test_a_request_not_wholly_in_l1_hashes_each_text_once(cache):
     assert calls["xxh3_128_digest"] == NUM_TEXTS  # L1's digest of the key: probe, lookup and write-up share it
     result = cache.embed_detailed(texts)
     assert result.served["L1"] == NUM_TEXTS  # the walk wrote the L2 hits up into L1
+    # Asked again (L1 emptied: the walk runs again): the keys are remembered (KeyMemo), nothing is hashed.
+    cache.tiers[0].clear()
+    again = hash_calls(request)
+    assert again["blake2b.hexdigest"] == 0 and again["xxh3_128_digest"] == 0
 
 
 def test_a_probe_of_other_texts_is_refused(cache):
