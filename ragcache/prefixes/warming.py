@@ -290,6 +290,8 @@ class KeepWarm:
 
     def _evicted(self, state: WarmState, now: float) -> None:
         """The events show ``state``'s prefix evicted (caller locks): due now, unless churn makes it not keepable."""
+        if state.not_keepable_until is not None and now < state.not_keepable_until:
+            return  # not warmed meanwhile: an eviction now says nothing of how fast churn undoes a warm
         gap_s = None if state.last_sent_at is None else now - state.last_sent_at
         if gap_s is not None and gap_s < self.config.unkeepable_within_s:
             state.num_quick_evictions += 1
@@ -311,7 +313,8 @@ class KeepWarm:
             if now < state.not_keepable_until:
                 return False
             state.not_keepable_until = None  # try again once: traffic may have calmed
-            state.num_quick_evictions = 0
+            # One more quick eviction is enough to stop again: churn that has not calmed costs one warm a retry.
+            state.num_quick_evictions = self.config.unkeepable_after - 1
         if state.primed and self.engines.view(prefix, url).fully_resident:
             state.num_warms_avoided += 1
             self.num_warms_avoided += 1

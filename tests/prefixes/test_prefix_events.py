@@ -124,6 +124,15 @@ def test_a_prefix_churn_evicts_at_once_is_reported_and_no_longer_warmed(setup, p
     clock.now += 61  # after unkeepable_retry_s one warm is tried again
     registry.tick()
     assert len(vllm.prompts) == sent + 1 and endpoint(registry).keepable
+    store_blocks(publisher, 200)
+    assert wait_until(lambda: endpoint(registry).resident_blocks == 3)
+    publisher.publish([removed([200, 201, 202])])  # churn has not calmed: gone again at once
+    assert wait_until(lambda: endpoint(registry).resident_blocks == 0)
+    clock.now += 0.2
+    registry.tick()
+    stats = endpoint(registry)
+    assert len(vllm.prompts) == sent + 1 and not stats.keepable  # one quick eviction stops it again: no warm
+    assert any("3 times in a row" in reason for reason in stats.why_not_cached)
 
 
 def test_why_not_cached_names_a_sub_block_prefix_and_a_volatile_part(setup):
