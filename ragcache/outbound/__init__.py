@@ -15,5 +15,6 @@ no key or URL credential appears in an error or log line, and a 401/403 body is 
 """
 
 from ragcache.outbound._upstream import CallLimits, CallObserver, Secret, Upstream, retry_after_s
+from ragcache.outbound._wire import WireTransport
 
-__all__ = ["CallLimits", "CallObserver", "Secret", "Upstream", "retry_after_s"]
+__all__ = ["CallLimits", "CallObserver", "Secret", "Upstream", "WireTransport", "retry_after_s"]

@@ -125,7 +125,7 @@ class Upstream:
         api_key: Secret | None = None,
         health: TierHealth | None = None,
         observer: CallObserver | None = None,
-        transport: httpx.BaseTransport | httpx.Client | None = None,
+        transport: httpx.BaseTransport | httpx.Client | WireTransport | None = None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
         jitter: Callable[[], float] = random.random,
@@ -151,7 +151,10 @@ class Upstream:
         # in (a test's ``MockTransport``, a caller's own client) goes through httpx, its deadline checked at every chunk.
         self._owns_transport = not isinstance(transport, httpx.Client)
         self._wire: WireTransport | None = None
-        if isinstance(transport, httpx.Client):
+        if isinstance(transport, WireTransport):  # ours with a seam set (a test's resolver)
+            self._wire = transport
+            self._close = transport.close
+        elif isinstance(transport, httpx.Client):
             client = transport
             self._send_request: Callable[[httpx.Request], httpx.Response] = (
                 lambda request: client.send(request, stream=True, follow_redirects=False))

@@ -6,8 +6,9 @@ a fast upstream, several times the call itself (``ragcache bench http-floor``: a
 httptools costs ~0.06). This transport does only what a call to a configured upstream needs, and keeps what the
 outbound helper promises:
 
-- **the call's deadline** bounds every socket operation: the connect (also within ``connect_timeout_s``), the TLS
-  handshake, the write and each read get at most the time left, so an upstream that trickles its answer a byte at a
+- **the call's deadline** bounds every step: resolving the host name (in a small pool of resolver threads: the
+  system's ``getaddrinfo`` has no timeout of its own, and a hung DNS server held a call for as long as it liked), the
+  connect (also within ``connect_timeout_s``), the TLS handshake, the write and each read get at most the time left, so an upstream that trickles its answer a byte at a
   time is cut off at the deadline, not after each read;
 - **the byte cap**: the body is counted as it arrives and the call aborted past ``max_bytes`` (the socket closed);
 - **no redirect** is followed (a 3xx is an answer like any other, which the helper refuses) and **no proxy**: the
@@ -22,11 +23,14 @@ found out on the next use (nothing read back) and the request sent once more on 
 from __future__ import annotations
 
 import functools
+import ipaddress
 import socket
 import ssl
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -101,9 +105,14 @@ class WireTransport:
     """A pool of keep-alive sockets per host (at most ``max_connections`` kept idle per host), one exchange at a time
     on each; thread-safe (the helper's slots bound how many calls are in flight)."""
 
-    def __init__(self, max_connections: int, *, connect_timeout_s: float = 5.0):
+    def __init__(self, max_connections: int, *, connect_timeout_s: float = 5.0,
+                 getaddrinfo: Callable[..., list] = socket.getaddrinfo):
         self._max_idle = max_connections
         self._connect_timeout_s = connect_timeout_s
+        # ``getaddrinfo``: the system's resolver (a test passes a hung one). Two threads: a resolution is rare (a
+        # socket is kept alive), and a resolver that hangs holds at most these while every call times out.
+        self._getaddrinfo = getaddrinfo
+        self._resolver = ThreadPoolExecutor(max_workers=2, thread_name_prefix="ragcache-resolve")
         self._idle: dict[tuple[str, str, int], list[socket.socket]] = {}
         self._lock = threading.Lock()
         self._ssl_context: ssl.SSLContext | None = None
@@ -146,6 +155,7 @@ class WireTransport:
         for sockets in idle.values():
             for sock in sockets:
                 sock.close()
+        self._resolver.shutdown(wait=False, cancel_futures=True)
 
     # ---- sockets ---------------------------------------------------------------------------------------------
 
@@ -166,12 +176,17 @@ class WireTransport:
 
     def _connect(self, target: _Target, deadline: float) -> socket.socket:
         timeout = min(self._connect_timeout_s, _left(deadline, connecting=True))
-        try:
-            sock = socket.create_connection((target.host, target.port), timeout=timeout)
-        except TimeoutError as exc:
-            raise httpx.ConnectTimeout(f"connecting took over {timeout:.3g} s") from exc
-        except OSError as exc:
-            raise httpx.ConnectError(f"{type(exc).__name__}: {exc.strerror or exc}") from exc
+        addresses = self._resolve(target, timeout)
+        for position, address in enumerate(addresses):  # in the resolver's order, as socket.create_connection does
+            timeout = min(self._connect_timeout_s, _left(deadline, connecting=True))
+            try:
+                sock = socket.create_connection((address, target.port), timeout=timeout)
+                break
+            except TimeoutError as exc:
+                raise httpx.ConnectTimeout(f"connecting took over {timeout:.3g} s") from exc
+            except OSError as exc:
+                if position == len(addresses) - 1:
+                    raise httpx.ConnectError(f"{type(exc).__name__}: {exc.strerror or exc}") from exc
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         if target.scheme == "https":
             try:
@@ -184,6 +199,26 @@ class WireTransport:
                 sock.close()
                 raise httpx.ConnectError(f"TLS: {type(exc).__name__}") from exc
         return sock
+
+    def _resolve(self, target: _Target, timeout: float) -> list[str]:
+        """The addresses of ``target``'s host, within ``timeout`` (an IP literal is its own)."""
+        try:
+            ipaddress.ip_address(target.host)
+            return [target.host]
+        except ValueError:
+            pass
+        future = self._resolver.submit(self._getaddrinfo, target.host, target.port, 0, socket.SOCK_STREAM)
+        try:
+            found = future.result(timeout=timeout)
+        except FutureTimeout as exc:
+            future.cancel()
+            raise httpx.ConnectTimeout(f"resolving {target.host} took over {timeout:.3g} s") from exc
+        except OSError as exc:
+            raise httpx.ConnectError(f"resolving {target.host}: {type(exc).__name__}: {exc.strerror or exc}") from exc
+        addresses = list(dict.fromkeys(str(info[4][0]) for info in found))
+        if not addresses:
+            raise httpx.ConnectError(f"resolving {target.host}: no address")
+        return addresses
 
     def _tls(self) -> ssl.SSLContext:
         if self._ssl_context is None:

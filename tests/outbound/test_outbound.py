@@ -16,7 +16,7 @@ import pytest
 from ragcache.core.health import TierHealth
 from ragcache.errors import UpstreamBadResponseError, UpstreamTimeoutError, UpstreamUnavailableError
 from ragcache.models.remote import ApiKey
-from ragcache.outbound import CallLimits, Upstream, retry_after_s
+from ragcache.outbound import CallLimits, Upstream, WireTransport, retry_after_s
 from tests.models.remote.loopback import LoopbackServer, Received, Reply
 
 SECRET = "sk-outbound-test-0123456789abcdef"
@@ -244,3 +244,46 @@ def test_a_kept_alive_connection_the_upstream_closed_while_idle_is_replaced_and_
     client.close()
     listener.close()
     assert len(accepted) == 2 and client.health is not None and not client.health.is_down
+
+
+def test_a_resolver_that_hangs_costs_a_call_its_deadline_and_opens_the_breaker():
+    """The system's getaddrinfo has no timeout: a DNS server that stops answering held a call (and its worker
+    thread) for as long as it liked. The name is resolved within the call's deadline, and its timeout is the
+    upstream's like any other."""
+    released = threading.Event()
+    asked: list[str] = []
+
+    def hung_getaddrinfo(host, port, *args):
+        asked.append(host)
+        released.wait(30)  # a resolver that does not answer (released when the test ends)
+        raise socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")
+
+    client = upstream(transport=WireTransport(2, getaddrinfo=hung_getaddrinfo))
+    try:
+        started = time.monotonic()
+        with pytest.raises(UpstreamTimeoutError):
+            client.post("http://embeddings.internal.example:8080/v1/embeddings", {}, parse=as_json, max_bytes=1 << 20)
+        assert time.monotonic() - started < 2.5  # the 1 s deadline, not the resolver's 30 s
+        assert asked == ["embeddings.internal.example"]
+        assert client.health is not None and client.health.is_down
+    finally:
+        released.set()
+        client.close()
+
+
+def test_a_name_resolves_through_the_resolver_to_every_address_in_order():
+    seen: list[tuple] = []
+
+    def loopback_getaddrinfo(host, port, *args):
+        seen.append((host, port))
+        return socket.getaddrinfo("127.0.0.1", port, 0, socket.SOCK_STREAM)
+
+    with LoopbackServer(Plan()) as server:
+        port = int(server.url.rsplit(":", 1)[1].split("/")[0])
+        client = upstream(transport=WireTransport(2, getaddrinfo=loopback_getaddrinfo))
+        try:
+            assert client.post(f"http://upstream.example:{port}/", {}, parse=as_json, max_bytes=1 << 20) == {"ok": True}
+        finally:
+            client.close()
+    assert seen == [("upstream.example", port)]
+    assert server.received[0].headers.get("host") == f"upstream.example:{port}"
