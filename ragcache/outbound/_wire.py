@@ -8,8 +8,8 @@ outbound helper promises:
 
 - **the call's deadline** bounds every step: resolving the host name (in a small pool of resolver threads: the
   system's ``getaddrinfo`` has no timeout of its own, and a hung DNS server held a call for as long as it liked), the
-  connect (also within ``connect_timeout_s``), the TLS handshake, the write and each read get at most the time left, so an upstream that trickles its answer a byte at a
-  time is cut off at the deadline, not after each read;
+  connect (also within ``connect_timeout_s``), the TLS handshake, the write and each read get at most the time left,
+  so an upstream that trickles its answer a byte at a time is cut off at the deadline, not after each read;
 - **the byte cap**: the body is counted as it arrives and the call aborted past ``max_bytes`` (the socket closed);
 - **no redirect** is followed (a 3xx is an answer like any other, which the helper refuses) and **no proxy**: the
   socket goes to the URL's host and nowhere else, whatever the environment says;
