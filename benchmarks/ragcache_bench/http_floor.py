@@ -73,7 +73,7 @@ def _start(kind: str, app: str, env: dict[str, str], workdir: Path) -> Server:
         code = ("from ragcache.app.cli import SERVE_OPTIONS; from ragcache.settings import Settings; "
                 "from ragcache_server.serving import ServeConfig, bounds_of, run_server; "
                 f"run_server(ServeConfig({target!r}, factory=True, host='127.0.0.1', port={port}, loop='uvloop', "
-                "log_level='warning', **bounds_of(Settings.load().service), **SERVE_OPTIONS))")
+                "log_level='warning', **bounds_of(Settings.load().service, Settings.load().access), **SERVE_OPTIONS))")
         command = [sys.executable, "-c", code]
     elif kind == "uvicorn":
         command = [sys.executable, "-m", "uvicorn", target, "--host", "127.0.0.1", "--port", str(port), "--http", "httptools",
