@@ -26,9 +26,10 @@ import orjson
 from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ragcache import InvalidInputError
+from ragcache_server.limits import replay_body
 from ragcache_server.schemas import EmbedRequest, OpenAIEmbeddingsRequest
 
 __all__ = ["EmbedCall", "EmbedFastPath", "FAST_PATHS", "FastPathCounts", "call_of", "openai_base64_answer"]
@@ -113,7 +114,7 @@ class EmbedFastPath:
         except ValidationError:
             # FastAPI validates again and answers its 422, worded as for every other route.
             self._counts.num_handed_over += 1
-            await self.app(scope, _replay(body, receive), send)
+            await self.app(scope, replay_body(body, receive), send)
             return
         request = Request(scope, receive)
         try:
@@ -149,20 +150,6 @@ async def _read_body(receive: Receive) -> bytes:
         if not message.get("more_body", False):
             break
     return b"".join(chunks)
-
-
-def _replay(body: bytes, receive: Receive) -> Receive:
-    """A receive that gives ``body`` again, then what the client sends next (a disconnect)."""
-    given = False
-
-    async def replayed() -> Message:
-        nonlocal given
-        if not given:
-            given = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await receive()
-
-    return replayed
 
 
 def check_dimensions(call: EmbedCall, model: str, dim: int) -> None:

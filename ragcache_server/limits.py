@@ -20,7 +20,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from ragcache_server.errors import error_response
 from ragcache_server.workers import WorkerPool, current_pool
 
-__all__ = ["TokenBucket", "RateLimiter", "LimitsMiddleware"]
+__all__ = ["TokenBucket", "RateLimiter", "LimitsMiddleware", "replay_body"]
 
 # Anonymous callers get one bucket per client address; this many are kept, least recently used dropped.
 MAX_BUCKETS = 10_000
@@ -120,7 +120,7 @@ class LimitsMiddleware:
         if refusal is not None:
             await refusal(scope, receive, send)
             return
-        await self._run_with_deadline(scope, _replay(body or b"", receive), send)
+        await self._run_with_deadline(scope, replay_body(body or b"", receive), send)
 
     def _check_length_header(self, scope: Scope):
         for name, value in scope.get("headers", ()):
@@ -198,8 +198,9 @@ class LimitsMiddleware:
             await error_response(504, "timeout", message)(scope, receive, send)
 
 
-def _replay(body: bytes, receive: Receive) -> Receive:
-    """A ``receive`` that hands the app the body read already, then waits for the disconnect."""
+def replay_body(body: bytes, receive: Receive) -> Receive:
+    """A ``receive`` that hands the app the body read already, then waits for the disconnect (what the client
+    sends next). The limits and the embedding fast path read a body once and pass it on with this."""
     sent = False
 
     async def replay() -> Message:
