@@ -120,10 +120,10 @@ def test_a_text_computed_by_one_replica_is_a_hit_for_the_other(replicas):
     first, second = replicas
     texts = [f"asked at replica one {uuid.uuid4().hex}" for _ in range(20)]
     computed = first.post("/embed", {"inputs": texts})
-    assert served(computed) == {"L1": 0, "L2": 0, "L3": 0, "Compute": 20}
+    assert served(computed) == {"L1": 0, "Disk": 0, "L2": 0, "L3": 0, "Compute": 20}
     # No waiting: a computed vector reaches L2 before the answer (the single-flight publish).
     from_l2 = second.post("/embed", {"inputs": texts})
-    assert served(from_l2) == {"L1": 0, "L2": 20, "L3": 0, "Compute": 0}
+    assert served(from_l2) == {"L1": 0, "Disk": 0, "L2": 20, "L3": 0, "Compute": 0}
     assert from_l2.json() == computed.json()
     assert served(second.post("/embed", {"inputs": texts}))["L1"] == 20
 

@@ -157,5 +157,5 @@ def test_l3_entries_written_by_one_service_are_hits_for_the_other(two_services, 
         assert time.monotonic() < deadline, "the first service never wrote its vectors to L3"
         time.sleep(0.1)
     response = second.post("/embed", {"inputs": texts})
-    assert served(response) == {"L1": 0, "L2": 0, "L3": 6, "Compute": 0}
+    assert served(response) == {"L1": 0, "Disk": 0, "L2": 0, "L3": 6, "Compute": 0}
     assert response.json() == first.post("/embed", {"inputs": texts}).json()
