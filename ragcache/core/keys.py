@@ -146,14 +146,12 @@ class KeyMemo:
             found = None
         if found is None or any(entry is None or entry[0] != space_id for entry in found):
             return self._fill(space, texts, found)
-        keys = KeyList([entry[1] for entry in found])  # type: ignore[index]
-        keys._digests = _digest_array([entry[2] for entry in found], len(found))  # type: ignore[index]
-        return keys
+        digests = _digest_array([entry[2] for entry in found], len(found))  # type: ignore[index]
+        return KeyList([entry[1] for entry in found], digests)  # type: ignore[index]
 
     def _fill(self, space: EmbeddingSpace, texts: Sequence[str], found: list | None) -> KeyList:
         keys = space.keys(texts)  # validates the texts (an InvalidInputError names the first bad one)
-        digests = _digests_of(keys)
-        keys._digests = digests
+        digests = keys.digests()
         rows = digests.tobytes()
         space_id, limit = space.space_id, self.max_text_chars
         new = {text: (space_id, key, rows[16 * i : 16 * i + 16]) for i, (text, key) in enumerate(zip(texts, keys))

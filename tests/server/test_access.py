@@ -442,9 +442,11 @@ def test_a_forged_x_forwarded_for_gets_no_fresh_budget_of_wrong_keys(tmp_path):
     own address counts: past the budget, 429 whatever the header says."""
     settings = Settings(api_key=LEGACY, redis_url="off", milvus_uri="off", data_dir=tmp_path)
     with LiveServer(settings) as live, httpx.Client(base_url=live.url, timeout=60) as http:
-        forged = [{"Authorization": "Bearer wrong-key", "X-Forwarded-For": f"10.9.0.{n}"} for n in range(FAILED_AUTH_BURST + 5)]
+        # Each forged address is new: counted by it, none would ever run out of budget (the old code: all 401).
+        forged = [{"Authorization": "Bearer wrong-key", "X-Forwarded-For": f"10.9.{n // 200}.{n % 200}"}
+                  for n in range(4 * FAILED_AUTH_BURST)]
         statuses = [http.get("/stats", headers=headers).status_code for headers in forged]
-    assert statuses.count(401) <= FAILED_AUTH_BURST + 2 and statuses[-1] == 429, statuses
+    assert set(statuses) == {401, 429} and statuses[:FAILED_AUTH_BURST] == [401] * FAILED_AUTH_BURST, statuses
 
 
 def test_forwarded_addresses_are_believed_only_from_listed_proxies():
