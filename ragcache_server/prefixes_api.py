@@ -26,6 +26,7 @@ from ragcache.prefixes import (
     PrefixRegistry,
     PrefixSpec,
     PrefixStats,
+    PrefixView,
     RegisterResult,
     RouteResult,
     WarmResult,
@@ -80,10 +81,11 @@ def list_prefixes(request: Request) -> list[Prefix]:
     return own_named(principal_of(request).tenant, _registry(request).list())
 
 
-@router.get("/{name}", response_model=Prefix)
-def get_prefix(name: str, request: Request) -> Prefix:
-    """The stored prefix; its head (what every prompt starts with) is ``template_head(text, is_template)``."""
-    return _registry(request).get(_name(request, name))
+@router.get("/{name}", response_model=PrefixView)
+def get_prefix(name: str, request: Request) -> PrefixView:
+    """The stored prefix; its head (what every prompt starts with) is ``template_head(text, is_template)``.
+    ``residency``: per endpoint, how many of its KV blocks the engine holds by its KV events (issue 30)."""
+    return _registry(request).view(_name(request, name))
 
 
 @router.delete("/{name}", status_code=204)

@@ -17,10 +17,12 @@ from .kv_events import EventsConfig
 from .metrics import PrefixMetricsCollector, register_prefix_metrics
 from .model import (
     MAX_USES_PER_REPORT,
+    EndpointResidency,
     Prefix,
     PrefixName,
     PrefixSpec,
     PrefixStats,
+    PrefixView,
     PromptForm,
     RegisterResult,
     RegistryStats,
@@ -41,6 +43,7 @@ from .vllm_client import TargetBadResponseError, TargetUnavailableError, VLLMCli
 __all__ = [
     "MAX_USES_PER_REPORT",
     "Chunk",
+    "EndpointResidency",
     "EventsConfig",
     "FilePrefixStore",
     "Prefix",
@@ -52,6 +55,7 @@ __all__ = [
     "PrefixSpec",
     "PrefixStats",
     "PrefixStore",
+    "PrefixView",
     "PromptForm",
     "RedisPrefixStore",
     "RegisterResult",

@@ -20,6 +20,8 @@ __all__ = [
     "Target",
     "PrefixSpec",
     "Prefix",
+    "EndpointResidency",
+    "PrefixView",
     "VolatileSpan",
     "WarmOutcome",
     "WarmResult",
@@ -125,12 +127,36 @@ class Prefix:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Prefix:
-        """Inverse of :meth:`to_json`."""
-        fields = dict(data)
+        """Inverse of :meth:`to_json`; keys it does not know are left out (``GET /prefixes/{name}`` adds
+        ``residency``, and a later version may store more)."""
+        known = {field.name for field in dataclasses.fields(Prefix)}
+        fields = {key: value for key, value in data.items() if key in known}
         fields["target"] = Target(**fields["target"])
         fields["form"] = PromptForm(fields["form"])
         fields["endpoints"] = tuple(fields.get("endpoints") or ())
         return cls(**fields)
+
+
+@dataclass(frozen=True)
+class EndpointResidency:
+    """How much of a prefix one vLLM endpoint holds, by the engine's KV events (issue 30): ``events`` is ``synced``
+    (the counts are exact), ``out_of_sync`` (unknown now) or ``off`` (the endpoint publishes none); the prefix's full
+    blocks and how many of them the endpoint holds, when synced and known; ``keepable`` false while churn evicts it
+    faster than it can be re-warmed."""
+
+    base_url: str
+    events: str
+    resident_blocks: int | None
+    num_blocks: int | None
+    keepable: bool
+
+
+@dataclass(frozen=True)
+class PrefixView(Prefix):
+    """A stored prefix with its residency on each of its endpoints (the target first), as ``GET /prefixes/{name}``
+    answers; never stored."""
+
+    residency: tuple[EndpointResidency, ...] = ()
 
 
 def content_hash(text: str, target: Target, is_template: bool, form: PromptForm) -> str:

@@ -42,6 +42,7 @@ from .model import (
     PrefixName,
     PrefixSpec,
     PrefixStats,
+    PrefixView,
     RegisterResult,
     RegistryStats,
     Target,
@@ -203,6 +204,13 @@ class PrefixRegistry:
         """The current version of prefix ``name``; :class:`NotFoundError` when there is none."""
         name = PrefixName.of(name)
         return name.named(self._known.get(name))
+
+    def view(self, name: str | PrefixName) -> PrefixView:
+        """Prefix ``name`` as :meth:`get` has it, with its residency on each endpoint by the engines' KV events."""
+        name = PrefixName.of(name)
+        prefix = self._known.get(name)
+        fields = {field.name: getattr(prefix, field.name) for field in dataclasses.fields(Prefix)}
+        return name.named(PrefixView(**fields, residency=self._keep_warm.residency_of(prefix)))
 
     def list(self) -> list[Prefix]:
         """Every registered prefix, by name."""

@@ -20,7 +20,7 @@ from .config import PrefixRegistryConfig
 from .engine_view import EngineView, ResidencyView
 from .known import KnownPrefixes
 from .lease import WarmGate
-from .model import EndpointStats, Prefix, PrefixName, PrefixStats, PromptForm, Target, WarmOutcome, WarmResult
+from .model import EndpointResidency, EndpointStats, Prefix, PrefixName, PrefixStats, PromptForm, Target, WarmOutcome, WarmResult
 from .policy import Schedule, holds_warm, judge_residency, next_schedule
 from .reasons import why_not_cached
 from .state import WarmState, summarize
@@ -325,6 +325,16 @@ class KeepWarm:
     def residency(self, prefix: Prefix, url: str) -> ResidencyView:
         """The prefix's residency on ``url`` by the engine's events."""
         return self.engines.view(prefix, url)
+
+    def residency_of(self, prefix: Prefix) -> tuple[EndpointResidency, ...]:
+        """The prefix's residency on each of its endpoints (the target first), by the engines' events."""
+        out = []
+        for url in self.endpoints_of(prefix):
+            view = self.engines.view(prefix, url)
+            with self._lock:
+                keepable = self._state_for(prefix, url).not_keepable_until is None
+            out.append(EndpointResidency(url, view.events, view.resident_blocks, view.num_blocks, keepable))
+        return tuple(out)
 
     def _not_held_busy(self, due: list[tuple[float, str, str]],
                        scraped: dict[str, PrefixCacheCounters | None]) -> list[tuple[float, str, str]]:

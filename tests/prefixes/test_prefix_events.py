@@ -184,3 +184,28 @@ def test_the_client_asks_where_to_send_a_request(setup, publisher):
         assert wait_until(lambda: client.route_prefix("sys")["reason"] == "resident")
         answer = client.route_prefix("sys")
     assert answer["endpoint"] == TARGET.base_url and answer["candidates"][0]["resident_blocks"] == 3
+
+
+def test_get_prefix_shows_its_residency_on_each_endpoint(setup, publisher):
+    registry, _, _ = setup
+    app = FastAPI()
+    app.state.prefixes = registry
+    app.include_router(router)
+    registry.register(PrefixSpec("sys", SYSTEM, TARGET, endpoints=("http://vllm-b.test",)))
+    store_blocks(publisher, 10)
+    registry.tick()
+    assert wait_until(lambda: registry.view("sys").residency[0].resident_blocks == 3)
+    with TestClient(app) as http, Client("http://ragcache.test", transport=transport_to(http)) as client:
+        whole = http.get("/prefixes/sys").json()
+        publisher.publish([removed([11, 12])])  # its last two blocks evicted
+        assert wait_until(lambda: registry.view("sys").residency[0].resident_blocks == 1)
+        partial = http.get("/prefixes/sys").json()
+        assert client.get_prefix("sys") == registry.get("sys")  # the client reads the stored prefix, residency aside
+    other = {"base_url": "http://vllm-b.test", "events": "off", "resident_blocks": None, "num_blocks": None,
+             "keepable": True}
+    assert whole["residency"] == [
+        {"base_url": TARGET.base_url, "events": "synced", "resident_blocks": 3, "num_blocks": 3, "keepable": True}, other]
+    assert partial["residency"] == [
+        {"base_url": TARGET.base_url, "events": "synced", "resident_blocks": 1, "num_blocks": 3, "keepable": True}, other]
+    assert {key: value for key, value in whole.items() if key != "residency"} == registry.get("sys").to_json() | {
+        "target": {"base_url": TARGET.base_url, "model": "m"}, "endpoints": ["http://vllm-b.test"]}
