@@ -40,6 +40,11 @@ def why_not_cached(head: str, num_tokens: int | None, block_size: int, counters:
                        "times in a row): not keepable, warms stopped for a while")
     caching_on = counters is None or counters.prefix_caching is not False
     if caching_on and state.num_resident == 0 and state.num_evicted >= NUM_NEVER_REUSED and state.not_keepable_until is None:
-        reasons.append(f"every re-warm found nothing cached ({state.num_evicted} of {state.num_evicted}): the engine "
-                       "does not reuse this model's cache (hybrid/Mamba models), or evicts it at once")
+        if view.fully_resident:  # the events say the engine holds every block: churn did not take them
+            reasons.append(f"every re-warm found nothing cached ({state.num_evicted} of {state.num_evicted}) while the "
+                           f"engine's events show all {view.num_blocks} of its blocks held: the engine does not reuse "
+                           "this model's cache (hybrid/Mamba models)")
+        else:
+            reasons.append(f"every re-warm found nothing cached ({state.num_evicted} of {state.num_evicted}): the "
+                           "engine does not reuse this model's cache (hybrid/Mamba models), or evicts it at once")
     return tuple(reasons)

@@ -1,6 +1,6 @@
 """The registry on a real vLLM's KV events (issue 30; the session server publishes them, tests/vllm/conftest.py):
 residency comes from the engine's own events, a churned-out prefix is seen evicted and warmed again, routing prefers
-the replica that holds it, and why-not-cached names a prefix shorter than one block and a volatile part."""
+the replica that holds it (why-not-cached: tests/vllm/test_prefix_reasons_vllm.py)."""
 
 from __future__ import annotations
 
@@ -87,9 +87,3 @@ def test_no_timer_warm_while_the_events_show_the_prefix_whole(registry, http, ta
     _wait_for(lambda: _endpoint(registry, "events-quiet").num_warms_avoided >= 1, 30, "the due warm avoided")
     assert registry.prefix_stats("events-quiet").num_warms == warms
 
-
-def test_why_not_cached_names_a_sub_block_prefix_and_a_volatile_part(registry, target):
-    registry.register(PrefixSpec("events-short", "Answer briefly.", target))
-    assert any(f"not more than one KV block of {BLOCK_SIZE}" in r for r in _endpoint(registry, "events-short").why_not_cached)
-    registry.register(PrefixSpec("events-dated", "Today is 2026-12-01. " + "You answer from the context only. " * 20, target))
-    assert any("volatile" in r and "2026-12-01" in r for r in _endpoint(registry, "events-dated").why_not_cached)
