@@ -17,9 +17,11 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
+import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass
@@ -30,7 +32,7 @@ import httpx
 from ragcache.prefixes import EventsConfig, PrefixRegistry, PrefixRegistryConfig, PrefixSpec, Target
 from ragcache.storage.processes import free_port
 from ragcache_bench.prefixes import build_prefix_text
-from ragcache_bench.report import BenchResult, command_line, format_table, machine_info, write_json
+from ragcache_bench.report import BenchResult, format_table, machine_info, write_json
 from ragcache_bench.report import Target as Goal
 from ragcache_testing.vllm import VLLMServer, VLLMServerConfig
 
@@ -62,7 +64,8 @@ def _request(http: httpx.Client, url: str, model: str, prompt: list[int]) -> tup
 
 
 def _block(mode: str, registry: PrefixRegistry, http: httpx.Client, urls: list[str], model: str,
-           prompts: dict[str, list[int]], args: argparse.Namespace, rng: random.Random) -> list[tuple[float, int, int] | None]:
+           prompts: dict[str, list[int]], args: argparse.Namespace, rng: random.Random,
+           reasons: Counter[str]) -> list[tuple[float, int, int] | None]:
     names = sorted(prompts)
     turn = iter(range(10**9))
     lock = threading.Lock()
@@ -73,7 +76,12 @@ def _block(mode: str, registry: PrefixRegistry, http: httpx.Client, urls: list[s
             # replica and make round-robin a perfect partition by accident.
             name = rng.choice(names)
             suffix = [rng.randrange(3, 8000) for _ in range(args.suffix_tokens)]
-            url = registry.route(name).endpoint if mode == "routed" else urls[next(turn) % len(urls)]
+            if mode == "routed":
+                route = registry.route(name)
+                url = route.endpoint
+                reasons[f"{name} -> replica {urls.index(url)}: {route.reason}"] += 1
+            else:
+                url = urls[next(turn) % len(urls)]
         return _request(http, url, model, prompts[name] + suffix)
 
     with ThreadPoolExecutor(args.concurrency) as pool:
@@ -116,9 +124,13 @@ def run(args: argparse.Namespace) -> BenchResult:
             prompts[name] = tokens
         rng = random.Random(7)
         samples: dict[str, list] = {"routed": [], "round_robin": []}
+        reasons: Counter[str] = Counter()
         for round_no in range(args.rounds):
             for mode in (("routed", "round_robin") if round_no % 2 == 0 else ("round_robin", "routed")):
-                samples[mode] += _block(mode, registry, http, urls, model, prompts, args, rng)
+                samples[mode] += _block(mode, registry, http, urls, model, prompts, args, rng, reasons)
+    # The most a request can find cached: its prompt's full blocks (the suffix is unique to it), so the ratio below
+    # cannot exceed cacheable / round-robin's, however well the route does.
+    cacheable = round(statistics.fmean(len(p) // args.block_size * args.block_size for p in prompts.values()), 1)
     rows = [_summary(mode, s) for mode, s in samples.items()]
     by = {r.mode: r for r in rows}
     result = BenchResult("kv-route", "routing by prefix residency against round-robin, two vLLM replicas (alternating blocks)")
@@ -128,15 +140,24 @@ def run(args: argparse.Namespace) -> BenchResult:
                round(routed.cached_tokens_per_request / rr.cached_tokens_per_request, 2) if rr.cached_tokens_per_request else None,
                "x", target=Goal(">=", 1.8), note=f"{routed.cached_tokens_per_request} vs {rr.cached_tokens_per_request} of "
                f"{routed.prompt_tokens_per_request} tokens", requires=no_errors)
+    result.add("cached tokens per request, round-robin / cacheable", round(rr.cached_tokens_per_request / cacheable, 3),
+               "x", note=f"{rr.cached_tokens_per_request} of {cacheable}: the routed / round-robin ratio's ceiling is "
+               f"{round(cacheable / rr.cached_tokens_per_request, 2) if rr.cached_tokens_per_request else None}x")
+    result.add("cached tokens per request, routed / cacheable", round(routed.cached_tokens_per_request / cacheable, 3),
+               "x", note=f"{routed.cached_tokens_per_request} of {cacheable}")
     result.add("TTFT p50 routed / round-robin", round(routed.ttft_p50_ms / rr.ttft_p50_ms, 3), "x", target=Goal("<=", 1.0),
                note=f"{routed.ttft_p50_ms} vs {rr.ttft_p50_ms} ms (p90 {routed.ttft_p90_ms} vs {rr.ttft_p90_ms})",
                requires=no_errors)
     result.seconds = time.perf_counter() - started
-    result.details = {"rows": [asdict(r) for r in rows], "config": {k: str(v) for k, v in vars(args).items()}}
+    result.details = {"rows": [asdict(r) for r in rows], "cacheable_tokens_per_request": cacheable,
+                      "route_reasons": dict(sorted(reasons.items())),
+                      "config": {k: str(v) for k, v in vars(args).items()}}
     print("\n".join(f"| {r.mode} | {r.num_requests} | {r.num_errors} | {r.cached_tokens_per_request} of "
                     f"{r.prompt_tokens_per_request} | {r.ttft_p50_ms} | {r.ttft_p90_ms} |" for r in rows))
     print(format_table([result]))
-    write_json(args.json_out, {"mode": "full", "command": command_line("kv-route"), "machine": machine,
+    # Not a `ragcache bench` subcommand: the module is run directly, and the JSON says so.
+    command = " ".join(["python", "-m", "ragcache_bench.kv_route", *sys.argv[1:]])
+    write_json(args.json_out, {"mode": "full", "command": command, "machine": machine,
                                "result": result.to_dict()})
     return result
 

