@@ -12,7 +12,7 @@ from anyio import to_thread
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 
-from ragcache.app import CacheCollector, DriftCollector, retain_freed_memory
+from ragcache.app import CacheCollector, DriftCollector, retain_freed_memory, torch_threads
 from ragcache.models import UpstreamCollector
 from ragcache.prefixes import register_prefix_metrics
 from ragcache.settings import Settings
@@ -22,7 +22,7 @@ from ragcache_server.embed_path import EmbedFastPath, FastPathCounts
 from ragcache_server.errors import install_error_handlers
 from ragcache_server.limits import LimitsMiddleware, RateLimiter
 from ragcache_server.schemas import ERROR_RESPONSES
-from ragcache_server.state import ServiceState
+from ragcache_server.state import ServiceState, local_models
 from ragcache_server.tenants import TenantCaches
 from ragcache_server.tracing import TracingMiddleware
 from ragcache_server.workers import WorkerPool
@@ -34,23 +34,26 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         retain_freed_memory(settings.service.malloc_retain_bytes)  # before the model loads: its allocations too
-        state = await to_thread.run_sync(ServiceState.open, settings)
-        app.state.ragcache = state
-        app.state.prefixes = state.prefixes
-        app.state.tenant_caches = TenantCaches(state, enabled=settings.access.tenant_cache_namespaces)
-        # Rerank score caches count like the models' (their model label names the reranker; a "text" is a pair).
-        rerank_caches = [reranker.cache for reranker in state.rerankers.values()]
-        app.state.metrics_registry.register(
-            CacheCollector(lambda: [*state.caches.values(), *rerank_caches])
-        )
-        register_prefix_metrics(state.prefixes, app.state.metrics_registry)
-        app.state.metrics_registry.register(DriftCollector(lambda: state.drift.states() if state.drift else []))
-        app.state.metrics_registry.register(UpstreamCollector(lambda: state.caches.items()))
-        try:
-            yield
-        finally:
-            # Graceful shutdown: writes still queued for L2/L3 are flushed before the stores close.
-            await to_thread.run_sync(state.close)
+        # Before any worker thread: each takes torch's thread count when it first runs an operation.
+        any_local_model = bool(local_models(settings) or settings.rerank.rerank_models)
+        with torch_threads(settings.service.torch_threads, any_local_model=any_local_model):
+            state = await to_thread.run_sync(ServiceState.open, settings)
+            app.state.ragcache = state
+            app.state.prefixes = state.prefixes
+            app.state.tenant_caches = TenantCaches(state, enabled=settings.access.tenant_cache_namespaces)
+            # Rerank score caches count like the models' (their model label names the reranker; a "text" is a pair).
+            rerank_caches = [reranker.cache for reranker in state.rerankers.values()]
+            app.state.metrics_registry.register(
+                CacheCollector(lambda: [*state.caches.values(), *rerank_caches])
+            )
+            register_prefix_metrics(state.prefixes, app.state.metrics_registry)
+            app.state.metrics_registry.register(DriftCollector(lambda: state.drift.states() if state.drift else []))
+            app.state.metrics_registry.register(UpstreamCollector(lambda: state.caches.items()))
+            try:
+                yield
+            finally:
+                # Graceful shutdown: writes still queued for L2/L3 are flushed before the stores close.
+                await to_thread.run_sync(state.close)
 
     app = FastAPI(
         title="ragcache",

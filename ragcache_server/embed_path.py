@@ -16,13 +16,13 @@ exception handlers (``install_error_handlers``), so they read the same on either
 
 from __future__ import annotations
 
-import base64
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
 import orjson
+import pybase64
 from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
@@ -72,9 +72,9 @@ def openai_base64_answer(vectors: np.ndarray, model: str, num_tokens: int) -> by
     encoding is an exact slice of it), sliced as bytes, never turned into strings and encoded again."""
     row_bytes = vectors.shape[1] * vectors.itemsize if vectors.ndim == 2 else 0
     if not len(vectors) or row_bytes % 3:
-        rows = [base64.b64encode(row.tobytes()) for row in vectors]
+        rows = [pybase64.b64encode(row.tobytes()) for row in vectors]
     else:
-        encoded = base64.b64encode(np.ascontiguousarray(vectors).data)
+        encoded = pybase64.b64encode(np.ascontiguousarray(vectors).data)
         width = row_bytes // 3 * 4
         rows = [encoded[start : start + width] for start in range(0, len(encoded), width)]
     items = b",".join(b'{"object":"embedding","embedding":"%s","index":%d}' % (row, index) for index, row in enumerate(rows))

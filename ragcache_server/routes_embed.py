@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from contextlib import nullcontext
 
 import numpy as np
@@ -47,18 +48,22 @@ def served_headers(result: EmbedResult) -> dict[str, str]:
 
 
 async def embed_through_cache(
-    cache: EmbeddingCache, texts: list[str], *, normalize: bool, truncate: bool, field: str, scope=lambda texts: nullcontext()
-) -> EmbedResult:
+    cache: EmbeddingCache, texts: list[str], *, normalize: bool, truncate: bool, field: str, scope=lambda texts: nullcontext(),
+    count_tokens: Callable[[list[str]], int] | None = None,
+) -> tuple[EmbedResult, int | None]:
+    """The texts' vectors, and with ``count_tokens`` their total token count (OpenAI's ``usage``) when the walk
+    needs a worker thread anyway: counted in that thread, so that a miss costs one hand-off, not two; None when
+    L1 answered on the event loop."""
     # All in L1 (the common case for repeated texts): answer on the event loop, no thread hop. Only when
     # truncating: a cached vector says nothing about whether its text would pass the length check.
     probe = None
     if truncate:
         outcome = cache.probe(texts, normalize=normalize)
         if isinstance(outcome, EmbedResult):
-            return outcome
+            return outcome, None
         probe = outcome  # the walk continues from it: the texts are hashed and L1 asked once per request
 
-    def work() -> EmbedResult:
+    def work() -> tuple[EmbedResult, int | None]:
         if not truncate:
             try:
                 cache.tokenizer.check_lengths(texts, field)
@@ -67,7 +72,8 @@ async def embed_through_cache(
             except InvalidInputError as exc:
                 raise HTTPError(413, str(exc), field=exc.field) from exc
         with scope(texts):  # a remote model's pass-through: the caller's own key for their misses
-            return cache.embed_detailed(texts, normalize=normalize, probe=probe)
+            result = cache.embed_detailed(texts, normalize=normalize, probe=probe)
+        return result, count_tokens(texts) if count_tokens is not None else None
 
     # The cache blocks (Redis, Milvus, the model): it runs in a worker thread, off the event loop. At the
     # request deadline the thread is abandoned, not awaited; what it computes still lands in the cache.
@@ -98,14 +104,19 @@ async def answer(call: EmbedCall, request: Request) -> Response:
     cache = prompted_cache_of(request, call.model, call.prompt_name, call.input_type)
     check_dimensions(call, cache.space.model, cache.space.dim)
     truncate = state.settings.service.truncate if call.truncate is None else call.truncate
-    result = await embed_through_cache(cache, texts, normalize=call.normalize, truncate=truncate, field=call.field,
-                                       scope=caller_scope(request, cache))
+    # OpenAI's usage: known on the event loop when every text was counted before, else counted beside the walk.
+    token_counts = token_counts_of(request, cache) if call.shape == "openai" else None
+    known_tokens = token_counts.known_total(texts) if token_counts is not None else None
+    result, num_tokens = await embed_through_cache(
+        cache, texts, normalize=call.normalize, truncate=truncate, field=call.field, scope=caller_scope(request, cache),
+        count_tokens=token_counts.total if token_counts is not None and known_tokens is None else None)
     headers = served_headers(result)
     if call.shape == "tei":
         return JSONResponse(result.vectors, headers=headers)
-    token_counts = token_counts_of(request, cache)
-    num_tokens = token_counts.known_total(texts)
-    if num_tokens is None:
+    assert token_counts is not None
+    if known_tokens is not None:
+        num_tokens = known_tokens
+    elif num_tokens is None:  # L1 answered on the event loop, but a text was never counted
         num_tokens = await blocking(token_counts.total, texts)
     vectors = np.asarray(result.vectors, dtype="<f4")
     model = call.model or cache.space.model

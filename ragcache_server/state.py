@@ -20,6 +20,13 @@ log = logging.getLogger(__name__)
 ALIASES = {"all-MiniLM-L6-v2": PACKAGED_MODEL, "default": PACKAGED_MODEL}
 
 
+def local_models(settings: Settings) -> list[str]:
+    """The embedding models this process loads and runs itself: those of ``settings.space.models`` that no remote
+    model (``models_json``/``models_file``) names."""
+    remote = {model.name for model in load_models(settings.space.models_json, settings.space.models_file)}
+    return [model for model in settings.space.models if model not in remote]
+
+
 @dataclass
 class ServiceState:
     settings: Settings
@@ -60,9 +67,8 @@ class ServiceState:
                     raise ConfigError(f"remote model name {encoder.name!r} is taken: it names the packaged local model")
                 caches[encoder.name] = build_cache(settings, stores, encoder, on_close=encoder.close)
             # A remote model may be the default (RAGCACHE_MODEL=<its name>): no local model is loaded for it.
-            for model in settings.space.models:
-                if model not in caches:
-                    caches[model] = build_cache(settings, stores, load_encoder(settings, model))
+            for model in local_models(settings):
+                caches[model] = build_cache(settings, stores, load_encoder(settings, model))
             for reranker in build_rerankers(settings):
                 rerankers[reranker.name] = score_cache(settings, stores, reranker)
             # Before the first request: a model that changed since the last run never serves old vectors.

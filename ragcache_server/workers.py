@@ -48,34 +48,43 @@ class WorkerPool:
         slot = object()
         await self._slots.acquire_on_behalf_of(slot)  # cancelled while waiting here: nothing was started
         loop = asyncio.get_running_loop()
-        call = _Call(function, args, release=lambda: self._release(loop, slot))
+        call = _Call(function, args, release=lambda: self._release(slot),
+                     release_from_thread=lambda: self._release_from_thread(loop, slot))
         self.num_running += 1
         try:
-            return await to_thread.run_sync(call.run, abandon_on_cancel=True, limiter=self._threads)
+            result = await to_thread.run_sync(call.run, abandon_on_cancel=True, limiter=self._threads)
         except BaseException:
             call.abandon()  # the caller is gone (cancelled at its deadline) or the call failed: either way, done waiting
             raise
+        self._release(slot)  # the call has ended and its caller is here, on the loop: no second wake-up of the loop
+        return result
 
-    def _release(self, loop: asyncio.AbstractEventLoop, slot: object) -> None:
-        """Called once per call, from its thread when it ends, or at once when it never started."""
+    def _release(self, slot: object) -> None:
+        """On the event loop, once per call: when its caller got the outcome, or it never started, or (from
+        ``_release_from_thread``) an abandoned call's thread ended."""
+        self.num_running -= 1
+        assert self._slots is not None
+        self._slots.release_on_behalf_of(slot)
 
-        def release() -> None:
-            self.num_running -= 1
-            assert self._slots is not None
-            self._slots.release_on_behalf_of(slot)
-
+    def _release_from_thread(self, loop: asyncio.AbstractEventLoop, slot: object) -> None:
         try:
-            loop.call_soon_threadsafe(release)
+            loop.call_soon_threadsafe(self._release, slot)
         except RuntimeError:  # the loop has closed (shutdown): nothing waits for the slot any more
             pass
 
 
 class _Call:
-    """One call handed to a thread: runs at most once, releases its slot exactly once, and knows whether its
-    caller has gone."""
+    """One call handed to a thread: runs at most once, its slot released exactly once, and knows whether its
+    caller has gone.
 
-    def __init__(self, function: Callable, args: tuple, *, release: Callable[[], None]):
-        self._function, self._args, self._release = function, args, release
+    Who releases the slot: the caller, on the event loop, when it has the outcome (the common case: no extra
+    wake-up of the loop) or when it leaves before the call started or after it ended; the thread, through
+    ``release_from_thread``, only when the caller left while the call ran. The lock orders the thread's end
+    against the caller's leaving, so exactly one of them does it."""
+
+    def __init__(self, function: Callable, args: tuple, *, release: Callable[[], None], release_from_thread: Callable[[], None]):
+        self._function, self._args = function, args
+        self._release, self._release_from_thread = release, release_from_thread
         self._gone = threading.Event()
         self._lock = threading.Lock()
         self._started = self._finished = False
@@ -89,13 +98,18 @@ class _Call:
         try:
             return self._function(*self._args)
         finally:
-            self._release()
+            with self._lock:
+                self._finished = True
+                abandoned = self._gone.is_set()
+            if abandoned:
+                self._release_from_thread()
 
     def abandon(self) -> None:
+        """The caller stops waiting (cancelled, or the call raised): the slot is released now unless the call runs on."""
         with self._lock:
             self._gone.set()
-            never_started = not self._started
-        if never_started:
+            running = self._started and not self._finished
+        if not running:
             self._release()
 
 

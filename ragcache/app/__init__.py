@@ -1,5 +1,6 @@
 """The shell around the library: the ``ragcache`` command (``cli``), the stats view, the README's settings table
-(``config_docs``), the Prometheus export (``metrics``) and the allocator tuning the service applies at start.
+(``config_docs``), the Prometheus export (``metrics``) and the process tuning the service applies at start (the
+allocator, torch's threads).
 
 Each name is imported on first use, so the command starts without loading torch (``metrics`` does).
 """
@@ -13,6 +14,7 @@ from ragcache.observe.exports import lazy_exports
 _EXPORTS = {
     ".metrics": ("CacheCollector", "DriftCollector"),
     ".allocator": ("retain_freed_memory",),
+    ".torch_threads": ("torch_threads",),
 }
 
 __all__, __getattr__ = lazy_exports(__name__, _EXPORTS)
@@ -20,3 +22,4 @@ __all__, __getattr__ = lazy_exports(__name__, _EXPORTS)
 if TYPE_CHECKING:
     from ragcache.app.allocator import retain_freed_memory
     from ragcache.app.metrics import CacheCollector, DriftCollector
+    from ragcache.app.torch_threads import torch_threads

@@ -3,7 +3,6 @@ to, and the parser of each answer."""
 
 from __future__ import annotations
 
-import base64
 import binascii
 import dataclasses
 from collections.abc import Callable, Iterable, Mapping
@@ -13,6 +12,7 @@ from urllib.parse import quote
 
 import httpx
 import numpy as np
+import pybase64
 
 from ragcache.errors import (
     AuthenticationError,
@@ -120,7 +120,7 @@ def _parse_embeddings(num_texts: int, payload: dict) -> np.ndarray:
 def _decode_vector(embedding: str | list) -> np.ndarray:
     if isinstance(embedding, str):
         # OpenAI's base64 format: the raw little-endian float32 bytes.
-        return np.frombuffer(base64.b64decode(embedding, validate=True), dtype="<f4").astype(np.float32)
+        return np.frombuffer(pybase64.b64decode(embedding, validate=True), dtype="<f4").astype(np.float32)
     return np.asarray(embedding, dtype=np.float32)
 
 

@@ -27,7 +27,7 @@ import logging
 import threading
 from collections.abc import Callable, Sequence
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
@@ -92,12 +92,14 @@ class _Item:
 
     Its outcome is a row of a whole batch's vectors (``vectors[row]``), never a tensor of its own: a batch is
     answered with one tensor, and each caller gathers its rows with one ``index_select`` per batch. No
-    synchronisation object per text either: every caller waits on the batcher's one ``_done`` condition."""
+    synchronisation object per text either: each caller waits on a condition of its own (on the batcher's one lock),
+    listed in ``waiters`` of every item it waits for, so that a batch's end wakes only its callers."""
 
     key: str
     text: str
     prompt: str | None = None
     num_waiters: int = 0
+    waiters: list[threading.Condition] = field(default_factory=list)
     taken: bool = False  # handed to the model: too late to drop
     done: bool = False
     vectors: torch.Tensor | None = None
@@ -130,11 +132,11 @@ class ComputeBatcher:
         self.num_refused = 0  # texts refused because the queue was full
         self._pending: list[_Item] = []
         self._in_flight: dict[str, _Item] = {}
-        # One lock, two conditions: the worker waits for texts (``_cond``), callers for outcomes (``_done``), so
-        # a caller's notify always reaches the worker and a batch's end wakes only callers.
-        lock = threading.Lock()
-        self._cond = threading.Condition(lock)
-        self._done = threading.Condition(lock)
+        # One lock: the worker waits on ``_cond`` for texts, each caller on a condition of its own for its outcomes
+        # (``_Item.waiters``), so a caller's notify always reaches the worker, and a batch's end wakes only the
+        # callers of its texts (one condition for all of them woke every waiting caller at each batch's end).
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
         self._closed = False
         self._worker = threading.Thread(target=self._run, name="ragcache-compute", daemon=True)
         self._worker.start()
@@ -160,6 +162,7 @@ class ComputeBatcher:
         ``max_pending``; one call larger than that is still taken into an empty queue, so that no request
         the service accepts (``max_batch``) can be refused forever."""
         items: list[_Item] = []
+        waiter = threading.Condition(self._lock)
         with self._cond:
             if self._closed:
                 raise RagCacheError("the compute batcher is closed")
@@ -180,13 +183,14 @@ class ComputeBatcher:
                     item = self._in_flight[key] = _Item(key, text, prompt)
                     self._pending.append(item)
                 item.num_waiters += 1
+                item.waiters.append(waiter)
                 items.append(item)
             if not items:
                 return ComputeOutcome(torch.empty(0), [])
             self._num_callers += 1
             self._cond.notify()
         try:
-            failure = self._wait(items, CALLER_GONE.get())
+            failure = self._wait(items, waiter, CALLER_GONE.get())
             if failure is None:
                 return ComputeOutcome(_gather(items), sorted(peeked))
             # Only those already done: the error is not held back for batches still being computed.
@@ -214,10 +218,10 @@ class ComputeBatcher:
             answered[asked[offset]] = _Item(keys[asked[offset]], "", taken=True, done=True, vectors=hits.vectors, row=row)
         return answered
 
-    def _wait(self, items: list[_Item], gone: threading.Event | None) -> BaseException | None:
-        """Until every item is done, or one has failed (returned: the first failure in the caller's order);
-        a caller that can go away looks every ``GONE_POLL_S`` whether it has."""
-        with self._done:
+    def _wait(self, items: list[_Item], waiter: threading.Condition, gone: threading.Event | None) -> BaseException | None:
+        """Until every item is done, or one has failed (returned: the first failure in the caller's order), woken
+        through ``waiter``; a caller that can go away looks every ``GONE_POLL_S`` whether it has."""
+        with waiter:
             while True:
                 pending = False
                 for item in items:
@@ -230,7 +234,7 @@ class ComputeBatcher:
                 if gone is not None and gone.is_set():
                     self._leave(items)
                     raise RagCacheError("the caller stopped waiting for these texts")
-                self._done.wait(GONE_POLL_S if gone is not None else None)
+                waiter.wait(GONE_POLL_S if gone is not None else None)
 
     def _leave(self, items: list[_Item]) -> None:
         """Under the lock: a caller has gone; texts nobody else waits for, not yet handed to the model, are dropped."""
@@ -298,11 +302,15 @@ class ComputeBatcher:
                 self._levels.store(0, stored_keys, stored)
             except Exception:  # noqa: BLE001 - a level that fails to store is a later miss, never a lost answer
                 log.exception("storing %d computed vectors in the first level failed", len(stored_keys))
-        with self._done:
+        with self._lock:
+            waiters: dict[int, threading.Condition] = {}
             for item in batch:
                 item.done = True
                 self._in_flight.pop(item.key, None)
-            self._done.notify_all()
+                for waiter in item.waiters:
+                    waiters[id(waiter)] = waiter
+            for waiter in waiters.values():
+                waiter.notify()
 
     def _encode_isolating(self, texts: list[str], prompt: str | None) -> torch.Tensor | list:
         """The batch's vectors (one tensor), or when encoding failed, a vector or an exception per text. A

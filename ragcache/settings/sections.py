@@ -262,6 +262,9 @@ class Service(_Section):
         128 * 1024 * 1024, ge=0,
         description="freed memory glibc keeps for reuse, not faulted in again per request (ragcache.app.allocator); 0: glibc's defaults",
     )
+    torch_threads: int = Field(
+        0, ge=0, description="torch's CPU threads per operation (intra-op); 0: one when every model is remote (the cache's own "
+        "tensor work is small, and idle pool threads spin: ragcache.app.torch_threads), else torch's default")
     stats_window_s: float = Field(300.0, gt=0, description="seconds covered by the recent figures of /stats")
     tracing: Literal["off", "otlp", "console"] = Field(
         "off", description="OpenTelemetry spans per request, level lookup and model call (ragcache.observe.tracing)")

@@ -8,11 +8,11 @@ is exact as well for numbers printed from float32.
 
 from __future__ import annotations
 
-import base64
 import binascii
 from typing import Any
 
 import numpy as np
+import pybase64
 
 from ragcache.models.remote.http import RemoteEncoder, decode_matrix
 
@@ -52,14 +52,14 @@ def _decode_base64(rows: list[str]) -> np.ndarray:
     width = len(rows[0]) if rows else 0
     if width and width % 4 == 0 and all(len(row) == width for row in rows) and not any(row.endswith("=") for row in rows):
         try:
-            joined = base64.b64decode("".join(rows), validate=True)
+            joined = pybase64.b64decode("".join(rows), validate=True)
         except (binascii.Error, ValueError):
             raise ValueError("an embedding is not valid base64") from None
         if (width // 4 * 3) % 4:
             raise ValueError("the base64 embeddings are not float32 vectors of one length")
         return np.frombuffer(bytearray(joined), dtype="<f4").reshape(len(rows), -1).astype(np.float32, copy=False)
     try:
-        decoded = [base64.b64decode(row, validate=True) for row in rows]
+        decoded = [pybase64.b64decode(row, validate=True) for row in rows]
     except (binascii.Error, ValueError):
         raise ValueError("an embedding is not valid base64") from None
     lengths = {len(raw) for raw in decoded}
