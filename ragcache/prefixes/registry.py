@@ -268,30 +268,34 @@ class PrefixRegistry:
         prefix = self._known.get(name)
         now = self._clock()
         others = [p for p in self._known.copies() if p.name != prefix.name]
-        candidates = []
-        for url in self.endpoints_of(prefix):
-            view = self._keep_warm.residency(prefix, url)
-            if view.fully_resident:
-                self._placements.settle(prefix.name, url)
-            counters = self._targets.counters_of(url)
-            load = None
-            if counters is not None and counters.num_running is not None and counters.num_waiting is not None:
-                load = counters.num_running + counters.num_waiting
-            subscriber = self._keep_warm.engines.subscriber(url)
-            synced = subscriber is not None and subscriber.synced
-            candidates.append(RouteCandidate(
-                url, not self._targets.health_of(url).is_down, view.events, view.resident_blocks, view.num_blocks, load,
-                held_blocks=subscriber.index.num_blocks if subscriber is not None and synced else None,
-                other_prefix_blocks=self._other_prefix_blocks(others, url, now) if synced else None,
-                capacity_blocks=counters.num_gpu_blocks if counters is not None else None,
-                pending=self._placements.pending(prefix.name, url, now)))
+        candidates = [self._candidate(prefix, url, others, now) for url in self.endpoints_of(prefix)]
         if not candidates:
             raise InvalidInputError(f"prefix {name.public!r} has no endpoint this service may call", field="name")
         result = choose_route(name.public, candidates, self._turns.next(name.stored))
         chosen = next(c for c in candidates if c.base_url == result.endpoint)
+        # Sent where it is not whole (yet): the requests routed before its blocks show there follow this one.
         if chosen.events == "synced" and not chosen.pending and (chosen.resident_blocks or 0) < (chosen.num_blocks or 1):
             self._placements.place(prefix.name, chosen.base_url, now + self.config.route_pending_s)
         return result
+
+    def _candidate(self, prefix: Prefix, url: str, others: builtins.list[Prefix], now: float) -> RouteCandidate:
+        """``url`` as a route for ``prefix`` sees it: its residency and room by the engine's events, its load and
+        KV cache's size by its last /metrics, its health, and whether a recent route placed the prefix there."""
+        view = self._keep_warm.residency(prefix, url)
+        if view.fully_resident:
+            self._placements.settle(prefix.name, url)
+        counters = self._targets.counters_of(url)
+        load = None
+        if counters is not None and counters.num_running is not None and counters.num_waiting is not None:
+            load = counters.num_running + counters.num_waiting
+        subscriber = self._keep_warm.engines.subscriber(url)
+        synced = subscriber is not None and subscriber.synced
+        return RouteCandidate(
+            url, not self._targets.health_of(url).is_down, view.events, view.resident_blocks, view.num_blocks, load,
+            held_blocks=subscriber.index.num_blocks if subscriber is not None and synced else None,
+            other_prefix_blocks=self._other_prefix_blocks(others, url, now) if synced else None,
+            capacity_blocks=counters.num_gpu_blocks if counters is not None else None,
+            pending=self._placements.pending(prefix.name, url, now))
 
     def _other_prefix_blocks(self, others: builtins.list[Prefix], url: str, now: float) -> int:
         """Blocks of the prefixes in ``others`` that ``url`` holds by its events, a pending placement counted whole."""
