@@ -1,4 +1,4 @@
-"""The real service as a subprocess (``ragcache serve``, one worker), for the tests and the benchmarks.
+"""The real service as a subprocess (``ragcache serve``, one worker unless asked), for the tests and the benchmarks.
 
 The service gets its own data folder, and the caller's Redis as L2, so a bench can make vectors resident in L2
 for it.
@@ -34,6 +34,7 @@ class ServiceProcess:
         extra_env: dict[str, str] | None = None,
         timeout_s: float = 180.0,
         log_level: str = "warning",
+        workers: int = 1,
     ):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -51,12 +52,17 @@ class ServiceProcess:
         self.log_path = data_dir / "service.log"
         self._log = self.log_path.open("wb")
         # `ragcache serve`'s server and settings, with the app that adds the bench's floor route (benchmarks/ragcache_bench/floor_app.py).
-        serve = (
-            "from ragcache.app.cli import SERVE_OPTIONS; from ragcache.settings import Settings; "
-            "from ragcache_server.serving import ServeConfig, bounds_of, run_server; settings = Settings.load(); "
-            "run_server(ServeConfig('ragcache_bench.floor_app:create_bench_app', factory=True, host='127.0.0.1', "
-            f"port={self.port}, workers=1, log_level={log_level!r}, **bounds_of(settings.service, settings.access), **SERVE_OPTIONS))"
-        )
+        serve = "\n".join([
+            "from ragcache.app.cli import SERVE_OPTIONS, shared_embedded_stores",
+            "from ragcache.settings import Settings",
+            "from ragcache_server.serving import ServeConfig, bounds_of, run_server",
+            "settings = Settings.load()",
+            # Several workers share one embedded Redis and one Milvus Lite server, started here as `ragcache serve` does.
+            f"with shared_embedded_stores(settings, {workers}):",
+            "    run_server(ServeConfig('ragcache_bench.floor_app:create_bench_app', factory=True, host='127.0.0.1', "
+            f"port={self.port}, workers={workers}, log_level={log_level!r}, **bounds_of(settings.service, settings.access), "
+            "**SERVE_OPTIONS))",
+        ])
         command = [sys.executable, "-c", serve]
         self.process = subprocess.Popen(command, env=env, stdout=self._log, stderr=subprocess.STDOUT)
         self.client = httpx.Client(base_url=self.url, timeout=120.0)

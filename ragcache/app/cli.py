@@ -124,7 +124,7 @@ def run_serve(args) -> int:
     if settings.levels.disk_path is None:
         # The disk level is on under `ragcache serve` (`make serve`), in the data folder; read again by each worker.
         os.environ["RAGCACHE_DISK_PATH"] = str(settings.levels.data_dir / "disk")
-    with _shared_embedded_stores(settings, args.workers):
+    with shared_embedded_stores(settings, args.workers):
         run_server(ServeConfig(
             "ragcache_server.app:app_from_environment",
             factory=True,
@@ -139,7 +139,7 @@ def run_serve(args) -> int:
 
 
 @contextlib.contextmanager
-def _shared_embedded_stores(settings, workers: int):
+def shared_embedded_stores(settings, workers: int):
     """With several workers and the embedded defaults, the stores one host shares are started here, once, and
     every worker is pointed at them: one embedded Redis (L2, the prefix registry, single flight between the
     workers) and one Milvus Lite server process, the only process that opens the ``.db`` file and so the one

@@ -8,8 +8,12 @@ deadline passes, it computes the text itself. The lock saves work; it never fail
 than ``wait_s``, and a Redis error makes every claim a win (compute here, as without the lock) until a
 back-off has passed, so a Redis outage costs no extra time per request.
 
-Only single-key commands (SET NX PX, EXISTS, EVAL with one key), so the same code runs on Redis Cluster; the
-commands for a batch go in one non-transactional pipeline (one round trip, or one per node on a cluster).
+On one Redis server a batch's claims are one script call (a ``SET NX PX`` per key, run by the server) and so are
+its releases (a compare-and-delete per key): a pipeline of a command per key cost the client more CPU than
+the rest of a miss (packing and parsing 64 replies a 32-text request, ``ragcache bench overhead`` with
+``--workers 2``). A cluster spreads keys over slots, and a script's keys must share one: there, single-key
+commands (SET NX PX, EVAL with one key) in one non-transactional pipeline per node. Who is still holding a
+lock (a loser's poll) is asked with EXISTS per key either way.
 
 Within one process the in-process batcher already shares one computation per key, so keys this process holds
 are claimed again without asking Redis (a reference count), and released in Redis when the last holder is done.
@@ -22,7 +26,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 import redis
 import torch
@@ -30,7 +34,7 @@ import torch
 from ragcache.core.health import TierHealth
 from ragcache.core.tier import TierHits
 from ragcache.storage import cluster_pipeline
-from ragcache.storage.redis_client import REDIS_ERRORS
+from ragcache.storage.redis_client import REDIS_ERRORS, is_cluster
 
 __all__ = ["Flight", "RedisFlight", "wait_for_holders"]
 
@@ -46,6 +50,22 @@ if redis.call('get', KEYS[1]) == ARGV[1] then
     return redis.call('del', KEYS[1])
 end
 return 0
+"""
+# One server: KEYS the locks; ARGV[1] our token, ARGV[2] the TTL in ms. Per key 1 when won, else 0.
+_CLAIM_MANY = """
+local won = {}
+for i, key in ipairs(KEYS) do
+    if redis.call('set', key, ARGV[1], 'NX', 'PX', ARGV[2]) then won[i] = 1 else won[i] = 0 end
+end
+return won
+"""
+# One server: _COMPARE_AND_DELETE for every key of KEYS; how many were ours.
+_RELEASE_MANY = """
+local released = 0
+for _, key in ipairs(KEYS) do
+    if redis.call('get', key) == ARGV[1] then released = released + redis.call('del', key) end
+end
+return released
 """
 
 
@@ -124,13 +144,23 @@ class RedisFlight:
         self._num_holders: dict[str, int] = {}  # key -> requests of this process holding its claim
         self._lock = threading.Lock()
         self._health = TierHealth(clock=clock)
+        self._claim_many = self._release_many = None
+        if not is_cluster(client):
+            self._claim_many = client.register_script(_CLAIM_MANY)
+            self._release_many = client.register_script(_RELEASE_MANY)
 
     def claim(self, keys: Sequence[str]) -> list[bool]:
         with self._lock:
             won = [key in self._num_holders for key in keys]
             ask = [i for i, key in enumerate(keys) if not won[i]]
             if ask:
-                answers = self._pipeline([("SET", _lock_key(keys[i]), self.token, "NX", "PX", self.ttl_ms) for i in ask])
+                locks = [_lock_key(keys[i]) for i in ask]
+                if self._claim_many is not None:
+                    claim_many = self._claim_many
+                    answers = self._guarded(lambda: claim_many(keys=locks, args=[self.token, self.ttl_ms]))
+                else:
+                    answers = self._guarded(lambda: cluster_pipeline.execute_any(
+                        self.client, [("SET", lock, self.token, "NX", "PX", self.ttl_ms) for lock in locks]))
                 for i, answer in zip(ask, answers if answers is not None else [True] * len(ask)):
                     won[i] = bool(answer)
             for key, is_won in zip(keys, won):
@@ -143,7 +173,7 @@ class RedisFlight:
 
     def is_held(self, keys: Sequence[str]) -> list[bool]:
         """Per key: whether some process holds its lock (False when Redis cannot say)."""
-        answers = self._pipeline([("EXISTS", _lock_key(key)) for key in keys])
+        answers = self._guarded(lambda: cluster_pipeline.execute_any(self.client, [("EXISTS", _lock_key(key)) for key in keys]))
         return [bool(answer) for answer in answers] if answers is not None else [False] * len(keys)
 
     def release(self, keys: Sequence[str]) -> None:
@@ -157,16 +187,23 @@ class RedisFlight:
                     done.append(key)
         if done:
             # A failed release leaves the lock to its TTL: others wait at most that long, then compute.
-            self._pipeline([("EVAL", _COMPARE_AND_DELETE, 1, _lock_key(key), self.token) for key in done])
+            locks = [_lock_key(key) for key in done]
+            if self._release_many is not None:
+                release_many = self._release_many
+                self._guarded(lambda: release_many(keys=locks, args=[self.token]))
+            else:
+                self._guarded(lambda: cluster_pipeline.execute_any(
+                    self.client, [("EVAL", _COMPARE_AND_DELETE, 1, lock, self.token) for lock in locks]))
 
-    def _pipeline(self, commands: list[tuple]) -> list | None:
-        """Run single-key ``commands`` in one pipeline; None when Redis failed or is backed off from."""
+    def _guarded(self, call: Callable[[], Any]) -> Any:
+        """``call()`` (one script call, or one pipeline of single-key commands); None when Redis failed or is backed
+        off from."""
         if not self._health.should_try():
             return None
         try:
             # Not redis-py's ClusterPipeline on a cluster: with a primary hung, it resent that node's commands one
-            # by one, each waiting out its timeout (21 s for one claim of 60 keys); this costs one timeout a batch.
-            answers = cluster_pipeline.execute_any(self.client, commands)
+            # by one, each waiting out its timeout (21 s for one claim of 60 keys); execute_any costs one timeout a batch.
+            answers = call()
         except (*REDIS_ERRORS, OSError) as exc:
             if self._health.record_failure(exc):
                 log.warning("single flight off while Redis fails (every replica computes its own misses): %s", exc)

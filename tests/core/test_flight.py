@@ -151,14 +151,23 @@ def test_an_expired_lock_can_be_won_and_the_late_holder_does_not_delete_the_new_
 
 
 class CountingClient:
-    """A real client that counts the pipelines it opens."""
+    """A real client that counts its round trips: the pipelines it opens and the scripts it runs."""
 
     def __init__(self, client):
-        self.client, self.num_pipelines = client, 0
+        self.client, self.num_round_trips = client, 0
 
     def pipeline(self, **options):
-        self.num_pipelines += 1
+        self.num_round_trips += 1
         return self.client.pipeline(**options)
+
+    def register_script(self, script):
+        registered = self.client.register_script(script)
+
+        def run(**arguments):
+            self.num_round_trips += 1
+            return registered(**arguments)
+
+        return run
 
 
 def test_without_redis_every_claim_is_a_win_nothing_raises_and_redis_is_left_alone_for_a_back_off():
@@ -168,10 +177,10 @@ def test_without_redis_every_claim_is_a_win_nothing_raises_and_redis_is_left_alo
     assert flight.claim(["a", "b"]) == [True, True]
     assert flight.is_held(["a"]) == [False]
     flight.release(["a", "b"])
-    assert client.num_pipelines == 1  # the failure started a back-off: no more attempts
+    assert client.num_round_trips == 1  # the failure started a back-off: no more attempts
     clock.now += 1.0
     assert flight.claim(["c"]) == [True]
-    assert client.num_pipelines == 2  # the back-off passed: tried again
+    assert client.num_round_trips == 2  # the back-off passed: tried again
 
 
 # ---- the cache with a flight -------------------------------------------------------------------------------
