@@ -91,7 +91,8 @@ def add_bench_commands(subparsers) -> argparse.ArgumentParser:
     bench = subparsers.add_parser("bench", help="run benchmarks (table + JSON)", description=__doc__,
                                   formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = bench.add_subparsers(dest="bench_command", metavar="BENCHMARK", required=True)
-    every = commands.add_parser("all", help="every benchmark below (prefixes, kv and providers excluded: they need vLLM or Infinity)")
+    every = commands.add_parser("all", help="every benchmark below (prefixes, kv, kv-route and providers excluded: they need "
+                                "vLLM or Infinity)")
     _add_common(every)
     every.set_defaults(run=_run_command, benchmarks=[name for name in BENCHMARKS if name not in NOT_IN_ALL])
     for benchmark in BENCHMARKS.values():
@@ -100,6 +101,7 @@ def add_bench_commands(subparsers) -> argparse.ArgumentParser:
         parser.set_defaults(run=_run_command, benchmarks=[benchmark.name])
     _add_vllm(commands, "prefixes", "KV-prefix registry against a vLLM server (needs vLLM)")
     _add_vllm(commands, "kv", "TTFT and tokens/s at concurrency 1-16, prefix caching off/on/kept warm (needs vLLM)")
+    _add_vllm(commands, "kv-route", "routing by prefix residency vs round-robin, two vLLM replicas with KV events (needs vLLM)")
     _add_load(commands)
     _add_gpu_l1(commands)
     return bench
@@ -113,10 +115,12 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_vllm(commands, name: str, help: str) -> None:  # noqa: A002 - argparse's name
-    """``bench prefixes`` / ``bench kv`` (against vLLM) when the module is present; never part of ``all``."""
-    if importlib.util.find_spec(f"ragcache_bench.{name}") is None:
+    """``bench prefixes`` / ``bench kv`` / ``bench kv-route`` (against vLLM) when the module is present (``kv-route`` is
+    ``ragcache_bench.kv_route``); never part of ``all``."""
+    module_name = f"ragcache_bench.{name.replace('-', '_')}"
+    if importlib.util.find_spec(module_name) is None:
         return
-    module = importlib.import_module(f"ragcache_bench.{name}")
+    module = importlib.import_module(module_name)
     parser = commands.add_parser(name, help=help)
     module.add_arguments(parser)
     # run() prints its own tables and writes the JSON; its verdicts decide the exit status, as for the rest.

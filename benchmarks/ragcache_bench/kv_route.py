@@ -1,7 +1,7 @@
 """Routing by prefix residency against round-robin (issue 30, target 3): two vLLM replicas with KV events, two long
 system prompts whose KV does not fit on one replica beside the traffic.
 
-    python -m ragcache_bench.kv_route --vllm-python .venv-vllm/bin/python --model-path .cache/tiny-llama
+    ragcache bench kv-route --vllm-python .venv-vllm/bin/python --model-path .cache/tiny-llama
 
 Each request is one of the two prompts (drawn at random) plus a unique question of ``suffix_tokens`` random token ids,
 ``concurrency`` in flight; ``routed`` sends it where ``PrefixRegistry.route`` says (the replica holding the prefix by
@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
-import sys
 import tempfile
 import threading
 import time
@@ -32,11 +31,11 @@ import httpx
 from ragcache.prefixes import EventsConfig, PrefixRegistry, PrefixRegistryConfig, PrefixSpec, Target
 from ragcache.storage.processes import free_port
 from ragcache_bench.prefixes import build_prefix_text
-from ragcache_bench.report import BenchResult, format_table, machine_info, write_json
+from ragcache_bench.report import BenchResult, command_line, format_table, machine_info, write_json
 from ragcache_bench.report import Target as Goal
 from ragcache_testing.vllm import VLLMServer, VLLMServerConfig
 
-__all__ = ["main"]
+__all__ = ["add_arguments", "main", "run"]
 
 
 @dataclass(frozen=True)
@@ -155,17 +154,13 @@ def run(args: argparse.Namespace) -> BenchResult:
     print("\n".join(f"| {r.mode} | {r.num_requests} | {r.num_errors} | {r.cached_tokens_per_request} of "
                     f"{r.prompt_tokens_per_request} | {r.ttft_p50_ms} | {r.ttft_p90_ms} |" for r in rows))
     print(format_table([result]))
-    # Not a `ragcache bench` subcommand: the module is run directly, and the JSON says so.
-    command = " ".join(["python", "-m", "ragcache_bench.kv_route", *sys.argv[1:]])
-    write_json(args.json_out, {"mode": "full", "command": command, "machine": machine,
+    write_json(args.json_out, {"mode": "full", "command": command_line("kv-route"), "machine": machine,
                                "result": result.to_dict()})
     return result
 
 
-def main() -> int:
-    from ragcache_bench import exit_status
-
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of ``ragcache bench kv-route`` (and of ``python -m ragcache_bench.kv_route``)."""
     parser.add_argument("--vllm-python", type=Path, default=Path(".venv-vllm/bin/python"))
     parser.add_argument("--model-path", type=Path, default=Path(".cache/tiny-llama"))
     parser.add_argument("--num-blocks", type=int, default=72,
@@ -177,6 +172,13 @@ def main() -> int:
     parser.add_argument("--requests-per-block", type=int, default=24)
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--json-out", type=Path, default=Path("bench-results/kv-route.json"))
+
+
+def main() -> int:
+    from ragcache_bench import exit_status
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_arguments(parser)
     return exit_status([run(parser.parse_args())])
 
 

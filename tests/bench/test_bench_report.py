@@ -81,6 +81,15 @@ def test_bench_commands_register_all_and_each_benchmark():
     assert {"zipf", "l2", "misses", "concurrency", "scale", "http", "search"} <= set(BENCHMARKS)
 
 
+def test_bench_kv_route_takes_its_flags_and_stays_out_of_all():
+    parser = argparse.ArgumentParser(prog="ragcache")
+    add_bench_commands(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["bench", "kv-route", "--rounds", "2", "--model-path", "m"])
+    assert (args.bench_command, args.rounds, str(args.model_path), str(args.vllm_python)) == \
+        ("kv-route", 2, "m", ".venv-vllm/bin/python")
+    assert "kv-route" not in parser.parse_args(["bench", "all"]).benchmarks
+
+
 def test_markdown_table_from_json():
     from ragcache_bench.report import markdown_from_json
 
