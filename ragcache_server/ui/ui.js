@@ -82,19 +82,25 @@
     return parts.length ? parts.join(", ") : "–";
   }
 
-  // A value of any shape as short text: numbers formatted, objects as compact JSON.
-  // Per vLLM endpoint, what its KV events say (issue 30): resident blocks of the prefix's, or why they are unknown,
-  // then the reasons it cannot be kept cached. Text only (set as text, never as HTML).
-  function fmtEngine(endpoints) {
-    return endpoints.map((e) => {
-      const blocks = e.events === "synced" && e.num_blocks !== null ? `${e.resident_blocks}/${e.num_blocks} blocks`
-        : e.events === "off" ? "no events" : e.events.replace("_", " ");
+  // Per vLLM endpoint, one line of what its KV events say (issue 30): the prefix's resident blocks of its full blocks,
+  // or why they are unknown, then the reasons it cannot be kept cached. Text only (set as text, never as HTML); the
+  // counts also as data-resident-blocks / data-num-blocks, per line (data-endpoint), for a script or a test to read.
+  function engineCell(endpoints) {
+    const lines = endpoints.map((e) => {
+      const counted = e.events === "synced" && e.num_blocks !== null && e.resident_blocks !== null;
+      const blocks = counted ? `${fmtInt(e.resident_blocks)}/${fmtInt(e.num_blocks)} blocks resident`
+        : e.events === "off" ? "no events" : e.events === "synced" ? "synced, blocks not known yet" : e.events.replace("_", " ");
       const keep = e.keepable === false ? ", not keepable" : "";
       const why = (e.why_not_cached || []).length ? " — " + e.why_not_cached.join("; ") : "";
-      return `${e.base_url}: ${blocks}${keep}${why}`;
-    }).join("\n") || "–";
+      return el("div", { "data-endpoint": e.base_url, "data-events": e.events,
+        "data-resident-blocks": counted ? e.resident_blocks : null, "data-num-blocks": counted ? e.num_blocks : null,
+        text: `${e.base_url}: ${blocks}${keep}${why}` });
+    });
+    return el("td", { "data-field": "engine", "data-value": endpoints.map((e) => e.resident_blocks).join(","), className: "text" },
+      ...(lines.length ? lines : ["–"]));
   }
 
+  // A value of any shape as short text: numbers formatted, objects as compact JSON.
   function fmtAny(value) {
     if (typeof value === "number") return fmtNum(value);
     if (value === null || value === undefined) return "–";
@@ -401,7 +407,7 @@
     setStatus("prefixes-status", prefixes.length ? more.trim() : "No prefix is registered.");
     const extraNames = [...new Set(stats.flatMap((s) => Object.keys(s).filter((k) => !KNOWN_PREFIX.has(k) && k !== "error")))];
     const head = el("tr", {}, ...["prefix", "version", "tokens", "pinned", "residency", "last warm", "last outcome",
-      "warms", "resident", "evicted", "errors", "skipped", "uses", "re-warm every", "engine (KV events)",
+      "warms", "resident", "evicted", "errors", "skipped", "uses", "re-warm every", "engine: resident / blocks (KV events)",
       ...extraNames.map(label)]
       .map((h) => el("th", { text: h })));
     const rows = stats.map((s) => {
@@ -422,7 +428,7 @@
         cell("num_skipped", s.num_skipped, fmtInt(s.num_skipped)),
         cell("num_uses", s.num_uses, fmtInt(s.num_uses)),
         cell("rewarm_interval_s", s.rewarm_interval_s, s.rewarm_interval_s.toFixed(1) + " s"),
-        cell("engine", (s.endpoints || []).map((e) => e.resident_blocks).join(","), fmtEngine(s.endpoints || []), "text"),
+        engineCell(s.endpoints || []),
         ...extraNames.map((name) => cell(name, s[name], fmtAny(s[name]))));
     });
     $("prefixes").replaceChildren(...(prefixes.length ? [head, ...rows] : []));

@@ -12,9 +12,9 @@ from ragcache.storage.processes import free_port
 
 class RecordingServer:
     """Loopback HTTP server that records every request, whatever its method, and answers ``status`` with ``body``
-    (a vLLM stand-in when ``body`` is None)."""
+    (a vLLM stand-in when ``body`` is None, whose /tokenize counts ``num_tokens``, numbered 0..num_tokens-1)."""
 
-    def __init__(self, status: int = 200, body: bytes | None = None) -> None:
+    def __init__(self, status: int = 200, body: bytes | None = None, num_tokens: int = 12) -> None:
         self.requests: list[tuple[str, str]] = []
         server = self
 
@@ -24,7 +24,7 @@ class RecordingServer:
             def _answer(self) -> None:
                 server.requests.append((self.command, self.path))
                 self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                payload = body if body is not None else _vllm_answer(self.path)
+                payload = body if body is not None else _vllm_answer(self.path, num_tokens)
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(payload)))
@@ -50,9 +50,9 @@ class RecordingServer:
         self._server.server_close()
 
 
-def _vllm_answer(path: str) -> bytes:
+def _vllm_answer(path: str, num_tokens: int) -> bytes:
     if path == "/tokenize":
-        return json.dumps({"count": 12, "tokens": list(range(12))}).encode()
+        return json.dumps({"count": num_tokens, "tokens": list(range(num_tokens))}).encode()
     if path == "/metrics":
         return b"# TYPE vllm:prefix_cache_queries counter\nvllm:prefix_cache_queries_total 0\n"
     return json.dumps({"usage": {"prompt_tokens": 12, "prompt_tokens_details": {"cached_tokens": 0}}}).encode()

@@ -13,6 +13,7 @@ import json
 import shutil
 import time
 import zlib
+from contextlib import closing
 from urllib.parse import urlsplit
 
 import httpx
@@ -24,11 +25,15 @@ from ragcache.settings import Settings
 from ragcache.storage.processes import free_port
 from tests.live_server import LiveServer
 from tests.models.remote.loopback import LoopbackServer, Received, Reply
+from tests.prefixes.kv_publisher import KVPublisher, removed, stored
+from tests.prefixes.recording_server import RecordingServer
 
 CHROMIUM = "/usr/bin/chromium"
 ADMIN_KEY = "ui-admin-key-0123456789"
 SEARCH_KEY = "ui-search-key-0123456789"
 WAIT_S = 60  # how long the page may take to show what the test waits for, on a loaded 2-core machine
+# The vLLM stand-in's /tokenize: 40 tokens, two full KV blocks of the registry's default 16 (its /metrics names none).
+ENGINE_TOKENS, ENGINE_BLOCK = 40, 16
 
 
 @pytest.fixture(scope="module")
@@ -36,10 +41,13 @@ def server(redis_server, tmp_path_factory):
     keys = {"keys": [{"name": "ops", "key": ADMIN_KEY, "scopes": "*"},
                      {"name": "app", "key": SEARCH_KEY, "scopes": ["search"]}]}
     no_vllm = f"http://127.0.0.1:{free_port()}"  # listed for prefixes: a service with keys calls no other URL
-    settings = Settings(redis_url=redis_server, data_dir=tmp_path_factory.mktemp("ui"), api_keys=json.dumps(keys),
-                        prefix_allowed_targets=[no_vllm])
-    with LiveServer(settings) as live:
-        with httpx.Client(base_url=live.url, timeout=120, headers={"Authorization": f"Bearer {ADMIN_KEY}"}) as admin:
+    # A second target that publishes KV events: a loopback vLLM stand-in and a ZMQ publisher of the tests' own.
+    with RecordingServer(num_tokens=ENGINE_TOKENS) as vllm, closing(KVPublisher().start()) as publisher:
+        events = {vllm.url: {"endpoint": publisher.endpoint, "replay_endpoint": publisher.replay_endpoint}}
+        settings = Settings(redis_url=redis_server, data_dir=tmp_path_factory.mktemp("ui"), api_keys=json.dumps(keys),
+                            prefix_allowed_targets=[no_vllm, vllm.url], prefix_kv_events=events)
+        headers = {"Authorization": f"Bearer {ADMIN_KEY}"}
+        with LiveServer(settings) as live, httpx.Client(base_url=live.url, timeout=120, headers=headers) as admin:
             documents = [
                 {"id": "kv", "text": "A KV cache keeps attention keys and values so a prefix is not computed again."},
                 {"id": "milvus", "text": "Milvus is a database for vector similarity search."},
@@ -50,7 +58,9 @@ def server(redis_server, tmp_path_factory):
             target = {"base_url": no_vllm, "model": "tiny"}
             prefix = {"name": "support", "text": "You are a support assistant. Answer from the context.\n\n", "target": target}
             assert admin.post("/prefixes", json=prefix).status_code in (200, 201)
-            live.admin = admin
+            engine = {"name": "engine", "text": "You answer from the context only.\n", "target": {"base_url": vllm.url, "model": "tiny"}}
+            assert admin.post("/prefixes", json=engine).status_code in (200, 201)
+            live.admin, live.vllm, live.publisher = admin, vllm, publisher
             yield live
 
 
@@ -176,6 +186,36 @@ def test_the_page_shows_what_stats_says_and_runs_a_search(page, server, tmp_path
     assert page.requested and all(urlsplit(request.url).netloc == origin for request in page.requested)
     assert not any(ADMIN_KEY in request.url for request in page.requested)
     assert ADMIN_KEY not in page.content()
+
+
+def engine_line(server) -> dict:
+    """The stats' residency of prefix "engine" on the stand-in, as ``GET /prefixes/engine`` has it too."""
+    view = server.admin.get("/prefixes/engine").json()
+    return next(r for r in view["residency"] if r["base_url"] == server.vllm.url)
+
+
+def test_the_prefix_table_shows_each_endpoints_resident_blocks_from_its_kv_events(page, server):
+    # Events once the subscriber is synced (a batch before would be replayed, but waiting keeps the test about the
+    # page). The blocks are counted once the first event has told the block size and a tick has the prefix's tokens.
+    wait_for(lambda: engine_line(server)["events"] == "synced", "a synced subscriber")
+    server.publisher.publish([stored([501, 502], None, list(range(2 * ENGINE_BLOCK)), ENGINE_BLOCK)])
+    open_with_key(page, server, ADMIN_KEY)
+    line = f'tr[data-prefix="engine"] [data-field="engine"] [data-endpoint="{server.vllm.url}"]'
+
+    def page_shows(resident: int) -> bool:
+        return page.locator(line).count() == 1 and page.get_attribute(line, "data-resident-blocks") == str(resident)
+
+    wait_for(lambda: page_shows(2), "2 resident blocks")
+    assert engine_line(server)["resident_blocks"] == 2
+    assert page.get_attribute(line, "data-num-blocks") == "2" and page.get_attribute(line, "data-events") == "synced"
+    assert page.inner_text(line).startswith(f"{server.vllm.url}: 2/2 blocks resident")
+    server.publisher.publish([removed([502])])  # the engine evicts the prefix's second block
+    wait_for(lambda: page_shows(1), "1 resident block after the eviction")
+    assert page.inner_text(line).startswith(f"{server.vllm.url}: 1/2 blocks resident")
+    # The target without events says so, on its own line.
+    support = 'tr[data-prefix="support"] [data-field="engine"] [data-endpoint]'
+    assert page.locator(support).count() == 1 and page.get_attribute(support, "data-events") == "off"
+    assert ": no events" in page.inner_text(support)
 
 
 def test_the_api_docs_render_from_this_origin_under_the_csp(page, server):
