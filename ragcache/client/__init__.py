@@ -10,7 +10,9 @@
 The KV-prefix registry's operations are here too (``register_prefix``, ``get_prefix``, ``warm_prefix``, ...),
 and ``render``/``messages`` build prompts locally from a registered prefix, byte for byte prefix-first, with
 retrieved chunks in a cache-friendly order (:func:`ragcache.prefixes.assemble_prompt`); the prefix is fetched
-once per ``prefix_refresh_s`` and uses are reported in batches (on refresh, or :meth:`flush_uses`).
+once per ``prefix_refresh_s`` and uses are reported in batches (on refresh, or :meth:`flush_uses`). With
+``route=True`` they also ask the service where to send the request (``POST /prefixes/{name}/route``) and return a
+``RoutedPrompt`` / ``RoutedMessages``: the prompt or messages with the chosen vLLM ``endpoint`` and its ``reason``.
 
 Every operation is written once (``_Operations``): it builds a ``_Call`` (method, path, JSON body, how to
 read the answer), and each class only sends it, so the two clients cannot drift apart. ``transport=`` is
@@ -35,6 +37,7 @@ the caller's to fix.
 
 from ragcache.client._clients import AsyncClient, Client
 from ragcache.client._operations import DEFAULT_BASE_URL
+from ragcache.client._routed import RoutedMessages, RoutedPrompt
 from ragcache.client._wire import SearchResponse
 from ragcache.errors import AuthenticationError, ServiceError, ServiceUnavailableError
 from ragcache.retrieval.ranking import SearchOptions
@@ -43,6 +46,8 @@ __all__ = [
     "Client",
     "AsyncClient",
     "SearchResponse",
+    "RoutedPrompt",
+    "RoutedMessages",
     "SearchOptions",
     "AuthenticationError",
     "ServiceUnavailableError",

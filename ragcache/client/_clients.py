@@ -7,11 +7,12 @@ import asyncio
 import itertools
 import time
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Literal, overload
 
 import httpx
 
 from ragcache.client._operations import _Operations
+from ragcache.client._routed import RoutedMessages, RoutedPrompt, check_route_flag, route_fields
 from ragcache.client._wire import _Call, _with_chunks
 from ragcache.prefixes.model import Prefix
 from ragcache.prefixes.text import Chunk, assemble_prompt, render_messages, render_text
@@ -33,15 +34,40 @@ class Client(_Operations):
                 return value
             time.sleep(delay)
 
-    def render(self, name: str, *, chunks: Iterable[Chunk] = (), volatile: str = "", **slots: Any) -> str:
+    @overload
+    def render(self, name: str, *, chunks: Iterable[Chunk] = (), volatile: str = "", route: Literal[False] = False,
+               **slots: Any) -> str: ...
+
+    @overload
+    def render(self, name: str, *, chunks: Iterable[Chunk] = (), volatile: str = "", route: Literal[True],
+               **slots: Any) -> RoutedPrompt: ...
+
+    def render(self, name: str, *, chunks: Iterable[Chunk] = (), volatile: str = "", route: bool = False,
+               **slots: Any) -> str | RoutedPrompt:
         """The prompt for prefix ``name``, built here: its text (``slots`` filled into a template), then
         ``chunks`` (search hits) by id, then ``volatile`` (the question, a date) last, so consecutive requests
-        share the longest possible prefix in vLLM's cache (:func:`ragcache.prefixes.assemble_prompt`)."""
-        return assemble_prompt(render_text(self._prefix(name), slots), chunks, volatile)
+        share the longest possible prefix in vLLM's cache (:func:`ragcache.prefixes.assemble_prompt`).
+        ``route=True``: a :class:`RoutedPrompt`, the prompt with the vLLM endpoint to send it to, asked of
+        ``POST /prefixes/{name}/route`` (one more call each time: a route is chosen per request)."""
+        check_route_flag(route)
+        prompt = assemble_prompt(render_text(self._prefix(name), slots), chunks, volatile)
+        return RoutedPrompt(prompt, **route_fields(self.route_prefix(name))) if route else prompt
 
-    def messages(self, name: str, user: str, *, chunks: Iterable[Chunk] = (), **slots: Any) -> list[dict[str, str]]:
-        """Chat form of :meth:`render`: the prefix (and ``chunks``) as the system message, then ``user``."""
-        return _with_chunks(render_messages(self._prefix(name), user, slots), chunks)
+    @overload
+    def messages(self, name: str, user: str, *, chunks: Iterable[Chunk] = (), route: Literal[False] = False,
+                 **slots: Any) -> list[dict[str, str]]: ...
+
+    @overload
+    def messages(self, name: str, user: str, *, chunks: Iterable[Chunk] = (), route: Literal[True],
+                 **slots: Any) -> RoutedMessages: ...
+
+    def messages(self, name: str, user: str, *, chunks: Iterable[Chunk] = (), route: bool = False,
+                 **slots: Any) -> list[dict[str, str]] | RoutedMessages:
+        """Chat form of :meth:`render`: the prefix (and ``chunks``) as the system message, then ``user``;
+        ``route=True``: a :class:`RoutedMessages`, with the endpoint as for :meth:`render`."""
+        check_route_flag(route)
+        messages = _with_chunks(render_messages(self._prefix(name), user, slots), chunks)
+        return RoutedMessages(messages, **route_fields(self.route_prefix(name))) if route else messages
 
     def flush_uses(self) -> None:
         """Report the uses counted by ``render``/``messages`` since the last report."""
@@ -82,14 +108,35 @@ class AsyncClient(_Operations):
                 return value
             await asyncio.sleep(delay)
 
-    async def render(self, name: str, *, chunks: Iterable[Chunk] = (), volatile: str = "", **slots: Any) -> str:
-        """As :meth:`Client.render`."""
-        return assemble_prompt(render_text(await self._prefix(name), slots), chunks, volatile)
+    @overload
+    async def render(self, name: str, *, chunks: Iterable[Chunk] = (), volatile: str = "", route: Literal[False] = False,
+                     **slots: Any) -> str: ...
 
-    async def messages(self, name: str, user: str, *, chunks: Iterable[Chunk] = (),
-                       **slots: Any) -> list[dict[str, str]]:
+    @overload
+    async def render(self, name: str, *, chunks: Iterable[Chunk] = (), volatile: str = "", route: Literal[True],
+                     **slots: Any) -> RoutedPrompt: ...
+
+    async def render(self, name: str, *, chunks: Iterable[Chunk] = (), volatile: str = "", route: bool = False,
+                     **slots: Any) -> str | RoutedPrompt:
+        """As :meth:`Client.render`."""
+        check_route_flag(route)
+        prompt = assemble_prompt(render_text(await self._prefix(name), slots), chunks, volatile)
+        return RoutedPrompt(prompt, **route_fields(await self.route_prefix(name))) if route else prompt  # type: ignore[misc]
+
+    @overload
+    async def messages(self, name: str, user: str, *, chunks: Iterable[Chunk] = (), route: Literal[False] = False,
+                       **slots: Any) -> list[dict[str, str]]: ...
+
+    @overload
+    async def messages(self, name: str, user: str, *, chunks: Iterable[Chunk] = (), route: Literal[True],
+                       **slots: Any) -> RoutedMessages: ...
+
+    async def messages(self, name: str, user: str, *, chunks: Iterable[Chunk] = (), route: bool = False,
+                       **slots: Any) -> list[dict[str, str]] | RoutedMessages:
         """As :meth:`Client.messages`."""
-        return _with_chunks(render_messages(await self._prefix(name), user, slots), chunks)
+        check_route_flag(route)
+        messages = _with_chunks(render_messages(await self._prefix(name), user, slots), chunks)
+        return RoutedMessages(messages, **route_fields(await self.route_prefix(name))) if route else messages  # type: ignore[misc]
 
     async def flush_uses(self) -> None:
         """As :meth:`Client.flush_uses`."""

@@ -14,7 +14,8 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from prometheus_client import CollectorRegistry, generate_latest
 
-from ragcache.client import Client
+from ragcache.client import AsyncClient, Client, RoutedMessages, RoutedPrompt
+from ragcache.errors import InvalidInputError
 from ragcache.prefixes import (
     EventsConfig,
     FilePrefixStore,
@@ -184,6 +185,37 @@ def test_the_client_asks_where_to_send_a_request(setup, publisher):
         assert wait_until(lambda: client.route_prefix("sys")["reason"] == "resident")
         answer = client.route_prefix("sys")
     assert answer["endpoint"] == TARGET.base_url and answer["candidates"][0]["resident_blocks"] == 3
+
+
+def routed_app(registry: PrefixRegistry) -> FastAPI:
+    """The prefixes API on ``registry``, in process."""
+    app = FastAPI()
+    app.state.prefixes = registry
+    app.include_router(router)
+    return app
+
+
+async def test_render_and_messages_carry_the_route_when_asked(setup, publisher):
+    registry, _, _ = setup
+    app = routed_app(registry)
+    registry.register(PrefixSpec("sys", SYSTEM + "{q}", TARGET, is_template=True, endpoints=("http://vllm-b.test",)))
+    store_blocks(publisher, 10)
+    registry.tick()
+    assert wait_until(lambda: registry.route("sys").reason == "resident")
+    with TestClient(app) as http, Client("http://ragcache.test", transport=transport_to(http)) as client:
+        assert client.render("sys", q="why?") == SYSTEM + "why?"  # the default: the prompt alone, as before
+        assert client.render("sys", q="why?", route=True) == RoutedPrompt(SYSTEM + "why?", TARGET.base_url, "resident")
+        routed = client.messages("sys", "hi", q="why?", route=True)
+        assert routed == RoutedMessages([{"role": "system", "content": SYSTEM + "why?"}, {"role": "user", "content": "hi"}],
+                                        TARGET.base_url, "resident")
+        assert client.messages("sys", "hi", q="why?") == routed.messages
+        with pytest.raises(InvalidInputError, match="routing switch") as refused:
+            client.render("sys", q="why?", route="a slot")  # type: ignore[call-overload]
+        assert refused.value.field == "route"
+    async with AsyncClient("http://ragcache.test", transport=httpx.ASGITransport(app=app)) as aclient:
+        assert await aclient.render("sys", q="why?", route=True) == RoutedPrompt(SYSTEM + "why?", TARGET.base_url, "resident")
+        assert (await aclient.messages("sys", "hi", q="why?", route=True)).endpoint == TARGET.base_url
+        assert await aclient.render("sys", q="why?") == SYSTEM + "why?"
 
 
 def test_get_prefix_shows_its_residency_on_each_endpoint(setup, publisher):
