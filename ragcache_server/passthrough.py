@@ -14,7 +14,7 @@ hits: pass-through decides who pays, not who may use the service (that is what r
 from __future__ import annotations
 
 from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager
 
 from fastapi import Request
 
@@ -47,11 +47,11 @@ def caller_key_of(request: Request) -> ApiKey | None:
     return ApiKey(token.strip())
 
 
-def caller_scope(request: Request, cache: EmbeddingCache) -> Callable[[list[str]], AbstractContextManager]:
+def caller_scope(request: Request, cache: EmbeddingCache) -> Callable[[list[str]], AbstractContextManager] | None:
     """What to enter around the cache call for ``texts``: the caller's key for their misses when ``cache``'s
-    model passes keys through (headers read only then), else nothing."""
+    model passes keys through (headers read only then); None when there is nothing to enter."""
     encoder = cache.encoder
     if not isinstance(encoder, RemoteEncoder) or not encoder.model.pass_through_auth:
-        return lambda texts: nullcontext()
+        return None
     api_key = caller_key_of(request)
     return lambda texts: encoder.caller_key(cache.model_inputs(texts), api_key)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 
 import numpy as np
 from fastapi import APIRouter, Request
@@ -14,6 +14,7 @@ from ragcache import InvalidInputError, InvalidTextError
 from ragcache.core import EmbeddingCache, EmbedResult, Tokenizer
 from ragcache.models import prompt_name_of
 from ragcache_server.deps import blocking, cache_of, check_count, check_text_size, served_count_headers, state_of
+from ragcache_server.embed_groups import EmbedGroups
 from ragcache_server.embed_path import EmbedCall, call_of, check_dimensions, openai_base64_answer
 from ragcache_server.errors import HTTPError
 from ragcache_server.passthrough import caller_scope
@@ -50,12 +51,14 @@ def served_headers(result: EmbedResult) -> dict[str, str]:
 
 
 async def embed_through_cache(
-    cache: EmbeddingCache, texts: list[str], *, normalize: bool, truncate: bool, field: str, scope=lambda texts: nullcontext(),
-    count_tokens: Callable[[list[str]], int] | None = None,
+    cache: EmbeddingCache, texts: list[str], *, normalize: bool, truncate: bool, field: str,
+    scope: Callable[[list[str]], AbstractContextManager] | None = None, count_tokens: Callable[[list[str]], int] | None = None,
+    groups: EmbedGroups | None = None,
 ) -> tuple[EmbedResult, int | None]:
     """The texts' vectors, and with ``count_tokens`` their total token count (OpenAI's ``usage``) when the walk
     needs a worker thread anyway: counted in that thread, so that a miss costs one hand-off, not two; None when
-    L1 answered on the event loop."""
+    L1 answered on the event loop. ``scope``: what to enter around the walk (a pass-through caller's key);
+    ``groups``: walk the texts with other requests' (``ragcache_server.embed_groups``) when nothing is to be entered."""
     # All in L1 (the common case for repeated texts): answer on the event loop, no thread hop. Only when
     # truncating: a cached vector says nothing about whether its text would pass the length check.
     probe = None
@@ -73,10 +76,12 @@ async def embed_through_cache(
                 raise  # not valid Unicode: a 422 naming the item, not a length
             except InvalidInputError as exc:
                 raise HTTPError(413, str(exc), field=exc.field) from exc
-        with scope(texts):  # a remote model's pass-through: the caller's own key for their misses
+        with scope(texts) if scope is not None else nullcontext():  # pass-through: the caller's own key for their misses
             result = cache.embed_detailed(texts, normalize=normalize, probe=probe)
         return result, count_tokens(texts) if count_tokens is not None else None
 
+    if probe is not None and scope is None and groups is not None:
+        return await groups.embed(cache, texts, normalize=normalize, count_tokens=count_tokens)
     # The cache blocks (Redis, Milvus, the model): it runs in a worker thread, off the event loop. At the
     # request deadline the thread is abandoned, not awaited; what it computes still lands in the cache.
     return await blocking(work)
@@ -111,7 +116,8 @@ async def answer(call: EmbedCall, request: Request) -> Response:
     known_tokens = token_counts.known_total(texts) if token_counts is not None else None
     result, num_tokens = await embed_through_cache(
         cache, texts, normalize=call.normalize, truncate=truncate, field=call.field, scope=caller_scope(request, cache),
-        count_tokens=token_counts.total if token_counts is not None and known_tokens is None else None)
+        count_tokens=token_counts.total if token_counts is not None and known_tokens is None else None,
+        groups=request.app.state.embed_groups)
     headers = served_headers(result)
     if call.shape == "tei":
         return JSONResponse(result.vectors, headers=headers)

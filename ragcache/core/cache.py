@@ -243,8 +243,39 @@ class EmbeddingCache:
                 current.set_attributes(_served_attributes(result))
                 return result
 
+    def embed_requests(self, requests: Sequence[Sequence[str]], *, normalize: bool = False,
+                       scope: Scope | None = None) -> list[EmbedResult]:
+        """Several requests' texts walked as one: one key lookup per level, one wait for the model, one write per
+        level, each request answered (``EmbedResult`` in order) and counted (``stats``: its hits, misses and a request)
+        as its own. What a server does with requests that arrive together: the walk's fixed costs (a round trip per
+        level, the hand-offs between threads) are paid once. A text two of them carry is looked up once and counted
+        in each, as two concurrent requests are."""
+        texts = [text for request in requests for text in request]
+        started = self._clock()
+        with self._calls:
+            if self._tracer is None:
+                result = self._embed_detailed(texts, normalize=normalize, as_tensor=False, scope=scope, probe=None, record=False)
+            else:
+                attributes: dict[str, str | int] = {"ragcache.num_texts": len(texts), "ragcache.num_requests": len(requests),
+                                                    "ragcache.model": self.space.model}
+                with self._tracer.start_as_current_span("ragcache.embed", attributes=attributes) as current:
+                    result = self._embed_detailed(texts, normalize=normalize, as_tensor=False, scope=scope, probe=None, record=False)
+                    current.set_attributes(_served_attributes(result))
+        latency_s = self._clock() - started
+        results, start = [], 0
+        computed = len(self.level_names) - 1
+        for request in requests:
+            end = start + len(request)
+            part = EmbedResult(result.vectors[start:end], result.levels[start:end], result.level_names)
+            num_computed = int((part.levels == computed).sum())
+            self._record_request(self._scope if scope is None else scope, hits=len(request) - num_computed,
+                                 misses=num_computed, latency_s=latency_s)
+            results.append(part)
+            start = end
+        return results
+
     def _embed_detailed(self, texts: Sequence[str], *, normalize: bool, as_tensor: bool, scope: Scope | None,
-                        probe: Probe | None) -> EmbedResult:
+                        probe: Probe | None, record: bool = True) -> EmbedResult:
         scope = self._scope if scope is None else scope
         if probe is not None:
             if probe.scope != scope or len(probe.keys) != len(texts):
@@ -289,8 +320,8 @@ class EmbeddingCache:
                                                  prompt=scope.prompt_text)
 
         # A vector another replica computed while this one waited counts as a hit: nothing was computed here.
-        num_served = len(keys) - num_computed
-        self._record_request(scope, hits=num_served, misses=num_computed, latency_s=self._clock() - started)
+        if record:
+            self._record_request(scope, hits=len(keys) - num_computed, misses=num_computed, latency_s=self._clock() - started)
         if inverse is not None:
             index = torch.tensor(inverse, device=self.device)
             vectors, levels = vectors.index_select(0, index), levels[inverse]

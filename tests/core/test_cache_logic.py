@@ -344,3 +344,24 @@ def test_one_cache_serves_every_scope_with_keys_of_its_own_and_no_thread_of_its_
     assert {name: (figures.texts, figures.hits) for name, figures in tenants.items()} == {"acme": (2, 1)}
     assert cache.stats().texts == 6
 
+
+
+def test_requests_walked_together_are_answered_and_counted_each_as_its_own():
+    encoder = HashEncoder(DIM)
+    l1, l2 = levels()
+    cache = EmbeddingCache(encoder, [l1, l2], write_behind=False)
+    cache.embed(["a"])  # in L1 now
+    encoder.calls.clear()
+    l1.asked.clear(), l2.asked.clear()
+
+    first, second, third = cache.embed_requests([["a", "b"], ["c"], ["b", "d"]])
+    # One walk: each level asked once for the keys still missing, one model call for the distinct new texts.
+    assert len(l2.asked) == 1 and sorted(encoder.calls[0]) == ["b", "c", "d"] and len(encoder.calls) == 1
+    assert first.served == {"L1": 1, "L2": 0, "compute": 1}
+    assert second.served == {"L1": 0, "L2": 0, "compute": 1}
+    assert third.served == {"L1": 0, "L2": 0, "compute": 2}  # "b" counts in both requests, as when concurrent
+    for result, texts in ((first, ["a", "b"]), (second, ["c"]), (third, ["b", "d"])):
+        np.testing.assert_array_equal(result.vectors, encoder.encode(texts).numpy())
+    stats = cache.stats()
+    # embed(["a"]) included; "b" computed in both requests that carry it, as two concurrent requests count it
+    assert (stats.requests, stats.texts, stats.hits, stats.texts_computed) == (4, 6, 1, 5)
