@@ -8,6 +8,7 @@ under CI (CI=true), where a skipped vLLM test is turned into a failure: CI must 
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import httpx
@@ -21,6 +22,16 @@ from ragcache_testing.vllm import VLLMServer, VLLMServerConfig
 # The tests assume this block size (BLOCK_SIZE in test_prefix_registry_vllm.py).
 NUM_BLOCKS = 128
 BLOCK_SIZE = 32
+
+
+def wait_for(predicate, timeout_s: float, what: str) -> float:
+    """Seconds until ``predicate`` held: a correctness wait with a generous deadline, never asserted on."""
+    start = time.monotonic()
+    while time.monotonic() - start < timeout_s:
+        if predicate():
+            return time.monotonic() - start
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
 
 
 @pytest.fixture(scope="session")

@@ -5,27 +5,15 @@ the replica that holds it (why-not-cached: tests/vllm/test_prefix_reasons_vllm.p
 from __future__ import annotations
 
 import random
-import time
 
 import pytest
 
 from ragcache.prefixes import EventsConfig, PrefixRegistry, PrefixRegistryConfig, PrefixSpec
 from ragcache_bench.prefixes import build_prefix_text
-
-BLOCK_SIZE = 32  # the server fixture's block size (tests/vllm/conftest.py)
-NUM_BLOCKS = 128
+from tests.vllm.conftest import BLOCK_SIZE, wait_for
 
 pytestmark = pytest.mark.vllm
 
-
-def _wait_for(predicate, timeout_s: float, what: str) -> float:
-    """Seconds until ``predicate`` held (a correctness wait with a generous deadline, printed, never asserted on)."""
-    start = time.monotonic()
-    while time.monotonic() - start < timeout_s:
-        if predicate():
-            return time.monotonic() - start
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
 
 
 @pytest.fixture
@@ -40,7 +28,7 @@ def registry(vllm_server, http, tmp_path):
     reg.start()
     subscriber = reg._keep_warm.engines.subscriber(vllm_server.base_url)
     assert subscriber is not None
-    _wait_for(lambda: subscriber.synced, 30, "the subscriber to sync with vLLM's publisher")
+    wait_for(lambda: subscriber.synced, 30, "the subscriber to sync with vLLM's publisher")
     yield reg
     reg.close()
 
@@ -60,7 +48,7 @@ def _churn(http, target, seed: int) -> None:
 
 def test_events_drive_residency_and_a_churned_out_prefix_is_warmed_back(registry, http, target):
     registry.register(PrefixSpec("events-sys", build_prefix_text(http, target, 600), target))
-    _wait_for(lambda: (_endpoint(registry, "events-sys").num_blocks or 0) > 0 and
+    wait_for(lambda: (_endpoint(registry, "events-sys").num_blocks or 0) > 0 and
               _endpoint(registry, "events-sys").resident_blocks == _endpoint(registry, "events-sys").num_blocks,
               60, "the prefix's blocks in the engine's events")
     stats = _endpoint(registry, "events-sys")
@@ -70,20 +58,20 @@ def test_events_drive_residency_and_a_churned_out_prefix_is_warmed_back(registry
     warms_before = registry.prefix_stats("events-sys").num_warms
 
     _churn(http, target, 1)  # evicts the prefix: the events show it, and the registry warms it on eviction
-    seen_s = _wait_for(lambda: registry.prefix_stats("events-sys").num_warms > warms_before, 60,
+    seen_s = wait_for(lambda: registry.prefix_stats("events-sys").num_warms > warms_before, 60,
                        "a warm on eviction")
     print(f"a warm went out {seen_s:.2f}s after the churn ended")
-    _wait_for(lambda: _endpoint(registry, "events-sys").resident_blocks == _endpoint(registry, "events-sys").num_blocks,
+    wait_for(lambda: _endpoint(registry, "events-sys").resident_blocks == _endpoint(registry, "events-sys").num_blocks,
               60, "the prefix resident again")
     assert _endpoint(registry, "events-sys").keepable
 
 
 def test_no_timer_warm_while_the_events_show_the_prefix_whole(registry, http, target):
     registry.register(PrefixSpec("events-quiet", build_prefix_text(http, target, 300), target))
-    _wait_for(lambda: _endpoint(registry, "events-quiet").resident_blocks == _endpoint(registry, "events-quiet").num_blocks
+    wait_for(lambda: _endpoint(registry, "events-quiet").resident_blocks == _endpoint(registry, "events-quiet").num_blocks
               and (_endpoint(registry, "events-quiet").num_blocks or 0) > 0, 60, "the prefix resident by the events")
     warms = registry.prefix_stats("events-quiet").num_warms
     # Its timer falls due 5 s after the prime (initial_rewarm_interval_s): the events say whole, so nothing is sent.
-    _wait_for(lambda: _endpoint(registry, "events-quiet").num_warms_avoided >= 1, 30, "the due warm avoided")
+    wait_for(lambda: _endpoint(registry, "events-quiet").num_warms_avoided >= 1, 30, "the due warm avoided")
     assert registry.prefix_stats("events-quiet").num_warms == warms
 

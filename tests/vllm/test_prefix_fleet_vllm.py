@@ -14,8 +14,8 @@ from ragcache.prefixes.model import WarmOutcome
 from ragcache.prefixes.policy import judge_residency
 from ragcache_bench.prefixes import build_prefix_text, count_tokens
 from ragcache_testing.service import ServiceProcess
+from tests.vllm.conftest import BLOCK_SIZE, wait_for
 
-BLOCK_SIZE = 32  # tests/vllm/conftest.py
 pytestmark = pytest.mark.vllm
 
 
@@ -86,14 +86,6 @@ def warms_by_endpoint(replica: ServiceProcess) -> dict[str, int]:
     return {e["base_url"]: e["num_warms"] for e in stats["endpoints"]}
 
 
-def _wait_for(predicate, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-
 
 LEASE_TTL_S = 3.0
 
@@ -134,5 +126,5 @@ def test_two_ragcache_replicas_send_one_schedule_and_a_survivor_takes_over(
     survivor = ragcache_pair[other]
     start = warms_by_endpoint(survivor)
     ragcache_pair[holder].process.kill()  # dies without a word: its leases only expire
-    _wait_for(lambda: all(n > start[url] for url, n in warms_by_endpoint(survivor).items()),
+    wait_for(lambda: all(n > start[url] for url, n in warms_by_endpoint(survivor).items()),
               LEASE_TTL_S + 15, "the survivor to warm both endpoints")

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import random
 import threading
-import time
 
 import httpx
 import pytest
@@ -22,19 +21,10 @@ import pytest
 from ragcache.prefixes import EventsConfig, PrefixRegistry, PrefixRegistryConfig, PrefixSpec, Target, WarmOutcome
 from ragcache_bench.prefixes import build_prefix_text, count_tokens
 from ragcache_testing.vllm import VLLMServer, VLLMServerConfig
-from tests.vllm.conftest import BLOCK_SIZE, NUM_BLOCKS
+from tests.vllm.conftest import BLOCK_SIZE, NUM_BLOCKS, wait_for
 
 pytestmark = pytest.mark.vllm
 
-
-def _wait_for(predicate, timeout_s: float, what: str) -> float:
-    """Seconds until ``predicate`` held (a correctness wait with a generous deadline, never asserted on)."""
-    start = time.monotonic()
-    while time.monotonic() - start < timeout_s:
-        if predicate():
-            return time.monotonic() - start
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
 
 
 def _config(tmp_path, **overrides) -> PrefixRegistryConfig:
@@ -54,7 +44,7 @@ def registry(vllm_server, http, tmp_path):
     reg.start()
     subscriber = reg._keep_warm.engines.subscriber(vllm_server.base_url)
     assert subscriber is not None
-    _wait_for(lambda: subscriber.synced, 30, "the subscriber to sync with vLLM's publisher")
+    wait_for(lambda: subscriber.synced, 30, "the subscriber to sync with vLLM's publisher")
     yield reg
     reg.close()
 
@@ -100,7 +90,7 @@ def test_a_volatile_part_in_the_prefix_is_named(registry, http, target):
 def test_a_kv_cache_too_small_for_the_prefix_plus_the_traffic_is_named(registry, http, target):
     text = build_prefix_text(http, target, 1500)
     registry.register(PrefixSpec("big", text, target))
-    _wait_for(lambda: (registry.prefix_stats("big").endpoints[0].num_blocks or 0) > 0, 60, "the prefix's blocks")
+    wait_for(lambda: (registry.prefix_stats("big").endpoints[0].num_blocks or 0) > 0, 60, "the prefix's blocks")
     num_blocks = registry.prefix_stats("big").endpoints[0].num_blocks
     stop = threading.Event()
 
@@ -117,7 +107,7 @@ def test_a_kv_cache_too_small_for_the_prefix_plus_the_traffic_is_named(registry,
     for thread in threads:
         thread.start()
     try:
-        seen_s = _wait_for(lambda: not registry.prefix_stats("big").endpoints[0].keepable, 180,
+        seen_s = wait_for(lambda: not registry.prefix_stats("big").endpoints[0].keepable, 180,
                            "the prefix reported not keepable")
     finally:
         stop.set()

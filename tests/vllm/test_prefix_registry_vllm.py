@@ -16,8 +16,7 @@ from ragcache.prefixes import (
 from ragcache.prefixes.policy import judge_residency
 from ragcache.prefixes.tokens import LocalTokenCounter
 from ragcache_bench.prefixes import ChurnConfig, build_prefix_text, count_tokens, run_side_by_side
-
-BLOCK_SIZE = 32  # the server fixture's block size (tests/vllm/conftest.py)
+from tests.vllm.conftest import BLOCK_SIZE, wait_for
 
 pytestmark = pytest.mark.vllm
 
@@ -46,14 +45,6 @@ def _user_request(http, target, prompt: str) -> dict:
     r.raise_for_status()
     return r.json()["usage"]
 
-
-def _wait_for(predicate, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
 
 
 def test_registered_prefix_is_warmed_and_next_request_hits(registry, http, target, prefix_text):
@@ -125,20 +116,20 @@ def test_vllm_restart_is_detected_and_prefix_rewarmed(registry, vllm_server, htt
     registry.register(PrefixSpec("survivor", prefix_text, target))
     registry.start()
     vllm_server.stop()
-    _wait_for(lambda: not _target(registry, target).up, 30, "the target to be reported down")
+    wait_for(lambda: not _target(registry, target).up, 30, "the target to be reported down")
     assert registry.get("survivor").version == 1  # the entry is kept while vLLM is down
     down_result = registry.register(PrefixSpec("registered-while-down", prefix_text + "Extra.\n", target))
     assert down_result.warm is not None and down_result.warm.outcome in (WarmOutcome.ERROR, WarmOutcome.SKIPPED)
 
     restarted_at = time.time()
     vllm_server.start()
-    _wait_for(lambda: _target(registry, target).up, 60, "the target to be reported up again")
+    wait_for(lambda: _target(registry, target).up, 60, "the target to be reported up again")
     def rewarmed(name: str) -> bool:
         stats = registry.prefix_stats(name)
         return (stats.last_warm_at or 0) > restarted_at and stats.last_outcome is not WarmOutcome.ERROR
 
     for name in ("survivor", "registered-while-down"):
-        _wait_for(functools.partial(rewarmed, name), 30, f"{name} re-warmed")
+        wait_for(functools.partial(rewarmed, name), 30, f"{name} re-warmed")
     num_tokens = count_tokens(http, target, prefix_text)
     usage = _user_request(http, target, prefix_text + "After the restart?")
     assert judge_residency(num_tokens, usage["prompt_tokens_details"]["cached_tokens"], BLOCK_SIZE)
