@@ -267,7 +267,8 @@ class EmbeddingCache:
         for request in requests:
             end = start + len(request)
             part = EmbedResult(result.vectors[start:end], result.levels[start:end], result.level_names)
-            num_computed = int((part.levels == computed).sum())
+            # As embed_detailed counts a request: a text it carries twice is computed once, and its repeat a hit.
+            num_computed = len({text for text, level in zip(request, part.levels) if level == computed})
             self._record_request(self._scope if scope is None else scope, hits=len(request) - num_computed,
                                  misses=num_computed, latency_s=latency_s)
             results.append(part)

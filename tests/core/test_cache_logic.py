@@ -354,14 +354,19 @@ def test_requests_walked_together_are_answered_and_counted_each_as_its_own():
     encoder.calls.clear()
     l1.asked.clear(), l2.asked.clear()
 
-    first, second, third = cache.embed_requests([["a", "b"], ["c"], ["b", "d"]])
+    first, second, third, fourth = cache.embed_requests([["a", "b"], ["c"], ["b", "d"], ["e", "e"]])
     # One walk: each level asked once for the keys still missing, one model call for the distinct new texts.
-    assert len(l2.asked) == 1 and sorted(encoder.calls[0]) == ["b", "c", "d"] and len(encoder.calls) == 1
+    assert len(l2.asked) == 1 and sorted(encoder.calls[0]) == ["b", "c", "d", "e"] and len(encoder.calls) == 1
     assert first.served == {"L1": 1, "L2": 0, "compute": 1}
     assert second.served == {"L1": 0, "L2": 0, "compute": 1}
     assert third.served == {"L1": 0, "L2": 0, "compute": 2}  # "b" counts in both requests, as when concurrent
-    for result, texts in ((first, ["a", "b"]), (second, ["c"]), (third, ["b", "d"])):
+    assert fourth.served == {"L1": 0, "L2": 0, "compute": 2}  # each input's level, as embed_detailed gives it
+    for result, texts in ((first, ["a", "b"]), (second, ["c"]), (third, ["b", "d"]), (fourth, ["e", "e"])):
         np.testing.assert_array_equal(result.vectors, encoder.encode(texts).numpy())
     stats = cache.stats()
-    # embed(["a"]) included; "b" computed in both requests that carry it, as two concurrent requests count it
-    assert (stats.requests, stats.texts, stats.hits, stats.texts_computed) == (4, 6, 1, 5)
+    # embed(["a"]) included. "b" is computed in both requests that carry it, as two concurrent requests count it;
+    # "e", twice in one request, is computed once there and its repeat is a hit, as embed_detailed counts it.
+    assert (stats.requests, stats.texts, stats.hits, stats.texts_computed) == (5, 8, 2, 6)
+    alone = EmbeddingCache(HashEncoder(DIM), levels(), write_behind=False)
+    alone.embed_detailed(["e", "e"])
+    assert (alone.stats().hits, alone.stats().texts_computed) == (1, 1)
