@@ -97,8 +97,11 @@ def _vectors(response: httpx.Response) -> np.ndarray:
 def _gather_behind_two_walks(server, upstream, pool: ThreadPoolExecutor, late: list[list[str]]):
     """Two requests walk (held at the upstream's gate); ``late`` arrive meanwhile and gather into one group."""
     groups = server.app.state.embed_groups
-    early = [pool.submit(_post, server.url, [f"early {i}"]) for i in range(2)]
-    assert poll_until(lambda: groups.num_groups == 2 and upstream.num_calls >= 1, timeout_s=WAIT_S), "two walks in flight"
+    # One at a time: two requests that reach the service in one turn of its loop would share one group.
+    early = [pool.submit(_post, server.url, ["early 0"])]
+    assert poll_until(lambda: groups.num_groups == 1 and upstream.num_calls == 1, timeout_s=WAIT_S), "a walk at the gate"
+    early.append(pool.submit(_post, server.url, ["early 1"]))
+    assert poll_until(lambda: groups.num_groups == 2, timeout_s=WAIT_S), "a second walk, waiting for the model"
     waiting = [pool.submit(_post, server.url, texts) for texts in late]
     assert poll_until(lambda: groups.num_waiting == len(late), timeout_s=WAIT_S), "the late requests gathered"
     upstream.gate.set()
