@@ -234,12 +234,17 @@ class EmbeddingCache:
         """Like ``embed``, plus the level that served each input. ``probe``: this request's resident probe
         (``probe``, for the same texts and scope), continued from where it stopped. ``scope``: the request's
         (None: this view's, ``scoped``)."""
+        return self._walk(texts, {}, normalize=normalize, as_tensor=as_tensor, scope=scope, probe=probe)
+
+    def _walk(self, texts: Sequence[str], span_attributes: dict[str, str | int], **options) -> EmbedResult:
+        """``_embed_detailed(texts, **options)`` as one call in progress, in a ``ragcache.embed`` span when tracing."""
         with self._calls:
             if self._tracer is None:
-                return self._embed_detailed(texts, normalize=normalize, as_tensor=as_tensor, scope=scope, probe=probe)
-            attributes: dict[str, str | int] = {"ragcache.num_texts": len(texts), "ragcache.model": self.space.model}
+                return self._embed_detailed(texts, **options)
+            attributes: dict[str, str | int] = {"ragcache.num_texts": len(texts), "ragcache.model": self.space.model,
+                                                **span_attributes}
             with self._tracer.start_as_current_span("ragcache.embed", attributes=attributes) as current:
-                result = self._embed_detailed(texts, normalize=normalize, as_tensor=as_tensor, scope=scope, probe=probe)
+                result = self._embed_detailed(texts, **options)
                 current.set_attributes(_served_attributes(result))
                 return result
 
@@ -252,15 +257,8 @@ class EmbeddingCache:
         in each, as two concurrent requests are."""
         texts = [text for request in requests for text in request]
         started = self._clock()
-        with self._calls:
-            if self._tracer is None:
-                result = self._embed_detailed(texts, normalize=normalize, as_tensor=False, scope=scope, probe=None, record=False)
-            else:
-                attributes: dict[str, str | int] = {"ragcache.num_texts": len(texts), "ragcache.num_requests": len(requests),
-                                                    "ragcache.model": self.space.model}
-                with self._tracer.start_as_current_span("ragcache.embed", attributes=attributes) as current:
-                    result = self._embed_detailed(texts, normalize=normalize, as_tensor=False, scope=scope, probe=None, record=False)
-                    current.set_attributes(_served_attributes(result))
+        result = self._walk(texts, {"ragcache.num_requests": len(requests)}, normalize=normalize, as_tensor=False, scope=scope,
+                            probe=None, record=False)
         latency_s = self._clock() - started
         results, start = [], 0
         computed = len(self.level_names) - 1

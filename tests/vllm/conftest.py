@@ -34,6 +34,15 @@ def wait_for(predicate, timeout_s: float, what: str) -> float:
     raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
 
 
+def started_with_events(registry, vllm_server):
+    """``registry`` started, once its KV-events subscriber to ``vllm_server`` has synced (a fixture yields it)."""
+    registry.start()
+    subscriber = registry._keep_warm.engines.subscriber(vllm_server.base_url)
+    assert subscriber is not None
+    wait_for(lambda: subscriber.synced, 30, "the subscriber to sync with vLLM's publisher")
+    return registry
+
+
 @pytest.fixture(scope="session")
 def vllm_paths() -> tuple[Path, Path]:
     python = os.environ.get("RAGCACHE_VLLM_PYTHON")

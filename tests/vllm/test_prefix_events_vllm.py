@@ -10,7 +10,7 @@ import pytest
 
 from ragcache.prefixes import EventsConfig, PrefixRegistry, PrefixRegistryConfig, PrefixSpec
 from ragcache_bench.prefixes import build_prefix_text
-from tests.vllm.conftest import BLOCK_SIZE, wait_for
+from tests.vllm.conftest import BLOCK_SIZE, started_with_events, wait_for
 
 pytestmark = pytest.mark.vllm
 
@@ -25,11 +25,7 @@ def registry(vllm_server, http, tmp_path):
                                   metrics_interval_s=0.5, default_block_size=BLOCK_SIZE, warm_max_waiting=None,
                                   kv_events=events)
     reg = PrefixRegistry.create(config, http=http)
-    reg.start()
-    subscriber = reg._keep_warm.engines.subscriber(vllm_server.base_url)
-    assert subscriber is not None
-    wait_for(lambda: subscriber.synced, 30, "the subscriber to sync with vLLM's publisher")
-    yield reg
+    yield started_with_events(reg, vllm_server)
     reg.close()
 
 

@@ -21,7 +21,7 @@ import pytest
 from ragcache.prefixes import EventsConfig, PrefixRegistry, PrefixRegistryConfig, PrefixSpec, Target, WarmOutcome
 from ragcache_bench.prefixes import build_prefix_text, count_tokens
 from ragcache_testing.vllm import VLLMServer, VLLMServerConfig
-from tests.vllm.conftest import BLOCK_SIZE, NUM_BLOCKS, wait_for
+from tests.vllm.conftest import BLOCK_SIZE, NUM_BLOCKS, started_with_events, wait_for
 
 pytestmark = pytest.mark.vllm
 
@@ -41,11 +41,7 @@ def registry(vllm_server, http, tmp_path):
     events = {vllm_server.base_url: EventsConfig(vllm_server.config.kv_events_endpoint,
                                                  vllm_server.config.kv_replay_endpoint)}
     reg = PrefixRegistry.create(_config(tmp_path, kv_events=events, unkeepable_within_s=10.0), http=http)
-    reg.start()
-    subscriber = reg._keep_warm.engines.subscriber(vllm_server.base_url)
-    assert subscriber is not None
-    wait_for(lambda: subscriber.synced, 30, "the subscriber to sync with vLLM's publisher")
-    yield reg
+    yield started_with_events(reg, vllm_server)
     reg.close()
 
 
