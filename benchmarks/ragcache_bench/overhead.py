@@ -214,6 +214,16 @@ def _miss_blocks(ctx: BenchContext, upstream: InstantUpstream, service: ServiceP
     return direct, cached, floors
 
 
+def _summed(blocks: list[Block]) -> Block:
+    """Several blocks as one: their texts, seconds, CPU and levels added up."""
+    served: dict[str, int] = {}
+    for block in blocks:
+        for level, count in block.served_by_level.items():
+            served[level] = served.get(level, 0) + count
+    return Block(sum(b.texts for b in blocks), sum(b.seconds for b in blocks), sum(b.cpu_s for b in blocks), served,
+                 sum(b.others_cpu_s for b in blocks))
+
+
 def _hit_block(upstream: InstantUpstream, service: ServiceProcess, encoding: str, num_requests: int) -> Block:
     body = {"model": upstream.model, "input": [f"a repeated text {i}" for i in range(TEXTS_PER_REQUEST)],
             "encoding_format": encoding}
@@ -250,8 +260,15 @@ def bench_overhead(ctx: BenchContext) -> BenchResult:
                     blocks[name]["direct"] += direct
                     blocks[name]["cached"] += cached
                     blocks[name]["floor"] += floors
-            hits = {name: {encoding: _hit_block(upstream, service, encoding, num_requests * 2) for encoding in ("float", "base64")}
-                    for name, service in services.items()}
+            # L1 hits alternate between the configurations too, block by block: one sequential block each put a
+            # change of load on one of them (28.3 read 1.38x in one run and 0.62x in another for 0.004 ms apart).
+            hit_blocks: dict[str, dict[str, list[Block]]] = {name: {"float": [], "base64": []} for name in services}
+            for _ in range(num_blocks):
+                for name, service in services.items():
+                    for encoding, got in hit_blocks[name].items():
+                        got.append(_hit_block(upstream, service, encoding, num_requests))
+            hits = {name: {encoding: _summed(got) for encoding, got in by_encoding.items()}
+                    for name, by_encoding in hit_blocks.items()}
             states = {name: service.client.get("/stats").json()["models"][upstream.model]["levels"]
                       for name, service in services.items()}
     finally:
@@ -263,10 +280,12 @@ def bench_overhead(ctx: BenchContext) -> BenchResult:
         _report(result, config, got["direct"], got["cached"], got["floor"], hits[config.name])
         hit_cpu[config.name] = hits[config.name]["base64"].cpu_ms_per_text
         details[config.name] = {**{kind: [vars(block) for block in got[kind]] for kind in got}, "levels": states[config.name],
-                                "hits": {encoding: vars(block) for encoding, block in hits[config.name].items()}}
-    ratio = hit_cpu["default"] / hit_cpu["l2"]
+                                "hits": {encoding: [vars(block) for block in got] for encoding, got in hit_blocks[config.name].items()}}
+    # Paired by round: each round's default block against the L1 + L2 block measured beside it.
+    ratio = statistics.median(mine.cpu_ms_per_text / theirs.cpu_ms_per_text
+                              for mine, theirs in zip(hit_blocks["default"]["base64"], hit_blocks["l2"]["base64"]))
     result.add("hit: CPU per L1 hit, Milvus Lite on / L3 off", round(ratio, 3), "x", target=Target("<=", 1.1), goal="28.3",
-               note=f"{hit_cpu['default']:.4f} vs {hit_cpu['l2']:.4f} ms, base64")
+               note=f"median of {num_blocks} paired blocks; in all {hit_cpu['default']:.4f} vs {hit_cpu['l2']:.4f} ms, base64")
     details["load_after"] = os.getloadavg()
     details["levels"] = _levels(result, num_texts=4096 if ctx.quick else 16384)
     result.details = details
