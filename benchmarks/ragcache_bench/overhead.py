@@ -265,9 +265,9 @@ def bench_overhead(ctx: BenchContext) -> BenchResult:
             hit_blocks: dict[str, dict[str, list[Block]]] = {name: {"float": [], "base64": []} for name in services}
             for _ in range(num_blocks):
                 for name, service in services.items():
-                    for encoding, got in hit_blocks[name].items():
-                        got.append(_hit_block(upstream, service, encoding, num_requests))
-            hits = {name: {encoding: _summed(got) for encoding, got in by_encoding.items()}
+                    for encoding, rounds in hit_blocks[name].items():
+                        rounds.append(_hit_block(upstream, service, encoding, num_requests))
+            hits = {name: {encoding: _summed(rounds) for encoding, rounds in by_encoding.items()}
                     for name, by_encoding in hit_blocks.items()}
             states = {name: service.client.get("/stats").json()["models"][upstream.model]["levels"]
                       for name, service in services.items()}
@@ -280,7 +280,8 @@ def bench_overhead(ctx: BenchContext) -> BenchResult:
         _report(result, config, got["direct"], got["cached"], got["floor"], hits[config.name])
         hit_cpu[config.name] = hits[config.name]["base64"].cpu_ms_per_text
         details[config.name] = {**{kind: [vars(block) for block in got[kind]] for kind in got}, "levels": states[config.name],
-                                "hits": {encoding: [vars(block) for block in got] for encoding, got in hit_blocks[config.name].items()}}
+                                "hits": {encoding: [vars(block) for block in rounds]
+                                         for encoding, rounds in hit_blocks[config.name].items()}}
     # Paired by round: each round's default block against the L1 + L2 block measured beside it.
     ratio = statistics.median(mine.cpu_ms_per_text / theirs.cpu_ms_per_text
                               for mine, theirs in zip(hit_blocks["default"]["base64"], hit_blocks["l2"]["base64"]))
