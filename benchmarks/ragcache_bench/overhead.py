@@ -60,7 +60,12 @@ _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 def process_tree_cpu_s(root_pid: int) -> float:
     """User + system CPU seconds of ``root_pid`` and every live descendant (children that ended and were waited
-    for are in their parent's cutime/cstime, which is added too)."""
+    for are in their parent's cutime/cstime, which is added too).
+
+    Per process, the larger of two readings: the nanoseconds each of its live threads ran (``schedstat``), and its
+    utime + stime, which count in clock ticks (10 ms) but keep the time of threads that ended. A block of 400
+    L1 hits on the bare app is 30 ms of CPU: read in ticks alone, its figure moved by a third with one tick.
+    """
     parents: dict[int, int] = {}
     times: dict[int, float] = {}
     for entry in Path("/proc").iterdir():
@@ -68,11 +73,14 @@ def process_tree_cpu_s(root_pid: int) -> float:
             continue
         try:
             fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue  # it ended while we looked
+            ran_ns = sum(int((task / "schedstat").read_text().split()[0]) for task in (entry / "task").iterdir())
+        except (OSError, ValueError, IndexError):
+            continue  # it (or one of its threads) ended while we looked
         pid = int(entry.name)
         parents[pid] = int(fields[1])
-        times[pid] = sum(int(value) for value in fields[11:15]) / _CLOCK_TICKS
+        ticks_s = sum(int(value) for value in fields[11:13]) / _CLOCK_TICKS
+        reaped_s = sum(int(value) for value in fields[13:15]) / _CLOCK_TICKS
+        times[pid] = max(ran_ns / 1e9, ticks_s) + reaped_s
     tree, frontier = {root_pid}, [root_pid]
     while frontier:
         parent = frontier.pop()
