@@ -6,6 +6,8 @@ collections stop the event loop for as long as they scan). Run it from a folder 
     git worktree add /tmp/base <rev>
     cd /tmp && AB_A=/tmp/base AB_B=/work/main /work/main/.venv/bin/python /work/main/scripts/latency_tail_ab.py
     # AB_BLOCKS=6; AB_REQUESTS=600 a block; writes /tmp/latency_tail_ab.json
+    # AB_ENV_A / AB_ENV_B: JSON of settings for one side only, e.g. AB_ENV_B='{"RAGCACHE_MILVUS_URI": "off"}' with
+    # AB_A=AB_B=/work/main puts a level's presence side by side instead of two trees
 
 Both services are started with the *A* tree's ``benchmarks/`` launcher (ServiceProcess).
 """
@@ -56,7 +58,8 @@ def main() -> None:
         services = {}
         for name, tree in TREES.items():
             env = {"RAGCACHE_MODELS_JSON": upstream.models_json, "RAGCACHE_MODEL": upstream.model, "RAGCACHE_DRIFT_CHECK": "false",
-                   "RAGCACHE_DISK_PATH": str(work / name / "disk"), "PYTHONPATH": f"{tree}:{tree}/benchmarks"}
+                   "RAGCACHE_DISK_PATH": str(work / name / "disk"), "PYTHONPATH": f"{tree}:{tree}/benchmarks",
+                   **json.loads(os.environ.get(f"AB_ENV_{name}", "{}"))}
             (work / name).mkdir()
             services[name] = ServiceProcess(work / name, redis_url=None, extra_env=env)
         texts = overhead._Texts()
@@ -73,7 +76,8 @@ def main() -> None:
     figures = {}
     for name, values in samples.items():
         ordered = sorted(values)
-        figures[name] = {"tree": TREES[name], "requests": len(ordered), "p50_ms": 1000 * statistics.median(ordered),
+        figures[name] = {"tree": TREES[name], "env": os.environ.get(f"AB_ENV_{name}", "{}"), "requests": len(ordered),
+                         "p50_ms": 1000 * statistics.median(ordered),
                          "p99_ms": 1000 * ordered[int(0.99 * len(ordered))], "max_ms": 1000 * ordered[-1],
                          "over_100_ms": sum(value > 0.1 for value in ordered)}
         print(name, json.dumps(figures[name]))
