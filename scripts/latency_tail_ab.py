@@ -7,27 +7,22 @@ collections stop the event loop for as long as they scan). Run it from a folder 
     cd /tmp && AB_A=/tmp/base AB_B=/work/main /work/main/.venv/bin/python /work/main/scripts/latency_tail_ab.py
     # AB_BLOCKS=6; AB_REQUESTS=600 a block; writes /tmp/latency_tail_ab.json
     # AB_ENV_A / AB_ENV_B: JSON of settings for one side only, e.g. AB_ENV_B='{"RAGCACHE_MILVUS_URI": "off"}' with
-    # AB_A=AB_B=/work/main puts a level's presence side by side instead of two trees
+    # AB_A=AB_B=/work/main puts a level's presence side by side instead of two trees (service_ab.start_services)
 
-Both services are started with the *A* tree's ``benchmarks/`` launcher (ServiceProcess).
+Both services are started as ``scripts/service_ab.py`` starts them (``start_services``: the *A* tree's launcher).
 """
 import asyncio
 import json
 import os
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import httpx
+from service_ab import TREES, overhead, start_services  # noqa: E402 - this folder; it puts the A tree's benchmarks first
 
-TREES = {"A": os.environ["AB_A"], "B": os.environ["AB_B"]}
-sys.path.insert(0, str(Path(TREES["A"]) / "benchmarks"))
-
-from ragcache_bench import overhead  # noqa: E402 - from the A tree, above
 from ragcache_testing.instant import InstantUpstream  # noqa: E402
-from ragcache_testing.service import ServiceProcess  # noqa: E402
 
 NUM_BLOCKS = int(os.environ.get("AB_BLOCKS", "6"))
 NUM_REQUESTS = int(os.environ.get("AB_REQUESTS", "600"))
@@ -55,13 +50,7 @@ async def _latencies(url: str, bodies: list[dict]) -> list[float]:
 def main() -> None:
     work = Path(tempfile.mkdtemp())
     with InstantUpstream() as upstream:
-        services = {}
-        for name, tree in TREES.items():
-            env = {"RAGCACHE_MODELS_JSON": upstream.models_json, "RAGCACHE_MODEL": upstream.model, "RAGCACHE_DRIFT_CHECK": "false",
-                   "RAGCACHE_DISK_PATH": str(work / name / "disk"), "PYTHONPATH": f"{tree}:{tree}/benchmarks",
-                   **json.loads(os.environ.get(f"AB_ENV_{name}", "{}"))}
-            (work / name).mkdir()
-            services[name] = ServiceProcess(work / name, redis_url=None, extra_env=env)
+        services = start_services(upstream, work, "default")
         texts = overhead._Texts()
         samples: dict[str, list[float]] = {name: [] for name in services}
         try:

@@ -6,10 +6,12 @@ round five). Run it from a folder that is not a checkout (``-c`` puts the workin
     git worktree add /tmp/base <rev>
     cd /tmp && AB_A=/tmp/base AB_B=/work/main /work/main/.venv/bin/python /work/main/scripts/service_ab.py
     # AB_CONFIG=l2 (L1 + embedded Redis) | disk_l2 | default; AB_BLOCKS=5; AB_REQUESTS=120 a block
+    # AB_ENV_A / AB_ENV_B: JSON of settings for one side only (start_services)
 
 Both services are started with the *A* tree's ``benchmarks/`` launcher (ServiceProcess), so its ``serve`` command is
 one both trees understand.
 """
+import json
 import os
 import statistics
 import sys
@@ -28,19 +30,28 @@ NUM_BLOCKS = int(os.environ.get("AB_BLOCKS", "5"))
 NUM_REQUESTS = int(os.environ.get("AB_REQUESTS", "120"))
 
 
+def start_services(upstream: InstantUpstream, work: Path, config: str) -> dict[str, ServiceProcess]:
+    """Each tree's service (``AB_A``, ``AB_B``) in front of ``upstream``, with the levels of ``config`` (l2, disk_l2,
+    default) and, from ``AB_ENV_A`` / ``AB_ENV_B`` (JSON), settings for one side only: one tree on both sides with a
+    level turned off on one puts that level's presence side by side."""
+    services = {}
+    for name, tree in TREES.items():
+        env = {"RAGCACHE_MODELS_JSON": upstream.models_json, "RAGCACHE_MODEL": upstream.model, "RAGCACHE_MILVUS_URI": "off",
+               "RAGCACHE_DRIFT_CHECK": "false", "PYTHONPATH": f"{tree}:{tree}/benchmarks"}
+        if config == "default":
+            del env["RAGCACHE_MILVUS_URI"]
+        if config in ("default", "disk_l2"):
+            env["RAGCACHE_DISK_PATH"] = str(work / name / "disk")
+        env.update(json.loads(os.environ.get(f"AB_ENV_{name}", "{}")))
+        (work / name).mkdir()
+        services[name] = ServiceProcess(work / name, redis_url=None, extra_env=env)
+    return services
+
+
 def main() -> None:
     work = Path(tempfile.mkdtemp())
     with InstantUpstream() as upstream:
-        services = {}
-        for name, tree in TREES.items():
-            env = {"RAGCACHE_MODELS_JSON": upstream.models_json, "RAGCACHE_MODEL": upstream.model, "RAGCACHE_MILVUS_URI": "off",
-                   "RAGCACHE_DRIFT_CHECK": "false", "PYTHONPATH": f"{tree}:{tree}/benchmarks"}
-            if CONFIG == "default":
-                del env["RAGCACHE_MILVUS_URI"]
-            if CONFIG in ("default", "disk_l2"):
-                env["RAGCACHE_DISK_PATH"] = str(work / name / "disk")
-            (work / name).mkdir()
-            services[name] = ServiceProcess(work / name, redis_url=None, extra_env=env)
+        services = start_services(upstream, work, CONFIG)
         texts = overhead._Texts()
         hit_body = {"model": upstream.model, "input": [f"a repeated text {i}" for i in range(32)], "encoding_format": "base64"}
         for service in services.values():
