@@ -67,27 +67,33 @@ def process_tree_cpu_s(root_pid: int) -> float:
     L1 hits on the bare app is 30 ms of CPU: read in ticks alone, its figure moved by a third with one tick.
     """
     parents: dict[int, int] = {}
-    times: dict[int, float] = {}
+    ticks: dict[int, tuple[float, float]] = {}  # pid -> its own utime + stime, its reaped children's
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
             fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            ran_ns = sum(int((task / "schedstat").read_text().split()[0]) for task in (entry / "task").iterdir())
-        except (OSError, ValueError, IndexError):
-            continue  # it (or one of its threads) ended while we looked
+        except OSError:
+            continue  # it ended while we looked
         pid = int(entry.name)
         parents[pid] = int(fields[1])
-        ticks_s = sum(int(value) for value in fields[11:13]) / _CLOCK_TICKS
-        reaped_s = sum(int(value) for value in fields[13:15]) / _CLOCK_TICKS
-        times[pid] = max(ran_ns / 1e9, ticks_s) + reaped_s
+        ticks[pid] = (sum(int(value) for value in fields[11:13]) / _CLOCK_TICKS,
+                      sum(int(value) for value in fields[13:15]) / _CLOCK_TICKS)
     tree, frontier = {root_pid}, [root_pid]
     while frontier:
         parent = frontier.pop()
         children = [pid for pid, ppid in parents.items() if ppid == parent and pid not in tree]
         tree.update(children)
         frontier.extend(children)
-    return sum(times.get(pid, 0.0) for pid in tree)
+    total = 0.0
+    for pid in tree & ticks.keys():  # threads are read for the tree's processes only
+        try:
+            ran_ns = sum(int((task / "schedstat").read_text().split()[0]) for task in Path(f"/proc/{pid}/task").iterdir())
+        except (OSError, ValueError, IndexError):
+            ran_ns = 0  # it (or one of its threads) ended while we looked: its ticks stand
+        own_s, reaped_s = ticks[pid]
+        total += max(ran_ns / 1e9, own_s) + reaped_s
+    return total
 
 
 @dataclass(frozen=True)
