@@ -12,8 +12,9 @@ install: $(STAMP)
 
 # torch first (the CPU wheel on local disk), then everything else constrained to it.
 # benchmarks/ is a distribution of its own (ragcache-bench: the benchmarks and the process launchers the
-# tests share), installed editable beside the library so the ragcache wheel carries no benchmark code.
-$(STAMP): pyproject.toml benchmarks/pyproject.toml constraints.txt
+# tests share), installed editable beside the library so the ragcache wheel carries no benchmark code. The C sources
+# are prerequisites: an editable install builds its extensions once, so a changed one is built again here.
+$(STAMP): pyproject.toml benchmarks/pyproject.toml constraints.txt $(wildcard ragcache/*/*.c ragcache_server/*.c)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0

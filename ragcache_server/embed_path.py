@@ -16,7 +16,6 @@ exception handlers (``install_error_handlers``), so they read the same on either
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -70,32 +69,39 @@ def call_of(body: BaseModel) -> EmbedCall:
 def openai_base64_answer(vectors: np.ndarray, model: str, num_tokens: int) -> bytes:
     """OpenAI's answer with base64 rows, byte for byte what orjson writes for it, built straight from the row buffer:
     one base64 encoding of the whole matrix (a 384-d float32 row is 1,536 bytes, a multiple of 3, so each row's
-    encoding is an exact slice of it), its rows taken as views and copied once, by the one join of the answer."""
+    encoding is an exact slice of it), framed by ``_base64_answer.join_rows`` in one pass where it was built."""
     row_bytes = vectors.shape[1] * vectors.itemsize if vectors.ndim == 2 else 0
-    rows: list[bytes | memoryview]
-    if not len(vectors) or row_bytes % 3:
+    if not len(vectors) or not row_bytes:
+        encoded, width = b"", 4
+    elif row_bytes % 3:  # rows whose encodings end in padding: encoded one by one, each as wide as the others
         rows = [pybase64.b64encode(row.tobytes()) for row in vectors]
+        encoded, width = b"".join(rows), len(rows[0])
     else:
-        encoded = memoryview(pybase64.b64encode(np.ascontiguousarray(vectors).data))
-        width = row_bytes // 3 * 4
-        rows = [encoded[start : start + width] for start in range(0, len(encoded), width)]
-    parts: list[bytes | memoryview] = [b'{"object":"list","data":[']
-    for index, row in enumerate(rows):
-        parts.append(_ROW_OPENING if index == 0 else _between_rows(index - 1))
-        parts.append(row)
-    if rows:
-        parts.append(b'","index":%d}' % (len(rows) - 1))
-    parts += (b'],"model":', orjson.dumps(model), b',"usage":{"prompt_tokens":%d,"total_tokens":%d}}' % (num_tokens, num_tokens))
-    return b"".join(parts)
+        encoded, width = pybase64.b64encode(np.ascontiguousarray(vectors).data), row_bytes // 3 * 4
+    tail = b'],"model":%b,"usage":{"prompt_tokens":%d,"total_tokens":%d}}' % (orjson.dumps(model), num_tokens, num_tokens)
+    return join_rows(encoded, width, _ANSWER_HEAD, tail)
 
 
-# A row's item as orjson writes {"object", "embedding", "index"}: its opening, and what closes row i and opens the next.
+_ANSWER_HEAD = b'{"object":"list","data":['
+# A row's item as orjson writes {"object", "embedding", "index"}: its opening, and what closes row i.
 _ROW_OPENING = b'{"object":"embedding","embedding":"'
 
 
-@functools.lru_cache(maxsize=4096)  # row indices below the largest batch: a few hundred KB at most
-def _between_rows(index: int) -> bytes:
-    return b'","index":%d},' % index + _ROW_OPENING
+def _join_rows(encoded: bytes | memoryview, width: int, head: bytes, tail: bytes, /) -> bytes:
+    """``_base64_answer.join_rows`` in Python: ``head``, each ``width``-byte row of ``encoded`` as an item of OpenAI's
+    ``data``, ``tail``; the rows are views, copied once, by the join."""
+    view = memoryview(encoded)
+    parts: list[bytes | memoryview] = [head]
+    for index, start in enumerate(range(0, len(view), width)):
+        parts += (b"," + _ROW_OPENING if index else _ROW_OPENING, view[start : start + width], b'","index":%d}' % index)
+    parts.append(tail)
+    return b"".join(parts)
+
+
+try:
+    from ragcache_server._base64_answer import join_rows
+except ImportError:  # built by `pip install` where a C compiler is
+    join_rows = _join_rows
 
 
 Answer = Callable[[EmbedCall, Request], Awaitable[Response]]

@@ -296,11 +296,13 @@ def bench_overhead(ctx: BenchContext) -> BenchResult:
         details[config.name] = {**{kind: [vars(block) for block in got[kind]] for kind in got}, "levels": states[config.name],
                                 "hits": {encoding: [vars(block) for block in rounds]
                                          for encoding, rounds in hit_blocks[config.name].items()}}
-    # Paired by round: each round's default block against the L1 + L2 block measured beside it.
+    # Paired by round: each round's default block against the block of the same levels less L3 measured beside it
+    # (L1 + disk + L2: Milvus Lite is the only difference, which is what 28.3 asks about).
     ratio = statistics.median(mine.cpu_ms_per_text / theirs.cpu_ms_per_text
-                              for mine, theirs in zip(hit_blocks["default"]["base64"], hit_blocks["l2"]["base64"]))
+                              for mine, theirs in zip(hit_blocks["default"]["base64"], hit_blocks["disk_l2"]["base64"]))
     result.add("hit: CPU per L1 hit, Milvus Lite on / L3 off", round(ratio, 3), "x", target=Target("<=", 1.1), goal="28.3",
-               note=f"median of {num_blocks} paired blocks; in all {hit_cpu['default']:.4f} vs {hit_cpu['l2']:.4f} ms, base64")
+               note=f"median of {num_blocks} paired blocks, L1+disk+L2 with and without L3; in all {hit_cpu['default']:.4f} "
+                    f"vs {hit_cpu['disk_l2']:.4f} ms, base64")
     details["load_after"] = os.getloadavg()
     details["levels"] = _levels(result, num_texts=4096 if ctx.quick else 16384)
     result.details = details

@@ -14,13 +14,27 @@ together with numpy gathers, whose independent loads the CPU overlaps, so the co
   in order is the use history; an entry whose tick is no longer its row's stamp is stale. The least
   recently used rows are the first fresh entries of the log, so eviction reads it from the head. The log is
   compacted (stale entries dropped, order kept) when it fills up.
+- The per-request loops (``find``, ``find_hits``, ``touch``) run compiled where ``pip install`` could build
+  ``_lru_kernels`` (a C compiler on the machine): one call instead of some fifteen numpy calls of about a
+  microsecond each. Without it, the same loops run as numpy batch operations; both give the same rows and the same
+  order (tests/tiers/test_lru_index.py runs every test on both).
 """
 
 from __future__ import annotations
 
+from types import ModuleType
+
 import numpy as np
 
-__all__ = ["LruIndex"]
+compiled_kernels: ModuleType | None
+try:
+    import ragcache.tiers._lru_kernels as _built
+
+    compiled_kernels = _built
+except ImportError:  # built by `pip install` where a C compiler is; numpy does the same work otherwise
+    compiled_kernels = None
+
+__all__ = ["LruIndex", "compiled_kernels"]
 
 EMPTY = -1
 DELETED = -2
@@ -33,14 +47,16 @@ class LruIndex:
     Not thread-safe: the owner (``MemoryTier``) holds one lock around every call.
     """
 
-    def __init__(self, num_rows: int):
+    def __init__(self, num_rows: int, *, kernels: ModuleType | None = compiled_kernels):
         self.num_rows = num_rows
+        self._kernels = kernels  # None: numpy's batch operations
         # Live keys fill at most half the table and live plus deleted slots at most 3/4 of it, so a rebuild
         # comes at most once per num_rows / 2 evictions.
         size = 64
         while size < num_rows * 2:
             size *= 2
         self._mask = np.uint64(size - 1)
+        self._mask_int = size - 1
         self._hi = np.zeros(size, dtype=np.uint64)
         self._lo = np.zeros(size, dtype=np.uint64)
         self._slot_row = np.full(size, EMPTY, dtype=np.int32)
@@ -60,8 +76,23 @@ class LruIndex:
 
     def find(self, keys: np.ndarray) -> np.ndarray:
         """The row of each digest in ``keys`` (``[n, 2]``), or -1 where it is not resident."""
-        rows, _ = self._probe(keys)
+        if self._kernels is None:
+            rows, _ = self._probe(keys)
+            return rows
+        rows = np.empty(len(keys), dtype=np.int64)
+        self._kernels.find(np.ascontiguousarray(keys, dtype=np.uint64), self._hi, self._lo, self._slot_row, self._mask_int, rows)
         return rows
+
+    def find_hits(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The positions in ``keys`` of the resident ones, and their rows, in order."""
+        if self._kernels is None:
+            rows = self.find(keys)
+            positions = np.flatnonzero(rows >= 0)
+            return positions, rows[positions]
+        positions, rows = np.empty(len(keys), dtype=np.int64), np.empty(len(keys), dtype=np.int64)
+        num_hits = self._kernels.find_hits(np.ascontiguousarray(keys, dtype=np.uint64), self._hi, self._lo, self._slot_row,
+                                           self._mask_int, positions, rows)
+        return positions[:num_hits], rows[:num_hits]
 
     def _probe(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Rows and table slots of ``keys`` (-1 and the empty slot that ended the probe where absent)."""
@@ -90,6 +121,13 @@ class LruIndex:
         """Mark ``rows`` used, in order (the last is the most recent)."""
         count = len(rows)
         if not count:
+            return
+        if self._kernels is not None and self._tail + count <= len(self._log_rows):
+            # In order, one log entry per use: a row used twice keeps its later tick and its first entry is stale.
+            self._kernels.touch(np.ascontiguousarray(rows, dtype=np.int64), self._stamp, self._log_rows, self._log_ticks,
+                                self._tail, self._tick)
+            self._tail += count
+            self._tick += count
             return
         if len(set(rows.tolist())) != count:  # one entry per row, at its last use (numpy's order for a
             reversed_first = np.unique(rows[::-1], return_index=True)[1]  # repeated index is not promised)

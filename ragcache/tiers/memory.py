@@ -84,11 +84,9 @@ class MemoryTier:
     def get_many(self, keys: Sequence[str]) -> TierHits:
         wanted = key_digests(keys)
         with self._lock:
-            rows = self._index.find(wanted)
-            hit = np.flatnonzero(rows >= 0)
+            hit, found = self._index.find_hits(wanted)
             if not len(hit):
                 return TierHits.none(self.dim, self.dtype)
-            found = rows[hit]
             self._index.touch(found)
             if self._host_rows is not None:
                 vectors = torch.from_numpy(self._host_rows[found]).view(self.dtype)

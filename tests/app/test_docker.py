@@ -207,6 +207,8 @@ def test_dockerfiles_install_torch_first_then_the_project_constrained():
         torch_step = text.index("torch==${TORCH_VERSION}")
         project_step = text.index("pip install -c constraints.txt .")
         assert torch_step < project_step, name
+        # The compiled loops are built in the image (a compiler for the install), and the build fails without them.
+        assert text.index("gcc") < project_step < text.index("import ragcache.tiers._lru_kernels, ragcache_server._base64_answer")
         assert "ARG TORCH_VERSION=2.13.0" in text
         assert "HEALTHCHECK" in text and "/health" in text
     assert "download.pytorch.org/whl/cpu" in (DOCKER / "Dockerfile").read_text()

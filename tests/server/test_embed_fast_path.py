@@ -14,6 +14,7 @@ import orjson
 import pytest
 
 from ragcache.settings import Settings
+from ragcache_server import embed_path
 from ragcache_server.embed_path import openai_base64_answer
 from tests.live_server import LiveServer
 
@@ -62,14 +63,26 @@ def test_each_route_is_served_by_the_fast_path_from_l1_on_a_repeat(server, path,
 
 
 def test_the_base64_answer_is_what_orjson_writes_for_openais_shape():
-    for dim in (384, 8, 1):  # rows of a multiple of 3 bytes (sliced from one encoding) and not
-        vectors = np.random.default_rng(dim).standard_normal((5, dim)).astype("<f4")
+    # rows of a multiple of 3 bytes (sliced from one encoding) and not; indices of one, two and three digits
+    for dim, num_rows in ((384, 5), (8, 12), (1, 3), (384, 101)):
+        vectors = np.random.default_rng(dim).standard_normal((num_rows, dim)).astype("<f4")
         data = [{"object": "embedding", "embedding": base64.b64encode(row.tobytes()).decode(), "index": i}
                 for i, row in enumerate(vectors)]
         expected = orjson.dumps({"object": "list", "data": data, "model": 'm "quoted"', "usage": {"prompt_tokens": 7, "total_tokens": 7}})
         assert openai_base64_answer(vectors, 'm "quoted"', 7) == expected
     assert openai_base64_answer(np.empty((0, 384), dtype="<f4"), "m", 0) == orjson.dumps(
         {"object": "list", "data": [], "model": "m", "usage": {"prompt_tokens": 0, "total_tokens": 0}})
+
+
+def test_the_compiled_answer_assembly_is_built_and_writes_what_the_python_one_does():
+    assert embed_path.join_rows is not embed_path._join_rows  # built by `make install`: the served path uses it
+    encoded = bytes(range(48, 48 + 64)) * 24
+    for width in (64, 96, 1536):
+        for head, tail in ((b"{[", b"]}"), (b"", b"")):
+            assert embed_path.join_rows(encoded, width, head, tail) == embed_path._join_rows(encoded, width, head, tail)
+    assert embed_path.join_rows(b"", 4, b"[", b"]") == embed_path._join_rows(b"", 4, b"[", b"]") == b"[]"
+    with pytest.raises(ValueError, match="whole rows"):
+        embed_path.join_rows(b"abc", 2, b"", b"")
 
 
 def test_a_key_without_the_embed_scope_is_refused_before_the_fast_path_on_every_route(server):

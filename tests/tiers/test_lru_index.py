@@ -1,20 +1,34 @@
 """The L1 key map (ragcache.tiers.lru_index): probing, tombstones and rebuilds, and exact LRU order at scale,
-checked against an OrderedDict model of the same operations."""
+checked against an OrderedDict model of the same operations, with the compiled loops and with numpy's."""
 
 from __future__ import annotations
 
 from collections import OrderedDict
 
 import numpy as np
+import pytest
 
 from ragcache.core.keys import key_digests
-from ragcache.tiers.lru_index import LruIndex
+from ragcache.tiers.lru_index import LruIndex, compiled_kernels
+
+KERNELS = {"compiled": compiled_kernels, "numpy": None}
 
 
-def test_random_operations_match_an_exact_lru_model():
+@pytest.fixture(params=list(KERNELS))
+def kernels(request):
+    return KERNELS[request.param]
+
+
+def test_the_compiled_loops_are_built():
+    # `make install` builds them (a C compiler is part of this machine kind): without them every other test here
+    # would run numpy's loops twice and pass, and the served path would be the slower one.
+    assert compiled_kernels is not None
+
+
+def test_random_operations_match_an_exact_lru_model(kernels):
     rng = np.random.default_rng(7)
     num_rows = 50
-    index = LruIndex(num_rows)
+    index = LruIndex(num_rows, kernels=kernels)
     model: OrderedDict[str, int] = OrderedDict()  # key -> row, least recent first
     universe = [f"key-{i}" for i in range(400)]
     for _ in range(3000):
@@ -26,6 +40,8 @@ def test_random_operations_match_an_exact_lru_model():
         rows = index.find(wanted)
         for key, row in zip(batch, rows):
             assert (key in model) == (row >= 0) and (row < 0 or model[key] == row)
+        positions, found = index.find_hits(wanted)
+        assert positions.tolist() == np.flatnonzero(rows >= 0).tolist() and found.tolist() == rows[rows >= 0].tolist()
         if rng.random() < 0.5:  # a lookup: hits become most recent, in order
             hits = rows[rows >= 0]
             index.touch(hits)
@@ -53,8 +69,8 @@ def test_random_operations_match_an_exact_lru_model():
         assert index.lru_rows().tolist() == list(model.values())
 
 
-def test_tombstones_are_rebuilt_away_and_every_key_stays_findable():
-    index = LruIndex(8)
+def test_tombstones_are_rebuilt_away_and_every_key_stays_findable(kernels):
+    index = LruIndex(8, kernels=kernels)
     keys = [f"k{i}" for i in range(1000)]
     for start in range(0, len(keys), 4):  # 1,000 inserts into 8 rows: 992 evictions, many rebuilds
         index.insert(key_digests(keys[start : start + 4]))
@@ -62,3 +78,13 @@ def test_tombstones_are_rebuilt_away_and_every_key_stays_findable():
         assert (index.find(key_digests(resident)) >= 0).all()
     assert (index.find(key_digests(keys[:992])) < 0).all()
     assert index.num_live == 8
+
+
+def test_a_row_used_twice_in_one_touch_keeps_its_last_use(kernels):
+    index = LruIndex(4, kernels=kernels)
+    rows = index.insert(key_digests(["a", "b", "c", "d"]))
+    index.touch(np.array([rows[0], rows[1], rows[0], rows[2]]))  # a, then b, then a again, then c
+    assert index.lru_rows().tolist() == [rows[3], rows[1], rows[0], rows[2]]
+    for _ in range(5):  # many more uses than the log holds entries: it is compacted, the order kept
+        index.touch(np.repeat(rows[[1, 3]], 7))
+    assert index.lru_rows().tolist() == [rows[0], rows[2], rows[1], rows[3]]
