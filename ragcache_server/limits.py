@@ -14,6 +14,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 
 from starlette._utils import get_route_path
+from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ragcache_server.errors import error_response
@@ -113,13 +114,58 @@ class LimitsMiddleware:
             return
         current_pool.set(self.workers)  # the threads this app's routes may use (ragcache_server/workers.py)
         refusal = self._check_length_header(scope)
-        body = None
         if refusal is None:
-            body, refusal = await self._read_body_in_time(receive)
+            refusal = await self._answer_in_time(scope, receive, send)
         if refusal is not None:
             await refusal(scope, receive, send)
-            return
-        await self._run_with_deadline(scope, replay_body(body or b"", receive), send)
+
+    async def _answer_in_time(self, scope: Scope, receive: Receive, send: Send) -> Response | None:
+        """Read the body within ``body_timeout_s``, then run the app within ``timeout_s`` (none on the untimed
+        paths); the refusal to send instead, if any.
+
+        One deadline, moved once the body is in: asyncio's own timeout, not anyio's cancel scope, since this runs
+        for every request (3.5 against 6.8 us under uvloop, ``ragcache bench http-floor``), and one timer, not one
+        per phase. Work the routes hand to threads is abandoned on cancel (anyio's abandon_on_cancel, which a
+        task's own cancellation reaches as well): the request is answered at the deadline while the thread
+        finishes and its result (a cached vector) is kept.
+        """
+        started = reading = False
+
+        async def send_tracked(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        deadline = asyncio.timeout(self.body_timeout_s)
+        try:
+            async with deadline:
+                # The request deadline starts once the body is in; the body's covers reading it, so a client that
+                # trickles its body (a byte a second) cannot hold a connection and its buffer without end.
+                reading = True
+                body, refusal = await self._read_body(receive)
+                reading = False
+                if refusal is not None:
+                    return refusal
+                untimed = get_route_path(scope) in self.untimed_paths
+                deadline.reschedule(None if untimed else asyncio.get_running_loop().time() + self.timeout_s)
+                await self.app(scope, replay_body(body, receive), send_tracked)
+                return None
+        except TimeoutError:
+            if not deadline.expired():
+                raise  # the app's own, not this deadline's
+        if reading:
+            message = (
+                f"the body did not arrive within {self.body_timeout_s:g} s (RAGCACHE_BODY_TIMEOUT_S): "
+                "send it at once, or a smaller one"
+            )
+            return error_response(408, "timeout", message, "body", headers={"Connection": "close"})
+        if started:
+            return None  # the answer had begun: it cannot be taken back, only cut short
+        message = (
+            f"the request took longer than {self.timeout_s:g} s (RAGCACHE_REQUEST_TIMEOUT_S) and was abandoned; "
+            "send fewer texts, or retry when the server is less busy"
+        )
+        return error_response(504, "timeout", message)
 
     def _check_length_header(self, scope: Scope):
         for name, value in scope.get("headers", ()):
@@ -129,22 +175,6 @@ class LimitsMiddleware:
                 if int(value) > self.max_body_bytes:
                     return self._too_large(int(value))
         return None
-
-    async def _read_body_in_time(self, receive: Receive):
-        # The request deadline starts once the body is in; this one covers reading it, so a client that
-        # trickles its body (a byte a second) cannot hold a connection and its buffer without end.
-        # asyncio's own timeout, not anyio's cancel scope: this runs for every request, and a body already in is read
-        # by the first receive; the cancel scope cost more than the read (ragcache bench http-floor).
-        try:
-            async with asyncio.timeout(self.body_timeout_s):
-                return await self._read_body(receive)
-        except TimeoutError:
-            pass
-        message = (
-            f"the body did not arrive within {self.body_timeout_s:g} s (RAGCACHE_BODY_TIMEOUT_S): "
-            "send it at once, or a smaller one"
-        )
-        return b"", error_response(408, "timeout", message, "body", headers={"Connection": "close"})
 
     async def _read_body(self, receive: Receive):
         chunks, size = [], 0
@@ -173,36 +203,6 @@ class LimitsMiddleware:
             f"of {self.max_body_bytes} (RAGCACHE_MAX_BODY_BYTES): split the request"
         )
         return error_response(413, "too_large", message, "body")
-
-    async def _run_with_deadline(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if get_route_path(scope) in self.untimed_paths:
-            await self.app(scope, receive, send)
-            return
-        started = False
-
-        async def send_tracked(message: Message) -> None:
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
-            await send(message)
-
-        # asyncio's own timeout, as for the body: it costs half of anyio's cancel scope (3.5 against 6.8 us under
-        # uvloop), paid by every request. Work the routes hand to threads is abandoned on cancel (anyio's
-        # abandon_on_cancel, which a task's own cancellation reaches as well): the request is answered at the
-        # deadline while the thread finishes and its result (a cached vector) is kept.
-        deadline = asyncio.timeout(self.timeout_s)
-        try:
-            async with deadline:
-                await self.app(scope, receive, send_tracked)
-        except TimeoutError:
-            if not deadline.expired():
-                raise  # the app's own, not this deadline's
-            if started:
-                return  # the answer had begun: it cannot be taken back, only cut short
-            message = (
-                f"the request took longer than {self.timeout_s:g} s (RAGCACHE_REQUEST_TIMEOUT_S) and was abandoned; "
-                "send fewer texts, or retry when the server is less busy"
-            )
-            await error_response(504, "timeout", message)(scope, receive, send)
 
 
 def replay_body(body: bytes, receive: Receive) -> Receive:

@@ -413,4 +413,4 @@ def _to_numpy(vectors: torch.Tensor) -> np.ndarray:
     # numpy has no bfloat16: those vectors widen to float32, which is exact.
     if vectors.dtype == torch.bfloat16:
         vectors = vectors.float()
-    return vectors.cpu().numpy()
+    return vectors.numpy() if vectors.is_cpu else vectors.cpu().numpy()  # .cpu() is a torch call even on the CPU

@@ -18,10 +18,12 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import operator
 import threading
 import unicodedata
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, fields
+from typing import cast
 
 import numpy as np
 import xxhash
@@ -139,15 +141,17 @@ class KeyMemo:
 
     def keys(self, space: EmbeddingSpace, texts: Sequence[str]) -> KeyList:
         """``space.keys(texts)`` with the L1 digests made, each text hashed only when it is not remembered."""
-        space_id, entries = space.space_id, self._entries
+        # map/itemgetter: the loops over the texts run in C (this is every L1 hit's first step).
         try:
-            found = [entries.get(text) for text in texts]
+            found = list(map(self._entries.get, texts))
         except TypeError:  # an item that is not even hashable: _fill's keying names it
-            found = None
-        if found is None or any(entry is None or entry[0] != space_id for entry in found):
+            return self._fill(space, texts, None)
+        if None in found:
             return self._fill(space, texts, found)
-        digests = _digest_array([entry[2] for entry in found], len(found))  # type: ignore[index]
-        return KeyList([entry[1] for entry in found], digests)  # type: ignore[index]
+        remembered = cast(list[tuple[str, str, bytes]], found)
+        if set(map(_SPACE_OF, remembered)) != {space.space_id}:
+            return self._fill(space, texts, found)
+        return KeyList(map(_KEY_OF, remembered), _digest_array(list(map(_DIGEST_OF, remembered)), len(remembered)))
 
     def _fill(self, space: EmbeddingSpace, texts: Sequence[str], found: list | None) -> KeyList:
         keys = space.keys(texts)  # validates the texts (an InvalidInputError names the first bad one)
@@ -163,6 +167,10 @@ class KeyMemo:
                         del self._entries[text]  # insertion order: the oldest first
                 self._entries.update(itertools.islice(new.items(), self.max_entries))
         return keys
+
+
+# A memo entry's fields: (space id, key, its L1 digest).
+_SPACE_OF, _KEY_OF, _DIGEST_OF = operator.itemgetter(0), operator.itemgetter(1), operator.itemgetter(2)
 
 
 class KeyList(list):

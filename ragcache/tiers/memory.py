@@ -89,7 +89,9 @@ class MemoryTier:
                 return TierHits.none(self.dim, self.dtype)
             self._index.touch(found)
             if self._host_rows is not None:
-                vectors = torch.from_numpy(self._host_rows[found]).view(self.dtype)
+                vectors = torch.from_numpy(self._host_rows[found])
+                if self._storage_dtype != self.dtype:  # bfloat16's int16 rows (a view costs a torch call: only then)
+                    vectors = vectors.view(self.dtype)
             else:
                 vectors = self.slab.index_select(0, torch.from_numpy(found).to(self.device))
         return TierHits(index=hit.tolist(), vectors=vectors)
