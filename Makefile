@@ -41,7 +41,8 @@ bench: $(STAMP)
 	$(VENV)/bin/ragcache bench all --quick
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache data
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache data build
+	rm -f ragcache/*/*.so ragcache_server/*.so  # the compiled loops, built in place by the editable install
 
 include mk/system.mk
 include mk/infinity.mk
