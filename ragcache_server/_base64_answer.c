@@ -1,7 +1,7 @@
 /* OpenAI's base64 answer assembled in one pass (ragcache_server/embed_path.py, ``openai_base64_answer``).
  *
  * Why: the answer is 32 rows of 2,048 base64 characters framed by a few bytes each; joined in Python (a slice, a
- * framing string and a list entry a row) that framing cost several times the copy itself, about a tenth of an L1
+ * framing string and a list entry a row) that framing cost several times the copy itself, about a sixth of an L1
  * hit's CPU (BENCHMARKS.md, round eight). Here the exact size is counted first and every byte written once.
  */
 #define PY_SSIZE_T_CLEAN

@@ -5,7 +5,8 @@
  * round eight). Here one call walks the same arrays, in place, with the same rules: open addressing with linear
  * probing (a slot's row is >= 0 for a key, -1 empty: the probe ends, -2 a tombstone: the probe goes on), and recency
  * stamped in order with one log entry per use. Everything else (inserts, evictions, rebuilds, compaction) stays in
- * numpy, whose batch form suits them. Arrays come as buffers: the index owns them and checks their dtypes once.
+ * numpy, whose batch form suits them. Arrays come as buffers, made by the index with the dtypes named below; only
+ * their sizes are checked here.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
