@@ -72,7 +72,7 @@ def openai_base64_answer(vectors: np.ndarray, model: str, num_tokens: int) -> by
     encoding is an exact slice of it), framed by ``_base64_answer.join_rows`` in one pass where it was built."""
     row_bytes = vectors.shape[1] * vectors.itemsize if vectors.ndim == 2 else 0
     if not len(vectors) or not row_bytes:
-        encoded, width = b"", 4
+        encoded, width = b"", 4  # no rows: any width frames nothing
     elif row_bytes % 3:  # rows whose encodings end in padding: encoded one by one, each as wide as the others
         rows = [pybase64.b64encode(row.tobytes()) for row in vectors]
         encoded, width = b"".join(rows), len(rows[0])

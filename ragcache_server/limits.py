@@ -129,7 +129,7 @@ class LimitsMiddleware:
         task's own cancellation reaches as well): the request is answered at the deadline while the thread
         finishes and its result (a cached vector) is kept.
         """
-        started = reading = False
+        started, reading = False, True
 
         async def send_tracked(message: Message) -> None:
             nonlocal started
@@ -141,7 +141,6 @@ class LimitsMiddleware:
             async with deadline:
                 # The request deadline starts once the body is in; the body's covers reading it, so a client that
                 # trickles its body (a byte a second) cannot hold a connection and its buffer without end.
-                reading = True
                 body, refusal = await self._read_body(receive)
                 reading = False
                 if refusal is not None:

@@ -55,7 +55,7 @@ class LruIndex:
         size = 64
         while size < num_rows * 2:
             size *= 2
-        self._mask = np.uint64(size - 1)
+        self._mask = np.uint64(size - 1)  # numpy's operand; the compiled loops and the wrap-around take the int
         self._mask_int = size - 1
         self._hi = np.zeros(size, dtype=np.uint64)
         self._lo = np.zeros(size, dtype=np.uint64)
@@ -104,7 +104,7 @@ class LruIndex:
         hit = (row >= 0) & (self._lo[slots] == keys[:, 1]) & (self._hi[slots] == keys[:, 0])
         rows[hit] = row[hit]
         pending = np.flatnonzero(~hit & (row != EMPTY))
-        slots[pending] = (slots[pending] + 1) & int(self._mask)
+        slots[pending] = (slots[pending] + 1) & self._mask_int
         while len(pending):
             at = slots[pending]
             row = self._slot_row[at]
@@ -112,7 +112,7 @@ class LruIndex:
             rows[pending[hit]] = row[hit]
             # Past a slot of another key or a tombstone the probe goes on; an empty slot ends it.
             pending = pending[~hit & (row != EMPTY)]
-            slots[pending] = (slots[pending] + 1) & int(self._mask)
+            slots[pending] = (slots[pending] + 1) & self._mask_int
         return rows, slots
 
     # ---- recency -----------------------------------------------------------------------------------------
@@ -220,7 +220,7 @@ class LruIndex:
             placed = np.zeros(len(keys), dtype=bool)
             placed[winners] = True
             pending = pending[~placed[pending]]
-            slots[pending] = (slots[pending] + 1) & int(self._mask)
+            slots[pending] = (slots[pending] + 1) & self._mask_int
 
     def _rebuild(self) -> None:
         """A fresh table of the live keys only (tombstones gone); rows and recency unchanged."""
