@@ -74,14 +74,14 @@ def load_remote_encoders(settings: Settings, environ: Mapping[str, str] | None =
 
 @dataclass(frozen=True)
 class LevelRow:
-    """One level of the table: its ``name`` (what headers, metrics and /stats show), its ``role`` (how code
-    asks for it), ``reach`` (who else sees what it holds: this process, the host's processes, the fleet),
-    ``make`` (its tier for one model, or None when the settings and stores leave it off), ``write_linger_ms``
-    (how long its write-behind gathers writes into one call) and ``on_reuse`` (whether it stores only vectors
-    that proved reuse, ``ragcache.core.levels``)."""
+    """One level of the table: its ``name`` (what headers, metrics, /stats and the settings call it), ``reach``
+    (who else sees what it holds: this process, the host's processes, the fleet; single flight across processes
+    publishes in the first fleet level below L1), ``make`` (its tier for one model, or None when the settings and
+    stores leave it off), ``write_linger_ms`` (how long its write-behind gathers writes into one call) and
+    ``on_reuse`` (whether it stores only vectors that proved reuse, ``ragcache.core.levels``). The cache knows a
+    level by these columns, never by its place in the walk."""
 
     name: str
-    role: str
     reach: Literal["process", "host", "fleet"]
     make: Callable[[Settings, Stores, EmbeddingSpace, torch.device], Tier | None]
     write_linger_ms: Callable[[Settings], float] = lambda settings: 0.0
@@ -122,10 +122,10 @@ def _l3(settings: Settings, stores: Stores, space: EmbeddingSpace, device: torch
 # The levels, fastest first: the one table a deployment's levels come from. Adding a level is a row here, its
 # tier in ragcache/tiers and its settings; nothing in ragcache/core knows which levels exist.
 LEVELS: tuple[LevelRow, ...] = (
-    LevelRow("L1", "device", "process", _l1),
-    LevelRow("disk", "host", "host", _disk),
-    LevelRow("L2", "shared", "fleet", _l2),
-    LevelRow("L3", "durable", "fleet", _l3, write_linger_ms=lambda settings: settings.levels.l3_write_linger_ms,
+    LevelRow("L1", "process", _l1),
+    LevelRow("disk", "host", _disk),
+    LevelRow("L2", "fleet", _l2),
+    LevelRow("L3", "fleet", _l3, write_linger_ms=lambda settings: settings.levels.l3_write_linger_ms,
              on_reuse=lambda settings: settings.levels.l3_on_reuse),
 )
 
@@ -153,6 +153,7 @@ def build_cache(
         write_behind=settings.levels.write_behind,
         write_linger_s={row.name: row.write_linger_ms(settings) / 1000 for row in rows[1:] if row.write_linger_ms(settings)},
         admit_on_reuse=[row.name for row in rows[1:] if row.on_reuse(settings)],
+        fleet_levels=[row.name for row in rows if row.reach == "fleet"],
         # A remote model takes as many texts as fill its upstream requests in parallel (max_inputs x concurrency).
         compute_max_batch=capabilities_of(encoder).max_batch or settings.compute.compute_batch_size,
         compute_max_wait_s=settings.compute.compute_max_wait_ms / 1000,

@@ -100,6 +100,7 @@ class EmbeddingCache:
         tracer: Tracer | None = None,
         write_linger_s: Mapping[str, float] | None = None,
         admit_on_reuse: Sequence[str] = (),
+        fleet_levels: Sequence[str] = (),
         miss_ledger_entries: int = 100_000,
     ):
         self.encoder = encoder
@@ -107,8 +108,8 @@ class EmbeddingCache:
         self.device = torch.device(device)
         self.dtype = getattr(torch, encoder.space.dtype)
         self.levels = Levels(tiers, dim=encoder.space.dim, dtype=self.dtype, write_behind=write_behind,
-                             write_linger_s=write_linger_s, admit_on_reuse=admit_on_reuse, window_s=window_s, clock=clock,
-                             tracer=tracer)
+                             write_linger_s=write_linger_s, admit_on_reuse=admit_on_reuse, fleet_levels=fleet_levels,
+                             window_s=window_s, clock=clock, tracer=tracer)
         # Calls inside embed_detailed: the batcher waits for company only while one has not reached it yet.
         self._calls = CallsInProgress()
         self.resolver = MissResolver(encoder, self.levels, self._calls, flight=flight, device=self.device,

@@ -60,6 +60,9 @@ class Levels:
     written to them (counted ``num_declined``), and a vector served by a level above them but below L1 (asked
     for again after leaving L1) is written down into them, behind (counted ``num_admitted``). That keeps a
     costly durable level (Milvus) off the miss path: all-new traffic writes nothing to it.
+
+    ``fleet_levels`` names the levels every process of a fleet sees (Redis, a Milvus server): single flight across
+    processes publishes in the first of them below L1 (``shared``).
     """
 
     def __init__(
@@ -71,6 +74,7 @@ class Levels:
         write_behind: bool = True,
         write_linger_s: Mapping[str, float] | None = None,
         admit_on_reuse: Collection[str] = (),
+        fleet_levels: Collection[str] = (),
         window_s: float = 300.0,
         clock: Callable[[], float] = time.perf_counter,
         tracer: Tracer | None = None,
@@ -84,7 +88,7 @@ class Levels:
         self._tracer = tracer  # None: no spans, no tracing work (ragcache.observe.tracing)
         # One writer per level below the first, so that a slow level never holds back another's writes.
         lingers = write_linger_s or {}
-        unknown = set(lingers) - set(self.names) | set(admit_on_reuse) - set(self.names)
+        unknown = (set(lingers) | set(admit_on_reuse) | set(fleet_levels)) - set(self.names)
         if unknown:
             raise ValueError(f"no level named {sorted(unknown)} among {self.names}")
         self._writers = {
@@ -94,6 +98,7 @@ class Levels:
         # not asked, and its misses are counted as bypassed.
         self._may_hold = [getattr(tier, "may_hold", None) for tier in self.tiers]
         self._on_reuse = frozenset(position for position, name in enumerate(self.names) if name in admit_on_reuse and position)
+        self._shared = next((position for position, name in enumerate(self.names) if position and name in fleet_levels), None)
         self._admission_lock = threading.Lock()
         self._num_admitted = dict.fromkeys(self._on_reuse, 0)
         self._num_declined = dict.fromkeys(self._on_reuse, 0)
@@ -112,8 +117,8 @@ class Levels:
 
     @property
     def shared(self) -> int | None:
-        """Position of the first level below L1 that every process sees (a tier with ``shared = True``: Redis)."""
-        return next((position for position, tier in enumerate(self.tiers) if position and getattr(tier, "shared", False)), None)
+        """Position of the first level below L1 that every process of the fleet sees (``fleet_levels``: Redis)."""
+        return self._shared
 
     # ---- the walk ------------------------------------------------------------------------------------------
 

@@ -33,8 +33,9 @@ class TierHits:
 class Tier(Protocol):
     """A cache level. Remote levels raise ``TierUnavailableError`` when they fail; the cache makes it a miss.
 
-    A level every process of a fleet sees (Redis, a Milvus server) says so with ``shared = True``: the first
-    such level below L1 is where single flight across processes publishes vectors (``ragcache.core.levels``).
+    Who else sees what a level holds (this process, the host's processes, the fleet) is the deployment's table
+    of levels (``ragcache.build.LEVELS``) to say, not the tier's: the cache is told which levels the fleet sees
+    (``fleet_levels``), and single flight across processes publishes in the first of them below L1.
 
     A level whose every call costs (Milvus) may also offer ``may_hold(keys) -> bool``: False means it holds
     none of them (its collection is empty), and the walk does not ask it (the misses count as bypassed).

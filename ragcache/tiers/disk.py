@@ -31,9 +31,6 @@ class DiskTier:
     ``put_many`` one write transaction (rotating the store's generations when the newest is full)."""
 
     name = "disk"
-    # Shared by the processes of this host, not by the fleet: single flight must publish where every replica
-    # looks (L2), so this level does not claim ``shared``.
-    shared = False
 
     def __init__(self, store: DiskStore, *, dim: int, dtype: torch.dtype):
         self.store = store

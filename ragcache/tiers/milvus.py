@@ -34,7 +34,6 @@ class MilvusTier:
     """
 
     name = "L3"
-    shared = True  # every process of a fleet sees it (single flight publishes here: ragcache.core.levels)
 
     def __init__(
         self,

@@ -49,7 +49,6 @@ class RedisTier:
     """
 
     name = "L2"
-    shared = True  # every process of a fleet sees it (single flight publishes here: ragcache.core.levels)
 
     def __init__(
         self,

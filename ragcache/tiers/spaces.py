@@ -26,7 +26,6 @@ class PerSpaceTier:
 
     def __init__(self, make: Callable[[str], Tier], *, dim: int, dtype: torch.dtype, name: str = "L3"):
         self.name = name
-        self.shared = True  # Milvus, shared by every process of a fleet
         self._make = make
         self.dim = dim
         self.dtype = dtype

@@ -11,12 +11,14 @@ import pytest
 import redis
 import torch
 
+from ragcache import Settings, open_cache
 from ragcache.core.cache import EmbeddingCache
 from ragcache.core.flight import RedisFlight, wait_for_holders
 from ragcache.core.tier import TierHits
 from ragcache.errors import ConfigError
 from ragcache.storage.embedded_redis import free_port
 from ragcache.tiers import MemoryTier, RedisTier
+from ragcache_testing.instant import InstantUpstream
 from tests.fakes import HashEncoder
 
 DIM = 8
@@ -206,9 +208,7 @@ class ScriptedFlight:
 
 class RecordingTier:
     """A real level that records its writes; ``before_get`` runs before each lookup (another replica acting).
-    It stands for the level replicas share (Redis): ``shared``."""
-
-    shared = True
+    It stands for the level replicas share (Redis): the caches below name it in ``fleet_levels``."""
 
     def __init__(self, tier, name, events, before_get=lambda: None):
         self.tier, self.name, self.events, self.before_get = tier, name, events, before_get
@@ -239,7 +239,7 @@ def test_won_keys_are_published_in_l2_before_release_and_lost_keys_are_taken_fro
 
     l1, l2 = two_levels(events, other_replica_publishes_c_once_we_wait)
     # Of the two misses ("a", "c") this replica wins "a"; "c" is another's.
-    cache = EmbeddingCache(encoder, [l1, l2], write_behind=True, flight=ScriptedFlight([True, False], store, events))
+    cache = EmbeddingCache(encoder, [l1, l2], write_behind=True, fleet_levels=["L2"], flight=ScriptedFlight([True, False], store, events))
     key_a, key_b, key_c = cache.space.keys(["a", "b", "c"])
     l2.tier.put_many([key_b], other_replica.encode(["b"]))  # "b": another replica published it earlier
     store.held = {key_c}
@@ -257,7 +257,8 @@ def test_won_keys_are_published_in_l2_before_release_and_lost_keys_are_taken_fro
 
 def test_a_text_whose_holder_died_is_computed_here():
     encoder, events, store = HashEncoder(DIM), [], SharedStore()
-    cache = EmbeddingCache(encoder, two_levels(events), write_behind=False, flight=ScriptedFlight([False, False], store, events))
+    cache = EmbeddingCache(encoder, two_levels(events), write_behind=False, fleet_levels=["L2"],
+                           flight=ScriptedFlight([False, False], store, events))
     result = cache.embed_detailed(["x", "y"])  # both claims lost, but no lock is held and nothing comes
     assert result.served == {"L1": 0, "L2": 0, "compute": 2}
     assert encoder.calls == [["x", "y"]]
@@ -269,6 +270,25 @@ def test_a_text_whose_holder_died_is_computed_here():
 def test_a_flight_needs_a_shared_level_after_l1():
     with pytest.raises(ConfigError, match="shared level"):
         EmbeddingCache(HashEncoder(DIM), [MemoryTier(1 << 16, DIM, torch.float32)], flight=ScriptedFlight([], SharedStore(), []))
+    # A level below L1 that the fleet does not see (the host's disk level) is no place to publish in.
+    host_level = RecordingTier(MemoryTier(1 << 16, DIM, torch.float32), "disk", [])
+    with pytest.raises(ConfigError, match="shared level"):
+        EmbeddingCache(HashEncoder(DIM), [MemoryTier(1 << 16, DIM, torch.float32), host_level],
+                       flight=ScriptedFlight([], SharedStore(), []))
+    with pytest.raises(ValueError, match="no level named"):
+        EmbeddingCache(HashEncoder(DIM), two_levels([]), fleet_levels=["L9"])
+
+
+def test_the_table_of_levels_says_which_level_the_fleet_sees(redis_url, tmp_path):
+    """Built from ``ragcache.build.LEVELS``: single flight publishes in L2, the first level every replica sees,
+    not in the disk level above it, which only this host's processes see."""
+    with InstantUpstream() as upstream:
+        settings = Settings(models_json=upstream.models_json, model=upstream.model, redis_url=redis_url, milvus_uri="off",
+                            data_dir=tmp_path, disk_path=str(tmp_path / "disk"), drift_check=False, single_flight=True)
+        with open_cache(settings) as cache:
+            assert cache.levels.names == ("L1", "disk", "L2")
+            assert cache.levels.shared == 2
+            assert cache.resolver._flight is not None
 
 
 def test_two_caches_on_one_redis_compute_each_text_once(any_redis):
@@ -280,6 +300,7 @@ def test_two_caches_on_one_redis_compute_each_text_once(any_redis):
             encoder,
             [MemoryTier(1 << 16, DIM, torch.float32), RedisTier(any_redis, dim=DIM, dtype=torch.float32, ttl_s=60)],
             compute_max_batch=8,
+            fleet_levels=["L2"],
             flight=RedisFlight(any_redis, ttl_ms=10_000, wait_s=10),
         )
         for encoder in encoders

@@ -54,6 +54,7 @@ def test_two_caches_with_the_real_model_compute_each_text_once(encoder, redis_ur
             [MemoryTier(1 << 20, encoder.space.dim, torch.float32),
              RedisTier(client, dim=encoder.space.dim, dtype=torch.float32, ttl_s=600)],
             compute_max_batch=32,
+            fleet_levels=["L2"],
             flight=RedisFlight(client, ttl_ms=WAIT_MS, wait_s=WAIT_MS / 1000),
         )
         for counter, client in zip(counters, clients)
