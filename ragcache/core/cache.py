@@ -332,8 +332,9 @@ class EmbeddingCache:
     def _explain_misses(self, scope: Scope, space: EmbeddingSpace, texts: list[str], found: Found) -> None:
         if not (found.served > 0).any():
             return  # every key in L1: no miss to explain
+        scope_hash = hash(scope)  # once: a Scope's own hash walks its fields
         counts = self._ledger.explain(
-            [(scope, text) for text in texts], space.generation, found.served, num_levels=len(self.levels),
+            [(scope_hash, text) for text in texts], space.generation, found.served, num_levels=len(self.levels),
             unavailable=found.unavailable, bypassed=found.bypassed, on_reuse=self.levels.on_reuse, ttl_s=self._ttl_s)
         self.levels.record_causes(counts)
 

@@ -59,45 +59,55 @@ class MissLedger:
     ) -> np.ndarray:
         """Counts ``[level, cause]`` for one walk: ``served[i]`` is the level that held key ``i`` (``num_levels``:
         none), so key ``i`` missed at every level above it. Then remembers what the walk saw."""
-        counts = np.zeros((num_levels, len(MISS_CAUSES)), dtype=np.int64)
         now = self._clock()
         reuse_levels = range(1, min(on_reuse, default=num_levels))  # below L1, above every reuse-only level
+        ttl_positions = [(position, ttl) for position, ttl in enumerate(ttl_s) if ttl is not None]
+        # A key's causes depend only on where it was served and what the ledger knew of it (absent, an older
+        # generation, or current: whether it proved reuse and which TTLs it outlived), so keys are tallied by that
+        # and each tally is turned into causes once: one dict look-up and one tuple per key, not a call per level.
+        tally: dict[tuple, int] = {}
+        seen = self._seen
         with self._lock:
             for identity, level in zip(identities, served.tolist()):
                 key = hash(identity)
-                entry = self._seen.get(key)
-                for position in range(level):
-                    counts[position, self._cause(position, entry, generation, now, unavailable, bypassed, on_reuse, ttl_s)] += 1
-                self._remember(key, entry, generation, now, proved_reuse=level in reuse_levels,
-                               written=level == num_levels)
+                entry = seen.get(key)
+                if level:
+                    if entry is None or entry[0] != generation:
+                        state: tuple = (level, entry is None, False, 0)
+                    else:
+                        age = now - entry[1]
+                        expired = sum(1 << position for position, ttl in ttl_positions if position < level and age >= ttl)
+                        state = (level, None, entry[2], expired)
+                    tally[state] = tally.get(state, 0) + 1
+                if entry is None or entry[0] != generation or level == num_levels:  # new, drifted, or just computed
+                    seen[key] = [generation, now, level in reuse_levels or (entry is not None and entry[0] == generation and entry[2])]
+                    seen.move_to_end(key)
+                elif level in reuse_levels:
+                    entry[2] = True
+            while len(seen) > self.max_entries:
+                seen.popitem(last=False)
+        counts = np.zeros((num_levels, len(MISS_CAUSES)), dtype=np.int64)
+        for (level, absent, reused, expired), num_keys in tally.items():
+            for position in range(level):
+                counts[position, self._cause(position, absent, reused, bool(expired >> position & 1), unavailable,
+                                             bypassed, on_reuse)] += num_keys
         return counts
 
     @staticmethod
-    def _cause(position: int, entry: list | None, generation: int, now: float, unavailable: frozenset[int],
-               bypassed: frozenset[int], on_reuse: frozenset[int], ttl_s: Sequence[float | None]) -> int:
+    def _cause(position: int, absent: bool | None, reused: bool, expired: bool, unavailable: frozenset[int],
+               bypassed: frozenset[int], on_reuse: frozenset[int]) -> int:
+        """The cause of a miss at ``position`` of a key the ledger had ``absent`` (True), under an older generation
+        (False) or current (None: then whether it ``reused`` and had outlived the level's TTL, ``expired``)."""
         if position in unavailable:
             return UNAVAILABLE
         if position in bypassed:
             return BYPASSED
-        if entry is None:
+        if absent:
             return NEVER_SEEN
-        if entry[0] != generation:
+        if absent is not None:
             return DRIFT
-        if position in on_reuse and not entry[2]:
+        if position in on_reuse and not reused:
             return BYPASSED
-        ttl = ttl_s[position]
-        if ttl is not None and now - entry[1] >= ttl:
+        if expired:
             return EXPIRED
         return EVICTED
-
-    def _remember(self, key: int, entry: list | None, generation: int, now: float, *, proved_reuse: bool,
-                  written: bool) -> None:
-        """Note a key the walk saw; one computed (``written``) was stored in the levels again just now."""
-        if entry is None or entry[0] != generation or written:
-            reused = proved_reuse or (entry is not None and entry[0] == generation and entry[2])
-            self._seen[key] = [generation, now, reused]
-            self._seen.move_to_end(key)
-            while len(self._seen) > self.max_entries:
-                self._seen.popitem(last=False)
-        elif proved_reuse:
-            entry[2] = True
