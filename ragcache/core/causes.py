@@ -62,6 +62,7 @@ class MissLedger:
         now = self._clock()
         reuse_levels = range(1, min(on_reuse, default=num_levels))  # below L1, above every reuse-only level
         ttl_positions = [(position, ttl) for position, ttl in enumerate(ttl_s) if ttl is not None]
+        first_ttl = ttl_positions[0][0] if ttl_positions else num_levels  # a key served above it outlived no TTL
         # A key's causes depend only on where it was served and what the ledger knew of it (absent, an older
         # generation, or current: whether it proved reuse and which TTLs it outlived), so keys are tallied by that
         # and each tally is turned into causes once: one dict look-up and one tuple per key, not a call per level.
@@ -75,8 +76,12 @@ class MissLedger:
                     if entry is None or entry[0] != generation:
                         state: tuple = (level, entry is None, False, 0)
                     else:
-                        age = now - entry[1]
-                        expired = sum(1 << position for position, ttl in ttl_positions if position < level and age >= ttl)
+                        expired = 0  # bit p: the key outlived the TTL of level p, which it missed
+                        if level > first_ttl:
+                            age = now - entry[1]
+                            for position, ttl in ttl_positions:
+                                if position < level and age >= ttl:
+                                    expired |= 1 << position
                         state = (level, None, entry[2], expired)
                     tally[state] = tally.get(state, 0) + 1
                 if entry is None or entry[0] != generation or level == num_levels:  # new, drifted, or just computed
