@@ -137,9 +137,12 @@ class MilvusTier:
         # Keys are rc:<space_id>:<text_hash>; the collection already names the space.
         return [key[-TEXT_HASH_LENGTH:] for key in keys]
 
-    def may_hold(self) -> bool:
+    def may_hold(self, keys: Sequence[str] = ()) -> bool:
         """False while the collection is known to be empty: a lookup there costs a Milvus call (the client's CPU
-        and Milvus Lite's) to find nothing, on every request with a miss. Once it holds a row, always True."""
+        and Milvus Lite's) to find nothing, on every request with a miss. Once it holds a row, always True.
+
+        ``keys``: the walk's (the ``Tier`` protocol's ``may_hold(keys)``), not looked at: the collection is one
+        space's, so its being empty answers for any keys; ``PerSpaceTier`` asks without them."""
         if self._holds_rows:
             return True
         now = time.monotonic()
