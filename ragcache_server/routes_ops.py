@@ -165,7 +165,7 @@ def _admin_info(state: ServiceState, models: list[dict]) -> dict:
             "l1_bytes": state.settings.levels.l1_bytes,
             "disk": str(state.stores.disk.root) if state.stores.disk is not None else "off",
             "disk_max_bytes": state.settings.levels.disk_max_bytes,
-            "l3_admission": "reuse" if state.settings.levels.l3_on_reuse else "all",
+            "l3_admission": _l3_admission(state),
             "redis": "embedded" if state.stores.embedded_redis else ("off" if state.stores.redis is None else "external"),
             # Redacted: a URI may carry a user and password (ragcache.observe.redact).
             "milvus": redact_url(uri) if (uri := state.settings.levels.resolved_milvus_uri) else "off",
@@ -181,6 +181,14 @@ def _admin_info(state: ServiceState, models: list[dict]) -> dict:
             "fastapi": fastapi.__version__,
         },
     }
+
+
+def _l3_admission(state: ServiceState) -> str:
+    """Which vectors L3 takes: "reuse" (those that proved reuse), "all", or "off" when the service has no L3 (the
+    setting then rules nothing, and saying "reuse" would suggest a level that is not there)."""
+    if state.stores.milvus is None:
+        return "off"
+    return "reuse" if state.settings.levels.l3_on_reuse else "all"
 
 
 def _prompts_of(state: ServiceState, model: str, cache) -> dict[str, dict]:

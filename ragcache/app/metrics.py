@@ -13,6 +13,19 @@ from ragcache.models.drift import DriftState
 
 __all__ = ["CacheCollector", "DriftCollector"]
 
+# Counters a level keeps of itself (``EmbeddingCache.level_states``), exported where the level reports them:
+# the state's field, the metric's name and its help. The disk level's evicted, rotations and lost are its host
+# store's counts in this process, the same under every model's labels (sum them over one model, not over all).
+_STATE_COUNTERS = (
+    ("num_evicted", "ragcache_level_evicted", "Entries a level dropped to stay within its budget"),
+    ("num_corrupt", "ragcache_level_corrupt", "Values a level found torn or corrupt, dropped and served as misses"),
+    ("num_rotations", "ragcache_level_rotations", "Generations the disk level started because the newest was full"),
+    ("num_lost", "ragcache_level_generations_lost", "Disk generations dropped because their file could not be read"),
+    ("num_admitted", "ragcache_level_admitted", "Vectors written to a reuse-admission level (L3) because they proved "
+     "reuse (served by a level below L1)"),
+    ("num_declined", "ragcache_level_declined", "Computed vectors a reuse-admission level (L3) did not take"),
+)
+
 
 class CacheCollector(Collector):
     """Collects every cache that ``caches()`` returns; labels: model, space (id) and level."""
@@ -48,6 +61,10 @@ class CacheCollector(Collector):
         miss_causes = CounterMetricFamily("ragcache_misses_by_cause", "Keys a level missed, by cause (never_seen, evicted, "
                                           "expired, drift, bypassed, unavailable)", labels=[*labels, "cause"])
         level_up = GaugeMetricFamily("ragcache_level_up", "1 when the level answers, 0 while it is down", labels=labels)
+        state_counters = {field: CounterMetricFamily(name, help_text, labels=labels) for field, name, help_text in _STATE_COUNTERS}
+        # The rule a level admits vectors by, as a label of a constant 1 (a level that takes every vector has none).
+        admission = GaugeMetricFamily("ragcache_level_admission", "1, labelled with the level's admission rule "
+                                      "(reuse: only vectors that proved reuse)", labels=[*labels, "admission"])
         texts = CounterMetricFamily("ragcache_texts", "Texts asked for", labels=labels[:2])
         computed = CounterMetricFamily("ragcache_texts_computed", "Texts the model computed", labels=labels[:2])
         compute_s = CounterMetricFamily("ragcache_compute_seconds", "Seconds spent in the model", labels=labels[:2])
@@ -72,11 +89,18 @@ class CacheCollector(Collector):
                     quantile_labels = {**dict(zip(labels, label_values)), "quantile": quantile}
                     latency.add_sample("ragcache_lookup_latency_seconds", quantile_labels, value_ms / 1000)
                 lookup_duration.add_metric(label_values, *_buckets(histogram))
-                level_up.add_metric(label_values, 1.0 if states[level.level]["up"] else 0.0)
+                state = states[level.level]
+                level_up.add_metric(label_values, 1.0 if state["up"] else 0.0)
                 for cause, count in level.misses_by_cause.items():
                     miss_causes.add_metric([*label_values, cause], count)
+                for field, family in state_counters.items():
+                    if field in state:
+                        family.add_metric(label_values, state[field])
+                if "admission" in state:
+                    admission.add_metric([*label_values, state["admission"]], 1.0)
         yield from families.values()
-        yield from (latency, lookup_duration, request_duration, level_up, miss_causes, texts, computed, compute_s, saved_s, hit_ratio)
+        yield from (latency, lookup_duration, request_duration, level_up, miss_causes, *state_counters.values(), admission,
+                    texts, computed, compute_s, saved_s, hit_ratio)
 
 
 def _buckets(histogram: LatencyHistogram) -> tuple[list[tuple[str, int]], float]:

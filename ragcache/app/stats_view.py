@@ -46,11 +46,21 @@ def render_stats(stats: dict[str, Any], previous: dict[str, Any] | None = None, 
             causes = [f"{cause.replace('_', ' ')} {count:,}" for cause, count in level.get("misses_by_cause", {}).items() if count]
             if causes:
                 lines.append(f"  {'':<6}misses: " + ", ".join(causes))
+            admission = _admission_line(entry["levels"].get(name, {}))
+            if admission:
+                lines.append(admission)
         if "upstream" in entry:
             lines += _upstream_lines(entry["upstream"])
         if entry.get("drift"):
             lines.append(_drift_line(entry["drift"]))
     return "\n".join(lines)
+
+
+def _admission_line(state: dict[str, Any]) -> str | None:
+    """A level that admits only some vectors (L3 on reuse): its rule, what it took and what it declined."""
+    if "admission" not in state:
+        return None
+    return f"  {'':<6}admission {state['admission']}: admitted {state['num_admitted']:,}, declined {state['num_declined']:,}"
 
 
 def _drift_line(drift: dict[str, Any]) -> str:

@@ -33,8 +33,9 @@ __all__ = ["Found", "Levels"]
 
 log = logging.getLogger(__name__)
 
-# What a level may report of itself in ``states`` (attributes of the tier, when it has them).
-_TIER_FIGURES = ("num_corrupt", "used_bytes", "capacity_bytes", "num_evicted")
+# What a level may report of itself in ``states`` (attributes of the tier, when it has them): values dropped as
+# corrupt, bytes against the budget, entries evicted, and a generational store's rotations and generations lost.
+_TIER_FIGURES = ("num_corrupt", "used_bytes", "capacity_bytes", "num_evicted", "num_rotations", "num_lost")
 
 
 @dataclass(frozen=True)

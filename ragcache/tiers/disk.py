@@ -5,7 +5,8 @@ Named ``disk`` (``X-Cache-Disk``, ``level="disk"`` in metrics): the names L1, L2
 meant (device, Redis, Milvus), so dashboards and headers that read them are unchanged. Values are the codec's
 (``ragcache.tiers.codec``, the bytes L2 stores): a torn or corrupt one is deleted, counted (``num_corrupt``)
 and a miss, never a wrong vector. Every model's tier shares the one store of the process (``Stores.disk``),
-and every process of the host shares its folder.
+and every process of the host shares its folder: ``num_evicted``, ``num_rotations`` and ``num_lost`` are that
+store's counts in this process (the same under every model), ``num_corrupt`` this tier's own.
 """
 
 from __future__ import annotations
@@ -74,6 +75,16 @@ class DiskTier:
     @property
     def num_evicted(self) -> int:
         return self.store.figures().num_evicted
+
+    @property
+    def num_rotations(self) -> int:
+        """Generations the store started because the newest was full (each dropped the oldest beyond the count)."""
+        return self.store.figures().num_rotations
+
+    @property
+    def num_lost(self) -> int:
+        """Generations the store dropped because their file could not be opened or read (corrupt)."""
+        return self.store.figures().num_lost
 
     def close(self) -> None:
         """The store belongs to whoever opened it (the shared ``Stores``); nothing to release here."""

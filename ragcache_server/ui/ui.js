@@ -260,7 +260,7 @@
     const recent = new Map(entry.recent.levels.map((l) => [l.level, l]));
     const extraNames = [...new Set(totals.levels.flatMap((l) => Object.keys(l).filter((k) => !KNOWN_LEVEL.has(k))))];
     const head = el("tr", {}, ...["level", "state", "outages", "lookups", "texts served", "misses", "why missed", "errors",
-      "hit rate", "recent hit rate", "p50 ms", "p99 ms", "L1 fill", ...extraNames.map(label)].map((h) => el("th", { text: h })));
+      "hit rate", "recent hit rate", "p50 ms", "p99 ms", "fill", "admission", ...extraNames.map(label)].map((h) => el("th", { text: h })));
     const rows = totals.levels.map((level) => {
       const state = entry.levels[level.level] || {};
       const stateText = state.up === false ? "down" : "up";
@@ -281,14 +281,24 @@
         cell("latency_p50_ms", level.latency_p50_ms, fmtMs(level.latency_p50_ms)),
         cell("latency_p99_ms", level.latency_p99_ms, fmtMs(level.latency_p99_ms)),
         fillCell(state),
+        admissionCell(state),
         ...extraNames.map((name) => cell(name, level[name], fmtAny(level[name]))));
     });
     const compute = el("tr", { "data-level": "compute" }, el("td", { text: "compute" }), el("td", {}),
       el("td", {}), el("td", {}), cell("hits", totals.texts_computed, fmtInt(totals.texts_computed)),
-      ...Array.from({ length: 8 + extraNames.length }, () => el("td", {})));
+      ...Array.from({ length: 9 + extraNames.length }, () => el("td", {})));
     return el("table", { className: "grid levels" }, head, ...rows, compute);
   }
 
+  // Which vectors a level takes, for one that takes only some (L3 on reuse): the rule, what it took and declined.
+  function admissionCell(state) {
+    if (typeof state.admission !== "string") return el("td", {});
+    return el("td", { "data-field": "admission", "data-value": state.admission, "data-admitted": state.num_admitted,
+      "data-declined": state.num_declined, title: "admitted: proved reuse; declined: computed, not written here" },
+      `${state.admission}: ${fmtInt(state.num_admitted)} admitted, ${fmtInt(state.num_declined)} declined`);
+  }
+
+  // Any level's bytes against its budget (L1's slab, the disk level's files), in that level's row.
   function fillCell(state) {
     if (typeof state.used_bytes !== "number" || typeof state.capacity_bytes !== "number") return el("td", {});
     const ratio = state.capacity_bytes ? state.used_bytes / state.capacity_bytes : 0;

@@ -33,7 +33,9 @@ def level_row(table: str, level: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory, redis_server):
-    with LiveServer(Settings(redis_url=redis_server, data_dir=tmp_path_factory.mktemp("watch"))) as server:
+    # With a disk level, as under `make serve`: L3 then admits only vectors that proved reuse.
+    data_dir = tmp_path_factory.mktemp("watch")
+    with LiveServer(Settings(redis_url=redis_server, data_dir=data_dir, disk_path=str(data_dir / "disk"))) as server:
         yield server
 
 
@@ -59,6 +61,12 @@ def test_render_real_stats_and_the_interval_column(live):
     assert level_row(table, "L1")[8] == "1.000"
     # L2 was not asked at all in between (every text was in L1).
     assert level_row(table, "L2")[8] == "-"
+    # L3's admission, under its row: the 4 computed vectors declined, none served from below L1, so none admitted.
+    assert entry["levels"]["L3"] == {**entry["levels"]["L3"], "admission": "reuse", "num_admitted": 0, "num_declined": 4}
+    lines = once.splitlines()
+    l3_row = next(i for i, line in enumerate(lines) if line.startswith("  L3 "))
+    assert lines[l3_row + 1:l3_row + 3].count("        admission reuse: admitted 0, declined 4") == 1
+    assert once.count("admission") == 1  # the other levels take every vector: no line
     # The model's drift check (docs/drift.md): checked once at start, nothing changed.
     assert re.search(r"^  drift stable  generation 0  events 0  checks 1 \(failed 0\)  canary distance (0|-) ", once, re.M), once
 

@@ -69,7 +69,8 @@ def test_a_restart_serves_from_disk_what_was_written_before_it(upstream, tmp_pat
             levels = client.get("/stats").json()["models"][upstream.model]["since_start"]["levels"]
             settings = client.get("/info").json()["settings"]
         assert [level["level"] for level in levels] == ["L1", "disk"]
-        assert settings["disk"] == str(tmp_path / "disk") and settings["l3_admission"] == "reuse"
+        # No L3 (milvus off): no admission rule to report, though a disk level would make it "reuse".
+        assert settings["disk"] == str(tmp_path / "disk") and settings["l3_admission"] == "off"
     finally:
         again.stop()
 
@@ -92,5 +93,10 @@ def test_two_workers_on_the_embedded_defaults_share_one_disk_level(upstream, tmp
         children = subprocess.run(["pgrep", "-s", str(serve.process.pid), "-a"], capture_output=True, text=True).stdout
         assert children.count("redis-server") == 1  # one embedded Redis for both workers
         assert sum("lib/milvus" in line for line in children.splitlines()) == 1  # one Milvus Lite: one L3 writer
+        with httpx.Client(base_url=serve.url) as client:
+            settings = client.get("/info").json()["settings"]
+        # The embedded default: L3 on (the workers' one Milvus Lite server), behind a disk level, so it takes only
+        # what proved reuse.
+        assert settings["l3_admission"] == "reuse" and settings["milvus"].startswith("http://127.0.0.1:")
     finally:
         serve.stop()

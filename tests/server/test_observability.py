@@ -8,6 +8,7 @@ metric that does not exist; the exposition and the config are checked by Prometh
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -16,12 +17,20 @@ from pathlib import Path
 
 import httpx
 import pytest
+import torch
 import yaml
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from ragcache.app.metrics import CacheCollector
+from ragcache.core.cache import EmbeddingCache
 from ragcache.core.stats import LATENCY_BUCKETS_S, LevelRecorder
 from ragcache.settings import Settings
+from ragcache.storage.disk_store import DiskStore
 from ragcache.storage.processes import free_port, stop_process, wait_healthy
+from ragcache.tiers import MemoryTier
+from ragcache.tiers.disk import DiskTier
+from tests.fakes import HashEncoder
 from tests.live_server import LiveServer
 
 MONITORING = Path(__file__).resolve().parents[2] / "docker" / "monitoring"
@@ -40,8 +49,10 @@ def promtool() -> str:
 
 @pytest.fixture(scope="module")
 def service(redis_server, tmp_path_factory):
-    """A real service (open, on loopback) that has served traffic through every level."""
-    with LiveServer(Settings(redis_url=redis_server, data_dir=tmp_path_factory.mktemp("observability"))) as live:
+    """A real service (open, on loopback) that has served traffic through every level: L1, the disk level, L2 and L3,
+    which with a disk level admits only vectors that proved reuse (as under `make serve`)."""
+    data_dir = tmp_path_factory.mktemp("observability")
+    with LiveServer(Settings(redis_url=redis_server, data_dir=data_dir, disk_path=str(data_dir / "disk"))) as live:
         with httpx.Client(base_url=live.url, timeout=60) as http:
             embed_repeatedly(http, 3)
             live.state.caches[live.state.default_model].flush()
@@ -106,6 +117,79 @@ def test_metrics_histograms_agree_with_stats(scraped):
     assert {"L1", "L2", "L3"} <= levels
 
 
+def samples_of(found: dict, name: str) -> dict[tuple[str, ...], float]:
+    """A family's values by (level,) or (level, admission): the service has one model."""
+    return {(sample.labels["level"], *([sample.labels["admission"]] if "admission" in sample.labels else [])): sample.value
+            for sample in found[name].samples}
+
+
+# The level figures of /stats (``levels`` of a model) and the counters /metrics exports them as.
+STATE_COUNTERS = {"num_evicted": "ragcache_level_evicted", "num_corrupt": "ragcache_level_corrupt",
+                  "num_rotations": "ragcache_level_rotations", "num_lost": "ragcache_level_generations_lost",
+                  "num_admitted": "ragcache_level_admitted", "num_declined": "ragcache_level_declined"}
+
+
+def test_level_figures_and_l3_admission_in_metrics_agree_with_stats(scraped):
+    metrics, stats = scraped
+    found = families(metrics)
+    entry = next(iter(stats["models"].values()))
+    states = entry["levels"]
+    for field, name in STATE_COUNTERS.items():
+        assert found[name].type == "counter"
+        expected = {(level,): state[field] for level, state in states.items() if field in state}
+        assert samples_of(found, name) == expected, name
+    # The disk level reports its store's figures in /stats too (num_lost among them), L3 its admission rule.
+    assert {"num_evicted", "num_corrupt", "num_rotations", "num_lost", "used_bytes", "capacity_bytes"} <= set(states["disk"])
+    assert states["L3"]["admission"] == "reuse" and "admission" not in states["L1"]
+    assert samples_of(found, "ragcache_level_admission") == {("L3", "reuse"): 1.0}
+    # Every computed vector was declined by L3; none came back from below L1, so none was admitted.
+    assert states["L3"]["num_declined"] == entry["since_start"]["texts_computed"] == 5
+    assert states["L3"]["num_admitted"] == 0
+
+
+def test_disk_and_admission_counters_are_exported_exactly(tmp_path):
+    """In one process, on a real disk store: a generation lost to a corrupt file, rotations and evictions under a
+    write storm, a corrupt value, and L3 admitting what the disk level served after it left L1."""
+    capacity = 4 << 20  # four generations of 1 MiB, the smallest allowed
+    seeded = DiskStore(tmp_path, capacity_bytes=capacity, num_generations=4)
+    seeded.put_many([(b"seed", b"value")])
+    seeded.close()
+    data = next(tmp_path.glob("gen-*/data.mdb"))
+    data.write_bytes(os.urandom(data.stat().st_size))  # no longer an LMDB file: dropped and counted when opened
+    store = DiskStore(tmp_path, capacity_bytes=capacity, num_generations=4)
+    dim = 64
+    l1 = MemoryTier(4 * dim * 4, dim, torch.float32)  # four vectors
+    disk = DiskTier(store, dim=dim, dtype=torch.float32)
+    l3 = MemoryTier(100 * dim * 4, dim, torch.float32)
+    l3.name = "L3"
+    cache = EmbeddingCache(HashEncoder(dim), [l1, disk, l3], write_behind=False, admit_on_reuse=["L3"])
+    try:
+        texts = [f"admitted text {i}" for i in range(8)]
+        cache.embed(texts)  # 8 computed: L3 declines all 8; L1 keeps four of them
+        cache.embed(texts[:4])  # out of L1, served by the disk level: they proved reuse, so L3 admits them
+        store.put_many([(b"rc:torn", b"not a vector")])
+        assert disk.get_many(["rc:torn"]).index == []
+        for first in range(0, 20_000, 256):  # five generations' worth: the store rotates and drops its oldest
+            keys = [f"rc:storm:{i}" for i in range(first, first + 256)]
+            disk.put_many(keys, torch.zeros(len(keys), dim))
+        registry = CollectorRegistry()
+        registry.register(CacheCollector(lambda: [cache]))
+        found = families(generate_latest(registry).decode())
+        figures = store.figures()
+        assert figures.num_rotations >= 4 and figures.num_evicted >= 8
+        assert samples_of(found, "ragcache_level_rotations") == {("disk",): figures.num_rotations}
+        assert samples_of(found, "ragcache_level_generations_lost") == {("disk",): 1}
+        assert samples_of(found, "ragcache_level_corrupt") == {("disk",): 1}
+        assert samples_of(found, "ragcache_level_evicted") == {("L1",): 4, ("disk",): figures.num_evicted, ("L3",): 0}
+        assert samples_of(found, "ragcache_level_admitted") == {("L3",): 4}
+        assert samples_of(found, "ragcache_level_declined") == {("L3",): 8}
+        assert samples_of(found, "ragcache_level_admission") == {("L3", "reuse"): 1.0}
+        assert cache.level_states()["disk"]["num_lost"] == 1
+    finally:
+        cache.close()
+        store.close()
+
+
 def test_promtool_accepts_the_exposition(scraped):
     metrics, _ = scraped
     result = subprocess.run([promtool(), "check", "metrics"], input=metrics, capture_output=True, text=True, timeout=60)
@@ -135,7 +219,8 @@ def test_every_dashboard_query_uses_metrics_the_service_exports(scraped):
     metrics, _ = scraped
     exported = exported_names(metrics) | PROMETHEUS_SERIES
     used = {name for query in dashboard_queries() for name in METRIC_NAME.findall(query)}
-    assert {"ragcache_lookup_duration_seconds_bucket", "ragcache_level_up", "ragcache_prefix_residency_ratio"} <= used
+    assert {"ragcache_lookup_duration_seconds_bucket", "ragcache_level_up", "ragcache_prefix_residency_ratio",
+            "ragcache_misses_by_cause_total", "ragcache_level_admitted_total", "ragcache_level_declined_total"} <= used
     assert used <= exported, f"not exported by the service: {sorted(used - exported)}"
 
 
@@ -151,7 +236,7 @@ def test_dashboard_is_well_formed_and_uses_the_provisioned_datasource():
         for target in panel["targets"]:
             assert target["datasource"]["uid"] == uid and target["expr"].count("(") == target["expr"].count(")")
     titles = " ".join(panel["title"].lower() for panel in dashboard["panels"])
-    for subject in ("hit rate", "latency", "computed", "levels down", "prefix residency"):
+    for subject in ("hit rate", "latency", "computed", "levels down", "prefix residency", "by cause", "admission"):
         assert subject in titles
     provider = yaml.safe_load((MONITORING / "grafana" / "provisioning" / "dashboards" / "ragcache.yaml").read_text())
     assert provider["providers"][0]["options"]["path"] == "/var/lib/grafana/dashboards"

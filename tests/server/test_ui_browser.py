@@ -44,7 +44,9 @@ def server(redis_server, tmp_path_factory):
     # A second target that publishes KV events: a loopback vLLM stand-in and a ZMQ publisher of the tests' own.
     with RecordingServer(num_tokens=ENGINE_TOKENS) as vllm, closing(KVPublisher().start()) as publisher:
         events = {vllm.url: {"endpoint": publisher.endpoint, "replay_endpoint": publisher.replay_endpoint}}
-        settings = Settings(redis_url=redis_server, data_dir=tmp_path_factory.mktemp("ui"), api_keys=json.dumps(keys),
+        # With a disk level, as under `make serve`: its fill has a row of its own, and L3 admits on reuse.
+        data_dir = tmp_path_factory.mktemp("ui")
+        settings = Settings(redis_url=redis_server, data_dir=data_dir, disk_path=str(data_dir / "disk"), api_keys=json.dumps(keys),
                             prefix_allowed_targets=[no_vllm, vllm.url], prefix_kv_events=events)
         headers = {"Authorization": f"Bearer {ADMIN_KEY}"}
         with LiveServer(settings) as live, httpx.Client(base_url=live.url, timeout=120, headers=headers) as admin:
@@ -158,7 +160,21 @@ def test_the_page_shows_what_stats_says_and_runs_a_search(page, server, tmp_path
         state = entry["levels"][level["level"]]
         assert shown(page, f'{row} [data-field="up"]') == ("true" if state["up"] else "false")
         assert number(shown(page, f'{row} [data-field="num_outages"]')) == state["num_outages"]
-    assert number(shown(page, f'{card} tr[data-level="L1"] [data-field="used_bytes"]')) == entry["levels"]["L1"]["used_bytes"]
+    # Each level's fill in its own row, under a heading that names no level (it was "L1 fill", over the disk's too).
+    headings = page.locator(f"{card} table.levels th").all_inner_texts()
+    assert "fill" in headings and "L1 fill" not in headings and "admission" in headings
+    for name in ("L1", "disk"):
+        fill, level_state = f'{card} tr[data-level="{name}"] [data-field="used_bytes"]', entry["levels"][name]
+        assert number(shown(page, fill)) == level_state["used_bytes"] > 0, name
+        assert page.get_attribute(fill, "title") == f'{level_state["used_bytes"]} of {level_state["capacity_bytes"]} bytes'
+    # L3 takes only what proved reuse: the rule and its counts, as /stats has them; the other levels show none.
+    l3, admission = entry["levels"]["L3"], f'{card} tr[data-level="L3"] [data-field="admission"]'
+    assert l3["admission"] == "reuse" and l3["num_declined"] == totals["texts_computed"] > 0
+    assert shown(page, admission) == "reuse"
+    assert number(page.get_attribute(admission, "data-admitted")) == l3["num_admitted"]
+    assert number(page.get_attribute(admission, "data-declined")) == l3["num_declined"]
+    assert page.inner_text(admission) == f'reuse: {l3["num_admitted"]:,} admitted, {l3["num_declined"]:,} declined'
+    assert page.locator(f'{card} [data-field="admission"]').count() == 1
     assert number(shown(page, f'{card} tr[data-level="compute"] [data-field="hits"]')) == totals["texts_computed"]
     # The chart drew the hit rate of each level between refreshes.
     assert page.locator(f'svg[data-chart="{model}"] polyline, svg[data-chart="{model}"] circle').count() >= 1
