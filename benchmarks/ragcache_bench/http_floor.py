@@ -281,18 +281,19 @@ def bench_http_floor(ctx: BenchContext) -> BenchResult:
     for encoding in ("base64", "float"):
         uvicorn_ms, granian_ms = figure[("uvicorn", "ragcache", encoding)], figure[("granian", "ragcache", encoding)]
         ratio = _paired_ratio(samples[("granian", "ragcache", encoding)], samples[("uvicorn", "ragcache", encoding)])
-        result.add(f"ragcache on Granian / on uvicorn, L1 hits, {encoding}", round(ratio, 2), "x", goal="29.2",
+        result.add(f"ragcache on Granian / on uvicorn, L1 hits, {encoding}", round(ratio, 2), "x", goal="29 item 2 (the server)",
                    note=f"median of {num_blocks} paired blocks; medians {granian_ms:.3f} vs {uvicorn_ms:.3f} ms CPU a request; "
                         f"bare app: {figure[('granian', 'bare', encoding)]:.3f} vs {figure[('uvicorn', 'bare', encoding)]:.3f}")
     helper_ms, bare_ms = statistics.median(calls["helper"]), statistics.median(calls["bare"])
     result.add("upstream call, 32 texts base64: outbound helper / bare httptools client", round(helper_ms / bare_ms, 2), "x",
-               target=Target("<=", 1.5), goal="29.3", requires={"the same answer": bool(calls["same answer"][0])},
+               target=Target("<=", 1.5), goal="29.2", requires={"the same answer": bool(calls["same answer"][0])},
                note=f"{helper_ms:.3f} vs {bare_ms:.3f} ms CPU a call")
     details["upstream_call_cpu_ms"] = calls
     if client_calls is not None:
         ours_ms, sdk_ms = statistics.median(client_calls["ragcache client"]), statistics.median(client_calls["OpenAI SDK"])
         result.add("Python client embed, 32 texts base64: ragcache.client / OpenAI SDK", round(ours_ms / sdk_ms, 2), "x",
-                   target=Target("<=", 1.2), goal="29.5", requires={"the same vectors": bool(client_calls["same vectors"][0])},
+                   target=Target("<=", 1.2), goal="29 item 5 (the client)",
+                   requires={"the same vectors": bool(client_calls["same vectors"][0])},
                    note=f"{ours_ms:.3f} vs {sdk_ms:.3f} ms CPU a call")
         details["client_cpu_ms"] = client_calls
     details["load_after"] = os.getloadavg()

@@ -286,3 +286,18 @@ def test_a_name_resolves_through_the_resolver_to_every_address_in_order():
             client.close()
     assert seen == [("upstream.example", port)]
     assert server.received[0].headers.get("host") == f"upstream.example:{port}"
+
+
+def test_a_proxy_in_the_environment_is_never_used(monkeypatch):
+    # A proxy named in the environment would see every request, keys included; the helper connects to the URL's host.
+    with LoopbackServer(Plan()) as proxy, LoopbackServer(Plan()) as server:
+        for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
+            monkeypatch.setenv(name, proxy.url)
+        for name in ("NO_PROXY", "no_proxy"):
+            monkeypatch.delenv(name, raising=False)
+        client = upstream()
+        try:
+            assert client.post(server.url, {}, parse=as_json, max_bytes=1 << 20) == {"ok": True}
+        finally:
+            client.close()
+        assert (len(server.received), len(proxy.received)) == (1, 0)

@@ -10,8 +10,6 @@ import time
 
 import zmq
 
-from ragcache.storage.processes import free_port
-
 
 def packb(value: object) -> bytes:
     """MessagePack of the few types vLLM's events hold (the encoder msgspec would use)."""
@@ -46,13 +44,22 @@ def removed(hashes: list[int]) -> dict:
     return {"type": "BlockRemoved", "block_hashes": hashes, "medium": "GPU"}
 
 
+def _bind(socket: zmq.Socket, port: int) -> int:
+    """Bind on loopback: to ``port``, or to any free one when it is 0; returns the port bound."""
+    if port:
+        socket.bind(f"tcp://127.0.0.1:{port}")
+        return port
+    return socket.bind_to_random_port("tcp://127.0.0.1")
+
+
 class KVPublisher:
     """PUB on ``endpoint`` and ROUTER replay on ``replay_endpoint``, like vLLM's ZmqEventPublisher."""
 
-    def __init__(self) -> None:
-        self.port, self.replay_port = free_port(), free_port()
-        self.endpoint = f"tcp://127.0.0.1:{self.port}"
-        self.replay_endpoint = f"tcp://127.0.0.1:{self.replay_port}"
+    def __init__(self, port: int = 0, replay_port: int = 0) -> None:
+        # Port 0: each socket binds to a random port, trying others while one is taken. A port picked beforehand
+        # (a free_port() call) can be taken by another process before the bind: CI failed once with EADDRINUSE.
+        self.port, self.replay_port = port, replay_port
+        self.endpoint = self.replay_endpoint = ""
         self.buffer: list[tuple[int, bytes]] = []
         self.seq = 0
         self.num_replays = 0
@@ -65,10 +72,12 @@ class KVPublisher:
     def start(self) -> KVPublisher:
         self._pub = self._context.socket(zmq.PUB)
         self._pub.setsockopt(zmq.LINGER, 0)
-        self._pub.bind(self.endpoint)
+        self.port = _bind(self._pub, self.port)
         self._replay = self._context.socket(zmq.ROUTER)
         self._replay.setsockopt(zmq.LINGER, 0)
-        self._replay.bind(self.replay_endpoint)
+        self.replay_port = _bind(self._replay, self.replay_port)
+        self.endpoint = f"tcp://127.0.0.1:{self.port}"
+        self.replay_endpoint = f"tcp://127.0.0.1:{self.replay_port}"
         self._stop.clear()
         self._thread = threading.Thread(target=self._serve_replay, daemon=True)
         self._thread.start()

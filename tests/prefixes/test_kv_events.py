@@ -103,10 +103,7 @@ def test_a_publisher_that_dies_is_a_breaker_and_comes_back_replayed(publisher, c
             assert wait_until(lambda: not subscriber.synced and subscriber.health.is_down)
         assert [r.message for r in caplog.records].count(
             "KV events of http://vllm.test: the publisher went away (residency from warms until they recover)") == 1
-        revived = KVPublisher()
-        revived.port, revived.replay_port = publisher.port, publisher.replay_port
-        revived.endpoint, revived.replay_endpoint = publisher.endpoint, publisher.replay_endpoint
-        revived.start()
+        revived = KVPublisher(publisher.port, publisher.replay_port).start()
         try:
             store_prefix(revived, 300)  # a restarted engine: its own sequence, from 0
             assert wait_until(lambda: subscriber.synced and not subscriber.health.is_down and resident(subscriber) == 3)

@@ -48,16 +48,17 @@ class OpenAIEncoder(RemoteEncoder):
 
 def _decode_base64(rows: list[str]) -> np.ndarray:
     """The rows as one float32 matrix. Rows of one length without padding (a vector of a multiple of 3 bytes: 384
-    float32 are 1,536) are decoded in one call straight into the matrix's buffer; others row by row."""
+    float32 are 1,536) are joined and decoded in one call into a bytearray that becomes the matrix's buffer (no copy
+    after the decode, and writable like every matrix an encoder returns); others row by row."""
     width = len(rows[0]) if rows else 0
     if width and width % 4 == 0 and all(len(row) == width for row in rows) and not any(row.endswith("=") for row in rows):
         try:
-            joined = pybase64.b64decode("".join(rows), validate=True)
+            decoded = pybase64.b64decode_as_bytearray("".join(rows), validate=True)
         except (binascii.Error, ValueError):
             raise ValueError("an embedding is not valid base64") from None
         if (width // 4 * 3) % 4:
             raise ValueError("the base64 embeddings are not float32 vectors of one length")
-        return np.frombuffer(bytearray(joined), dtype="<f4").reshape(len(rows), -1).astype(np.float32, copy=False)
+        return np.frombuffer(decoded, dtype="<f4").reshape(len(rows), -1).astype(np.float32, copy=False)
     try:
         decoded = [pybase64.b64decode(row, validate=True) for row in rows]
     except (binascii.Error, ValueError):
