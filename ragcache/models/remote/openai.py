@@ -53,12 +53,12 @@ def _decode_base64(rows: list[str]) -> np.ndarray:
     width = len(rows[0]) if rows else 0
     if width and width % 4 == 0 and all(len(row) == width for row in rows) and not any(row.endswith("=") for row in rows):
         try:
-            decoded = pybase64.b64decode_as_bytearray("".join(rows), validate=True)
+            buffer = pybase64.b64decode_as_bytearray("".join(rows), validate=True)
         except (binascii.Error, ValueError):
             raise ValueError("an embedding is not valid base64") from None
         if (width // 4 * 3) % 4:
             raise ValueError("the base64 embeddings are not float32 vectors of one length")
-        return np.frombuffer(decoded, dtype="<f4").reshape(len(rows), -1).astype(np.float32, copy=False)
+        return np.frombuffer(buffer, dtype="<f4").reshape(len(rows), -1).astype(np.float32, copy=False)
     try:
         decoded = [pybase64.b64decode(row, validate=True) for row in rows]
     except (binascii.Error, ValueError):
