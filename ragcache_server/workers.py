@@ -36,6 +36,7 @@ class WorkerPool:
     def __init__(self, max_threads: int = DEFAULT_MAX_THREADS):
         self.max_threads = max_threads
         self.num_running = 0  # calls in a thread now, abandoned ones included
+        self.num_calls = 0  # calls handed to a thread since the start (the tests: an L1 hit is answered without one)
         self._slots: anyio.CapacityLimiter | None = None  # made in the event loop, on first use
         self._threads: anyio.CapacityLimiter | None = None
 
@@ -51,6 +52,7 @@ class WorkerPool:
         call = _Call(function, args, release=lambda: self._release(slot),
                      release_from_thread=lambda: self._release_from_thread(loop, slot))
         self.num_running += 1
+        self.num_calls += 1
         try:
             result = await to_thread.run_sync(call.run, abandon_on_cancel=True, limiter=self._threads)
         except BaseException:

@@ -51,12 +51,13 @@ def counts(server):
     ("/embed", {"inputs": TEXTS}), ("/", {"inputs": TEXTS[0]}),
     ("/v1/embeddings", {"input": TEXTS, "encoding_format": "base64"}), ("/v1/embeddings", {"input": TEXTS}),
 ])
-def test_each_route_is_served_by_the_fast_path_from_l1_on_a_repeat(server, path, body):
+def test_each_route_is_served_by_the_fast_path_from_l1_on_a_repeat_without_a_thread(server, path, body):
     first = post(server, path, body)
-    served = counts(server).num_served
+    served, thread_calls = counts(server).num_served, server.app.state.workers.num_calls
     again = post(server, path, body)
     assert first.status_code == again.status_code == 200, again.text
     assert counts(server).num_served == served + 1
+    assert server.app.state.workers.num_calls == thread_calls  # answered on the event loop, without a thread hop
     num_texts = len(TEXTS) if isinstance(body.get("inputs", body.get("input")), list) else 1
     assert again.headers["x-cache-l1"] == str(num_texts) and again.headers["content-type"] == "application/json"
     assert again.content == first.content  # the L1 hit answers what the computation answered, byte for byte
