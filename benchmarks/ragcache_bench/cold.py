@@ -76,7 +76,7 @@ def bench_cold(ctx: BenchContext) -> BenchResult:
     block_ratios = [b["floor"]["seconds"] / b["ragcache"]["seconds"] for b in blocks]
     result.add("floor: MGET + encode misses + SET", floor_rate, "texts/s",
                note=f"{num_batches} requests of {BATCH_SIZE}, {distinct} distinct")
-    result.add("ragcache service, L1+L2+L3", cache_rate, "texts/s",
+    result.add("ragcache service, L1+disk+L2+L3", cache_rate, "texts/s",
                note=f"writes pending at a block's last response (stored inside the block's time): at most "
                f"{totals['ragcache']['max_pending_writes']}")
     # Where the time goes: the model's own seconds (the floor's encode calls; the service's compute_s from
@@ -85,8 +85,9 @@ def bench_cold(ctx: BenchContext) -> BenchResult:
         outside_ms = (totals[name]["seconds"] - totals[name]["model_s"]) / num_batches * 1000
         result.add(f"{name}: model time", totals[name]["model_s"], "s", note=f"outside the model: {outside_ms:.2f} ms a request")
     ratio = cache_rate / floor_rate
-    result.add("ragcache / floor", ratio, "x", target=Target(">=", 0.95), goal="1",
-               note=f"{len(blocks)} blocks of {BLOCK} requests, each through both (alternating which first), the service's "
+    result.add("ragcache / floor", ratio, "x", target=Target(">=", 0.9), goal="28.5",
+               note=f"issue 22.4 asked 0.95x, issue 28.5 0.9x with every level on; {len(blocks)} blocks of {BLOCK} requests, "
+               "each through both (alternating which first), the service's "
                f"writes inside its time; per block {min(block_ratios):.2f}..{max(block_ratios):.2f}x, median {median(block_ratios):.2f}x",
                requires={
                    "each system computed each distinct text once": floor.num_computed == distinct

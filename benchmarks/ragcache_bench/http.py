@@ -15,6 +15,7 @@ import torch
 
 from ragcache_bench.context import BATCH_SIZE, BenchContext
 from ragcache_bench.corpus import corpus_chunks
+from ragcache_bench.http_floor import BareClient
 from ragcache_bench.loadgen import run_load
 from ragcache_bench.report import BenchResult, Target, interleaved, median
 from ragcache_bench.systems import BareModel
@@ -218,36 +219,48 @@ def bench_search(ctx: BenchContext) -> BenchResult:
 
     queries = ctx.unseen_texts(ctx.sizes.search_queries, skip=6000)
     service.post("/search", {"query": ctx.unseen_texts(1, skip=7000)[0], "collection": collection, "top_k": 10})  # warm-up
-    first, repeat, embed_ms, search_ms, outcomes, repeat_server_ms = [], [], [], [], [], []
+    # The timed requests go through the least client there is (one kept-alive socket, httptools' parser): what is
+    # measured is the service; httpx's own 0.3-0.5 ms a request is reported beside, on the repeats.
+    client = BareClient("127.0.0.1", service.port)
+    first, repeat, repeat_httpx, embed_ms, search_ms, outcomes, repeat_server_ms = [], [], [], [], [], [], []
     for query in queries:
         body = {"query": query, "collection": collection, "top_k": 10}
+        content = orjson.dumps(body)
         t0 = time.perf_counter()
-        answer = service.post("/search", body).json()
+        answer = orjson.loads(client.post("/search", content))
         first.append(time.perf_counter() - t0)
         embed_ms.append(answer["timings_ms"]["embed"])
         search_ms.append(answer["timings_ms"]["search"])
-        samples, server_ms = [], []
+        samples, server_ms, samples_httpx = [], [], []
         for _ in range(5):
             t0 = time.perf_counter()
-            again = service.post("/search", body).json()
+            again = orjson.loads(client.post("/search", content))
             samples.append(time.perf_counter() - t0)
             server_ms.append(again["timings_ms"]["total"])
+            t0 = time.perf_counter()
+            service.post("/search", body).json()
+            samples_httpx.append(time.perf_counter() - t0)
         repeat.append(median(samples))
+        repeat_httpx.append(median(samples_httpx))
         repeat_server_ms.append(median(server_ms))
         outcomes.append((answer.get("embedding_level"), answer.get("result_cache"), again.get("result_cache"), len(again["hits"])))
+    client.close()
     result.add("first query (computed embedding + Milvus)", median(first) * 1000, "ms",
                note=f"server: embed {median(embed_ms):.1f} ms + search {median(search_ms):.1f} ms")
     result.add("first query: embedding", median(embed_ms), "ms", note=f"query embedding from {outcomes[0][0]}")
     result.add("first query: Milvus search", median(search_ms), "ms", note="top-10, AUTOINDEX, Milvus Lite")
     result.add("repeated query (result cache)", median(repeat) * 1000, "ms",
                note=f"result cache: {outcomes[0][2]}; {median(repeat_server_ms):.2f} ms of it inside the knowledge base")
-    result.add("first / repeated", median(first) / median(repeat), "x", target=Target(">=", 20), goal="8",
-               note=f"{len(queries)} queries; HTTP round trip included on both sides",
+    result.add("repeated query, sent with httpx", median(repeat_httpx) * 1000, "ms",
+               note=f"first / repeated with httpx's cost on the repeat: {median(first) / median(repeat_httpx):.1f}x")
+    result.add("first / repeated", median(first) / median(repeat), "x", target=Target(">=", 20), goal="8, 28.5",
+               note=f"{len(queries)} queries; HTTP round trip included on both sides (a bare client)",
                requires={"every first query missed the result cache": all(o[1] == "miss" for o in outcomes),
                          "every repeat hit the result cache": all(o[2] == "hit" for o in outcomes)})
     result.add("ingest (vectors from L2)", len(documents) / ingest_s, "docs/s", note=f"{computed} embeddings computed")
     result.details = {"documents": len(documents), "ingest_s": ingest_s, "first_ms": [f * 1000 for f in first],
-                      "repeat_ms": [r * 1000 for r in repeat], "repeat_server_ms": repeat_server_ms,
+                      "repeat_ms": [r * 1000 for r in repeat], "repeat_httpx_ms": [r * 1000 for r in repeat_httpx],
+                      "repeat_server_ms": repeat_server_ms,
                       "server_embed_ms": embed_ms, "server_search_ms": search_ms,
                       "outcomes": outcomes,
                       "note": "document vectors are seeded random unit vectors (see bench_search); queries use the real model"}

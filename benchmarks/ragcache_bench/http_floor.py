@@ -125,7 +125,7 @@ def _upstream_call_figures(upstream: InstantUpstream, num_calls: int, num_blocks
     body = {"model": upstream.model, "input": texts, "encoding_format": "base64"}
     url = upstream.base_url + "/embeddings"
     helper = Upstream("bench", CallLimits(timeout_s=30.0, concurrency=1))
-    bare = _BareClient("127.0.0.1", upstream.port)
+    bare = BareClient("127.0.0.1", upstream.port)
     request = orjson.dumps(body)
     same = orjson.loads(bare.post("/v1/embeddings", request)) == helper.post(url, body, parse=orjson.loads, max_bytes=1 << 24)
     figures: dict[str, list[float]] = {"helper": [], "bare": [], "same answer": [float(same)]}
@@ -143,7 +143,7 @@ def _upstream_call_figures(upstream: InstantUpstream, num_calls: int, num_blocks
     return figures
 
 
-class _BareClient:
+class BareClient:
     """The least an HTTP/1.1 client can do: one kept-alive socket, the request written by hand, httptools' parser."""
 
     def __init__(self, host: str, port: int):
@@ -163,6 +163,8 @@ class _BareClient:
             if not data:
                 raise ConnectionError("closed")
             parser.feed_data(data)
+        if parser.get_status_code() != 200:
+            raise RuntimeError(f"POST {path} -> {parser.get_status_code()}: {b''.join(chunks)[:500]!r}")
         return b"".join(chunks)
 
     def close(self) -> None:
