@@ -16,16 +16,24 @@ from ragcache.tiers.lru_index import LruIndex
 __all__ = ["MemoryTier", "resolve_device"]
 
 
-def resolve_device(device: str) -> torch.device:
-    """``auto`` is CUDA when available, else CPU; anything else is passed to torch as is."""
+def resolve_device(device: str | torch.device) -> torch.device:
+    """``auto`` is CUDA when available, else CPU; anything else is passed to torch as is.
+
+    A CUDA device always comes back with its index (``cuda`` -> ``cuda:0``): tensors report the indexed form,
+    and ``torch.device("cuda") != torch.device("cuda:0")``, so an unindexed device would fail every
+    "is this tensor on the L1's device" check on a real GPU.
+    """
     if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        device = "cuda" if torch.cuda.is_available() else "cpu"
     try:
         resolved = torch.device(device)
     except RuntimeError as exc:
         raise ConfigError(f"unknown device {device!r}: use auto, cpu, cuda or cuda:N") from exc
-    if resolved.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"device {device!r} asked for, but CUDA is not available here")
+    if resolved.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(f"device {device!r} asked for, but CUDA is not available here")
+        if resolved.index is None:
+            resolved = torch.device("cuda", torch.cuda.current_device())
     return resolved
 
 
@@ -44,7 +52,7 @@ class MemoryTier:
     name = "L1"
 
     def __init__(self, capacity_bytes: int, dim: int, dtype: torch.dtype, device: str | torch.device = "cpu"):
-        self.device = resolve_device(device) if isinstance(device, str) else device
+        self.device = resolve_device(device)
         self.dim = dim
         self.dtype = dtype
         row_bytes = dim * torch.empty((), dtype=dtype).element_size()
