@@ -1,4 +1,5 @@
-"""The command line: ``ragcache serve | ingest | search | stats | config | milvus-server | bench``."""
+"""The ragcache command line: serve, ingest, search, rerank, stats, config, milvus-server (and bench, when the
+benchmarks are installed)."""
 
 from __future__ import annotations
 
@@ -6,12 +7,18 @@ import argparse
 import contextlib
 import os
 import sys
+from importlib.metadata import entry_points
 from itertools import islice
 from typing import Any
 
 from ragcache.errors import ConfigError, RagCacheError
 
 DEFAULT_URL = "http://127.0.0.1:8000"
+# The top line of `ragcache --help`: plain text (the module docstring's markup would show as is).
+DESCRIPTION = ("ragcache: a multi-level embedding cache and RAG retrieval service. "
+               "Commands: serve, ingest, search, rerank, stats, config, milvus-server, and bench where installed.")
+# The entry-point group through which other distributions add subcommands (benchmarks/pyproject.toml: bench).
+COMMANDS_GROUP = "ragcache.commands"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,8 +37,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="ragcache", description=__doc__)
-    commands = parser.add_subparsers(title="commands")
+    parser = argparse.ArgumentParser(prog="ragcache", description=DESCRIPTION)
+    commands = parser.add_subparsers(title="commands", metavar="COMMAND")
 
     serve = commands.add_parser("serve", help="start the HTTP service")
     serve.add_argument("--host", default=None, help="default: RAGCACHE_HOST or 127.0.0.1")
@@ -91,12 +98,10 @@ def build_parser() -> argparse.ArgumentParser:
     milvus.add_argument("--port", type=int, default=19530)
     milvus.set_defaults(run=run_milvus_server)
 
-    try:
-        from ragcache_bench import add_bench_commands
-    except ImportError:
-        pass
-    else:
-        add_bench_commands(commands)
+    for entry_point in entry_points(group=COMMANDS_GROUP):
+        # A distribution adds a command by declaring a function that takes argparse's subparsers (the benchmarks
+        # distribution declares `bench`): the shell names no package above it.
+        entry_point.load()(commands)
     return parser
 
 
@@ -314,8 +319,8 @@ def run_rerank(args) -> int:
 
 
 def run_stats(args) -> int:
-    from ragcache.app.stats_view import render_stats, watch_stats
     from ragcache.observe.redact import redact_url
+    from ragcache_cli.stats_view import render_stats, watch_stats
 
     if args.interval <= 0 or (args.count is not None and args.count < 1):
         raise RagCacheError("--interval must be > 0 and --count >= 1")
@@ -333,8 +338,8 @@ def run_stats(args) -> int:
 def run_config(args) -> int:
     from pathlib import Path
 
-    from ragcache.app.config_docs import effective_env_lines, markdown_table, replace_section
     from ragcache.settings import Settings
+    from ragcache_cli.config_docs import effective_env_lines, markdown_table, replace_section
 
     if args.readme:
         path = Path(args.readme)

@@ -27,7 +27,7 @@ wd.mkdir(parents=True, exist_ok=True)
 
 def start_old(env):
     port = free_port()
-    code = ("import uvicorn; from ragcache.app.cli import SERVE_OPTIONS; "
+    code = ("import uvicorn; from ragcache_cli.cli import SERVE_OPTIONS; "
             f"uvicorn.run('ragcache_server.app:app_from_environment', factory=True, host='127.0.0.1', port={port}, "
             "log_level='warning', **SERVE_OPTIONS)")
     log = (wd / "old.log").open("wb")

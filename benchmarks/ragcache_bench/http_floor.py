@@ -72,7 +72,7 @@ def _start(kind: str, app: str, env: dict[str, str], workdir: Path) -> Server:
     port = free_port()
     target = "ragcache_server.app:app_from_environment" if app == "ragcache" else "ragcache_testing.bare_app:app"
     if kind == "uvicorn" and app == "ragcache":
-        code = ("from ragcache.app.cli import SERVE_OPTIONS; from ragcache.settings import Settings; "
+        code = ("from ragcache_cli.cli import SERVE_OPTIONS; from ragcache.settings import Settings; "
                 "from ragcache_server.serving import ServeConfig, bounds_of, run_server; "
                 f"run_server(ServeConfig({target!r}, factory=True, host='127.0.0.1', port={port}, loop='uvloop', "
                 "log_level='warning', **bounds_of(Settings.load().service, Settings.load().access), **SERVE_OPTIONS))")

@@ -40,7 +40,7 @@ def _write_folder(folder: Path, texts: list[str]) -> None:
 
 def _ingest(url: str, folder: Path) -> tuple[float, dict[str, int]]:
     """Run ``ragcache ingest FOLDER --sync``; (seconds, its counts)."""
-    from ragcache.app.cli import main
+    from ragcache_cli.cli import main
 
     out = io.StringIO()
     started = time.perf_counter()

@@ -53,7 +53,7 @@ class ServiceProcess:
         self._log = self.log_path.open("wb")
         # `ragcache serve`'s server and settings, with the app that adds the bench's floor route (benchmarks/ragcache_bench/floor_app.py).
         serve = "\n".join([
-            "from ragcache.app.cli import SERVE_OPTIONS, shared_embedded_stores",
+            "from ragcache_cli.cli import SERVE_OPTIONS, shared_embedded_stores",
             "from ragcache.settings import Settings",
             "from ragcache_server.serving import ServeConfig, bounds_of, run_server",
             "settings = Settings.load()",

@@ -1,6 +1,5 @@
-"""The shell around the library: the ``ragcache`` command (``cli``), the stats view, the README's settings table
-(``config_docs``), the Prometheus export (``metrics``) and the process tuning the service applies at start (the
-allocator, torch's threads).
+"""The runtime helpers a process serving the library applies: the Prometheus export (``metrics``) and the process
+tuning at start (the allocator, torch's threads). The command line sits above the service, in ``ragcache_cli``.
 
 Each name is imported on first use, so the command starts without loading torch (``metrics`` does).
 """

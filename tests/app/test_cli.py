@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from ragcache.app.cli import main
 from ragcache.retrieval.ingest import chunk_text, iter_documents
 from ragcache.settings import Settings
+from ragcache_cli.cli import main
 from tests.live_server import LiveServer
 
 

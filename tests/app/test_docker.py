@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ragcache.app.config_docs import env_name
 from ragcache.settings import Settings
+from ragcache_cli.config_docs import env_name
 
 DOCKER = Path(__file__).resolve().parents[2] / "docker"
 # Each stack as one would start it: one file, or a file and its override.

@@ -1,5 +1,6 @@
-"""The layout's promises, checked on the source: the library never imports the HTTP layer or the benchmarks, and the
-wheel holds only this project's own top-level packages."""
+"""The layout's promises, checked on the source: the library never imports the HTTP layer or the benchmarks, the
+command line sits above both and finds the benchmarks through an entry point, and the wheel holds only this project's
+own top-level packages."""
 
 from __future__ import annotations
 
@@ -12,9 +13,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 # The HTTP layer and the benchmarks sit above the library; the library must work without them installed.
-ABOVE_THE_LIBRARY = ("fastapi", "starlette", "uvicorn", "ragcache_server", "ragcache_bench", "ragcache_testing")
-# The command line is the shell over everything: it starts the server (uvicorn) and finds the benchmarks when installed.
-SHELL = {"ragcache/app/cli.py"}
+ABOVE_THE_LIBRARY = ("fastapi", "starlette", "uvicorn", "ragcache_server", "ragcache_cli", "ragcache_bench", "ragcache_testing")
+# The top-level packages, lowest first: each may import only itself and those before it. The command line is the top
+# floor (it starts the server); the benchmarks are a distribution of their own, which it finds through an entry point.
+FLOORS_LOWEST_FIRST = ("ragcache", "ragcache_server", "ragcache_cli")
 
 
 def imported_modules(path: Path) -> set[str]:
@@ -31,12 +33,27 @@ def test_the_library_never_imports_the_http_layer_or_the_benchmarks():
     offenders = []
     for path in sorted((ROOT / "ragcache").rglob("*.py")):
         relative = path.relative_to(ROOT).as_posix()
-        if relative in SHELL:
-            continue
         for name in imported_modules(path):
             if name.split(".")[0] in ABOVE_THE_LIBRARY:
                 offenders.append(f"{relative}: {name}")
     assert offenders == []
+
+
+def test_each_floor_imports_only_itself_and_the_floors_below():
+    offenders = []
+    for position, floor in enumerate(FLOORS_LOWEST_FIRST):
+        above = (*FLOORS_LOWEST_FIRST[position + 1 :], "ragcache_bench", "ragcache_testing")
+        for path in sorted((ROOT / floor).rglob("*.py")):
+            offenders += [f"{path.relative_to(ROOT)}: {name}" for name in imported_modules(path) if name.split(".")[0] in above]
+    assert offenders == []
+
+
+def test_the_shell_finds_bench_through_the_entry_point_the_benchmarks_declare():
+    from ragcache_cli.cli import COMMANDS_GROUP, build_parser
+
+    declared = tomllib.loads((ROOT / "benchmarks" / "pyproject.toml").read_text())["project"]["entry-points"][COMMANDS_GROUP]
+    assert declared == {"bench": "ragcache_bench:add_bench_commands"}
+    assert build_parser().parse_args(["bench", "levels"]).benchmarks == ["levels"]
 
 
 def test_the_library_holds_no_benchmark_code():
@@ -47,19 +64,20 @@ def test_the_library_holds_no_benchmark_code():
 def test_the_wheel_installs_only_this_projects_own_top_level_packages():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
     included = project["tool"]["setuptools"]["packages"]["find"]["include"]
-    assert included == ["ragcache*", "ragcache_server*"]
+    assert included == ["ragcache*", "ragcache_server*", "ragcache_cli*"]
     top_level = {path.parent.name for path in ROOT.glob("*/__init__.py")}
-    assert top_level - {"tests"} == {"ragcache", "ragcache_server"}
+    assert top_level - {"tests"} == set(FLOORS_LOWEST_FIRST)
 
 
 # The rooms of ragcache/, lowest first: a module may import only its own room and the rooms before it, so calls
 # flow one way (the cache never calls up into retrieval, a level never into the facade). Lazy imports count too.
 ROOMS_LOWEST_FIRST = (
     "errors", "observe", "settings", "storage", "core", "outbound", "tiers", "models",
-    "retrieval", "rerank", "prefixes", "build", "ray", "client", "integrations", "__init__", "app",
+    "retrieval", "rerank", "prefixes", "build", "deployment", "ray", "client", "integrations", "__init__", "app",
 )
-# The package root: the public __init__, the error tree and the assembly from settings (build); settings is a room.
-ROOT_MODULES = {"__init__.py", "errors.py", "build.py"}
+# The package root: the public __init__, the error tree, one cache from settings (build) and the whole assembly
+# (deployment); settings is a room.
+ROOT_MODULES = {"__init__.py", "errors.py", "build.py", "deployment.py"}
 
 
 def room_of(module: str) -> str | None:

@@ -80,7 +80,7 @@ def test_an_ingest_report_adds_up_the_batches():
 
 
 def test_the_library_and_ragcache_ray_import_without_ray():
-    code = "import sys, ragcache.ray, ragcache.app.cli; assert 'ray' not in sys.modules, 'ray was imported'"
+    code = "import sys, ragcache.ray, ragcache_cli.cli; assert 'ray' not in sys.modules, 'ray was imported'"
     finished = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
     assert finished.returncode == 0, finished.stderr[-2000:]
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from ragcache.app.cli import main
-from ragcache.app.config_docs import BEGIN_MARKER, END_MARKER, env_name, markdown_table, replace_section, section_of
 from ragcache.settings import Settings
+from ragcache_cli.cli import main
+from ragcache_cli.config_docs import BEGIN_MARKER, END_MARKER, env_name, markdown_table, replace_section, section_of
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"

@@ -8,11 +8,11 @@ import re
 
 import pytest
 
-from ragcache.app.cli import main
-from ragcache.app.stats_view import CLEAR_SCREEN, render_stats, watch_stats
 from ragcache.client import Client
 from ragcache.observe.progress import progress_bar
 from ragcache.settings import Settings
+from ragcache_cli.cli import main
+from ragcache_cli.stats_view import CLEAR_SCREEN, render_stats, watch_stats
 from tests.live_server import LiveServer
 
 TEXTS = ["What is a KV cache?", "Milvus stores vectors.", "Redis keeps L2.", "An LRU evicts the oldest entry."]

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from ragcache.app.config_docs import effective_env_lines
 from ragcache.errors import ConfigError
 from ragcache.observe.redact import redact_text, redact_url
 from ragcache.settings import Settings
 from ragcache.storage.stores import open_milvus
+from ragcache_cli.config_docs import effective_env_lines
 
 
 @pytest.mark.parametrize(

@@ -84,7 +84,7 @@ def test_a_rerun_through_the_cli_computes_nothing_and_writes_nothing(corpus, ray
 
     env = dict(os.environ, **NODE_ENV, RAGCACHE_REDIS_URL=ray_settings.levels.redis_url, RAGCACHE_MILVUS_URI=ray_settings.levels.milvus_uri,
                RAGCACHE_DATA_DIR=str(ray_settings.levels.data_dir), RAGCACHE_L1_BYTES=str(ray_settings.levels.l1_bytes))
-    command = [sys.executable, "-m", "ragcache.app.cli", "ingest", str(corpus), "--collection", COLLECTION, "--ray", ray_cluster.address,
+    command = [sys.executable, "-m", "ragcache_cli.cli", "ingest", str(corpus), "--collection", COLLECTION, "--ray", ray_cluster.address,
                "--sync", "--quiet", "--chunk-chars", str(CHUNK_CHARS), "--batch", "8", "--actors", "1"]
     finished = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300, check=False)
 

@@ -269,7 +269,7 @@ def test_python_clients_search_with_rerank(rerank_server, collection):
 
 
 def test_cli_search_with_rerank(rerank_server, collection, capsys):
-    from ragcache.app.cli import main
+    from ragcache_cli.cli import main
 
     assert main(["search", QUERY, "--collection", "rerank_docs", "--top-k", "5", "--rerank", "--rerank-top-n", "2",
                  "--url", rerank_server.url]) == 0
@@ -282,7 +282,7 @@ def test_cli_search_with_rerank(rerank_server, collection, capsys):
 
 
 def test_cli_rerank(rerank_server, local, capsys):
-    from ragcache.app.cli import main
+    from ragcache_cli.cli import main
 
     assert main(["rerank", "cli query", *TEXTS[:3], "--top-n", "2", "--url", rerank_server.url]) == 0
     lines = capsys.readouterr().out.splitlines()

@@ -8,7 +8,6 @@ import json
 import httpx
 import pytest
 
-from ragcache.app.cli import main
 from ragcache.build import build_cache
 from ragcache.errors import InvalidInputError
 from ragcache.retrieval.documents import Document, content_hash
@@ -16,6 +15,7 @@ from ragcache.retrieval.knowledge import KnowledgeBase
 from ragcache.retrieval.sync import SyncOptions
 from ragcache.settings import Settings
 from ragcache.storage.stores import Stores
+from ragcache_cli.cli import main
 from tests.live_server import LiveServer
 
 

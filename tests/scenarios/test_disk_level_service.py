@@ -35,7 +35,7 @@ class Serve:
             if name not in (env or {}):
                 full_env.pop(name, None)  # the embedded defaults, as `make serve` has them
         self.log = (data_dir / f"serve-{self.port}.log").open("wb")
-        command = [sys.executable, "-m", "ragcache.app.cli", "serve", "--port", str(self.port), "--workers", str(workers)]
+        command = [sys.executable, "-m", "ragcache_cli.cli", "serve", "--port", str(self.port), "--workers", str(workers)]
         self.process = subprocess.Popen(command, env=full_env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
         wait_healthy(self.process, f"{self.url}/health", name="ragcache serve", timeout_s=180, interval_s=0.25,
                      log_tail=lambda: "")

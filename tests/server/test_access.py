@@ -9,10 +9,10 @@ import httpx
 import numpy as np
 import pytest
 
-from ragcache.app.cli import main
 from ragcache.errors import ConfigError
 from ragcache.settings import Settings
 from ragcache.storage.embedded_redis import free_port
+from ragcache_cli.cli import main
 from ragcache_server.app import create_app
 from ragcache_server.auth import (
     FAILED_AUTH_BURST,

@@ -8,10 +8,10 @@ import asyncio
 import httpx
 import pytest
 
-from ragcache.app.cli import main
 from ragcache.client import AsyncClient, Client, SearchOptions
 from ragcache.retrieval.knowledge import KnowledgeBase
 from ragcache.settings import Settings
+from ragcache_cli.cli import main
 from tests.live_server import LiveServer
 from tests.retrieval.test_hybrid import DOCS, FailingKeywordMilvus
 

@@ -97,7 +97,7 @@ def test_knowledge_base_ingest_and_search_over_the_network(network_client, encod
 
 def test_milvus_server_command_serves_a_database_until_sigterm(tmp_path):
     port = free_port()
-    command = [sys.executable, "-c", "import sys; from ragcache.app.cli import main; sys.exit(main())",
+    command = [sys.executable, "-c", "import sys; from ragcache_cli.cli import main; sys.exit(main())",
                "milvus-server", "--db", str(tmp_path / "cli.db"), "--port", str(port)]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -118,7 +118,7 @@ def test_milvus_server_command_serves_a_database_until_sigterm(tmp_path):
 
 
 def test_milvus_server_command_rejects_a_path_that_is_not_a_database(tmp_path, capsys):
-    from ragcache.app.cli import main
+    from ragcache_cli.cli import main
 
     assert main(["milvus-server", "--db", str(tmp_path / "folder")]) == 1
     assert "ending in .db" in capsys.readouterr().err

@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 import xxhash
 
-from ragcache.app.cli import main
 from ragcache.settings import Settings
 from ragcache.storage.processes import free_port
+from ragcache_cli.cli import main
 from tests.live_server import LiveServer
 from tests.models.remote.loopback import LoopbackServer, Received, Reply
 
