@@ -16,6 +16,6 @@ $(FASTEMBED_STAMP): constraints.txt mk/fastembed.mk
 
 fastembed-env: $(FASTEMBED_STAMP)
 
-# torch, ONNX and ONNX-int8 against fastembed and Infinity (BENCHMARKS.md).
+# torch, ONNX and ONNX-int8 against fastembed and Infinity (docs/benchmarks.md).
 bench-compute: $(STAMP) $(INFINITY_STAMP) $(INFINITY_ONNX_STAMP) $(FASTEMBED_STAMP)
 	HF_HUB_OFFLINE=1 $(VENV)/bin/ragcache bench compute --quick --out bench-results

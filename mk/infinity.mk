@@ -20,7 +20,7 @@ $(INFINITY_STAMP): constraints.txt mk/infinity.mk
 
 infinity-env: $(INFINITY_STAMP)
 
-# ragcache in front of Infinity vs Infinity alone (BENCHMARKS.md); RAGCACHE_INFINITY_PYTHON is exported above.
+# ragcache in front of Infinity vs Infinity alone (docs/benchmarks.md); RAGCACHE_INFINITY_PYTHON is exported above.
 .PHONY: bench-providers
 bench-providers: $(STAMP) $(INFINITY_STAMP)
 	HF_HUB_OFFLINE=1 $(VENV)/bin/ragcache bench providers --quick --out bench-results

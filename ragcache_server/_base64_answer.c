@@ -2,7 +2,7 @@
  *
  * Why: the answer is 32 rows of 2,048 base64 characters framed by a few bytes each; joined in Python (a slice, a
  * framing string and a list entry a row) that framing cost several times the copy itself, about a sixth of an L1
- * hit's CPU (BENCHMARKS.md, round eight). Here the exact size is counted first and every byte written once.
+ * hit's CPU (benchmarks/notes/r8.md). Here the exact size is counted first and every byte written once.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>

@@ -55,7 +55,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             # What start-up made (the model, its tokenizer, the libraries: ~500,000 objects with the default model)
             # lives as long as the service: out of the cyclic collector's sight, a full collection scans only what
             # requests made since. Each full collection scanned them all, 277-289 ms with the event loop stopped
-            # (BENCHMARKS.md, round seven). Thawed at shutdown, so that an app started and stopped inside a longer
+            # (benchmarks/notes/r7.md). Thawed at shutdown, so that an app started and stopped inside a longer
             # process (a test, an embedding script) leaves nothing frozen behind it.
             gc.freeze()
             try:

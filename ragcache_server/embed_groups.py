@@ -6,7 +6,7 @@ while earlier ones are still walking; a request that L1 could not answer joins t
 cache view and normalisation, and the group is walked in one call, each request answered and counted as its own.
 A group is walked as soon as fewer than ``max_in_flight`` groups of its key are walking, else when one of them
 ends, so a lone request is walked at once and waits for no company; under load, groups grow by themselves.
-Measured on 2 cores, in front of an instant upstream, 8 clients x 32 new texts (``scripts/service_ab.py``, side by side
+Measured on 2 cores, in front of an instant upstream, 8 clients x 32 new texts (``benchmarks/scripts/service_ab.py``, side by side
 in one run): 25-33% less CPU per new text, 26-39% more texts/s.
 
 Not grouped (walked alone, as before): requests whose misses are paid with the caller's own upstream key

@@ -215,7 +215,7 @@ def _paired_ratio(mine: list[float], theirs: list[float]) -> float:
     """The median of block-by-block ratios: each block against the one measured beside it in the same round. A bare
     app's block is 30-60 ms of CPU, and on a shared host its figure moved 2x between blocks of one run (0.062-0.149
     ms a request): the ratio of two medians then swung 1.9-3.8x across four runs where the paired median stayed
-    within 2.9-3.2x (BENCHMARKS.md, round eight)."""
+    within 2.9-3.2x (benchmarks/notes/r8.md)."""
     return statistics.median(a / b for a, b in zip(mine, theirs))
 
 

@@ -61,7 +61,7 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 
 
 def format_report(details: dict[str, Any]) -> str:
-    """The two tables as Markdown (what BENCHMARKS.md shows)."""
+    """The two tables as Markdown (what benchmarks/notes/kv.md shows)."""
     config = details["config"]
     lines = [f"{details['label']}; shared system prompt {details['prefix_tokens']} tokens; "
              f"{config['max_tokens']} completion tokens per request; {config['rounds']} alternating blocks per "

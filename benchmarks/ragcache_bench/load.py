@@ -1,6 +1,6 @@
 """``ragcache bench load``: a bounded, mixed load on the real service, counting every failure.
 
-    ragcache bench load --duration 60 --clients 50      # the run RELIABILITY.md reports
+    ragcache bench load --duration 60 --clients 50      # the run docs/reliability.md reports
 
 ``clients`` asyncio tasks (one httpx connection each) send, back to back, a mix of /embed (1-8 texts),
 /v1/embeddings (1-4 texts) and /search over a small knowledge base, drawn from a seeded, skewed stream

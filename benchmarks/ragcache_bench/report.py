@@ -302,7 +302,7 @@ def interleaved(
 
 
 def markdown_from_json(payload: dict) -> str:
-    """The figures of an ``all.json`` (or one benchmark's JSON) as a Markdown table, for BENCHMARKS.md."""
+    """The figures of an ``all.json`` (or one benchmark's JSON) as a Markdown table, for docs/benchmarks.md and benchmarks/notes/."""
     results = payload.get("results") or [payload["result"]]
     lines = ["| bench | goal | figure | value | target | verdict | note |", "|---|---|---|---|---|---|---|"]
     for result in results:

@@ -1,10 +1,10 @@
 /* The L1 key map's two per-request loops (ragcache/tiers/lru_index.py), compiled.
  *
  * Why: a 32-key lookup through numpy's batch operations is some fifteen calls of about a microsecond each, most of
- * it numpy's dispatch, not the loads; on a served L1 hit that was about a sixth of the request's CPU (BENCHMARKS.md,
- * round eight). Here one call walks the same arrays, in place, with the same rules: open addressing with linear
- * probing (a slot's row is >= 0 for a key, -1 empty: the probe ends, -2 a tombstone: the probe goes on), and recency
- * stamped in order with one log entry per use. Everything else (inserts, evictions, rebuilds, compaction) stays in
+ * it numpy's dispatch, not the loads; on a served L1 hit that was about a sixth of the request's CPU
+ * (benchmarks/notes/r8.md). Here one call walks the same arrays, in place, with the same rules: open addressing
+ * with linear probing (a slot's row is >= 0 for a key, -1 empty: the probe ends, -2 a tombstone: the probe goes
+ * on), and recency stamped in order with one log entry per use. Everything else (inserts, evictions, rebuilds, compaction) stays in
  * numpy, whose batch form suits them. Arrays come as buffers, made by the index with the dtypes named below; only
  * their sizes are checked here.
  */

@@ -3,7 +3,7 @@
 While Milvus is down, /embed keeps answering (L3 is a cache level: a miss), while /search and ingest,
 which need the knowledge base itself, answer 503 with a message that names Milvus; both work again once
 it is back, and every document acknowledged with a 2xx is in the collection. Measured times are printed
-(``pytest -s``) for RELIABILITY.md, never asserted.
+(``pytest -s``) for docs/reliability.md, never asserted.
 """
 
 from __future__ import annotations

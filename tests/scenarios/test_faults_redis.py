@@ -2,7 +2,7 @@
 
 The real service runs (uvicorn, in a thread) over a real redis-server on a fixed port; a bounded background
 load (``ragcache_bench.load.LoadRunner``, 4 clients) sends /embed and /v1/embeddings throughout. L1 is kept
-tiny so that most texts are looked up in L2. Measured times are printed (``pytest -s``) for RELIABILITY.md;
+tiny so that most texts are looked up in L2. Measured times are printed (``pytest -s``) for docs/reliability.md;
 they are never asserted (the machine is shared), only what must hold: no request fails, the level is skipped
 while down and used again once back.
 """

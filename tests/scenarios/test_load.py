@@ -2,7 +2,7 @@
 
 Zero failed requests, every endpoint exercised, L1 within its byte budget, and the service's resident
 memory not growing without bound. The full run (60 s, 50 clients) is ``ragcache bench load``; its figures
-are in RELIABILITY.md.
+are in docs/reliability.md.
 """
 
 from __future__ import annotations

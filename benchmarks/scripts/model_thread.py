@@ -1,9 +1,9 @@
-"""The packaged model's forward pass on the main thread against a new thread, in one process (BENCHMARKS.md, round
-six: why `bench cold`'s service spends more time in the model than its floor). The floor encodes on the bench's
-main thread; the service encodes on its batcher's thread (``ragcache-compute``). Same texts, same batch size, the
-three alternating three times: the main thread, a new thread each time, one long-lived thread; page faults of one pass each.
+"""The packaged model's forward pass on the main thread against a new thread, in one process (benchmarks/notes/r6.md:
+why `bench cold`'s service spends more time in the model than its floor). The floor encodes on the bench's main thread; the
+service encodes on its batcher's thread (``ragcache-compute``). Same texts, same batch size, the three alternating three
+times: the main thread, a new thread each time, one long-lived thread; page faults of one pass each.
 
-    cd /tmp && HF_HUB_OFFLINE=1 /work/main/.venv/bin/python /work/main/scripts/model_thread.py
+    cd /tmp && HF_HUB_OFFLINE=1 /work/main/.venv/bin/python /work/main/benchmarks/scripts/model_thread.py
 """
 
 import queue

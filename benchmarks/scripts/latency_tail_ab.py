@@ -1,15 +1,15 @@
 """A/B in one run: the latency tail of two source trees' services side by side (each its own process tree, the same
 instant upstream, ``make serve``'s default levels), in alternating blocks of all-miss requests (8 clients x 32 new
-texts, base64): p50, p99 and the slowest request of each (BENCHMARKS.md, round seven: the cyclic collector's full
+texts, base64): p50, p99 and the slowest request of each (benchmarks/notes/r7.md: the cyclic collector's full
 collections stop the event loop for as long as they scan). Run it from a folder that is not a checkout:
 
     git worktree add /tmp/base <rev>
-    cd /tmp && AB_A=/tmp/base AB_B=/work/main /work/main/.venv/bin/python /work/main/scripts/latency_tail_ab.py
+    cd /tmp && AB_A=/tmp/base AB_B=/work/main /work/main/.venv/bin/python /work/main/benchmarks/scripts/latency_tail_ab.py
     # AB_BLOCKS=6; AB_REQUESTS=600 a block; writes /tmp/latency_tail_ab.json
     # AB_ENV_A / AB_ENV_B: JSON of settings for one side only, e.g. AB_ENV_B='{"RAGCACHE_MILVUS_URI": "off"}' with
     # AB_A=AB_B=/work/main puts a level's presence side by side instead of two trees (service_ab.start_services)
 
-Both services are started as ``scripts/service_ab.py`` starts them (``start_services``: the *A* tree's launcher).
+Both services are started as ``benchmarks/scripts/service_ab.py`` starts them (``start_services``: the *A* tree's launcher).
 """
 import asyncio
 import json

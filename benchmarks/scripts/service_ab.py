@@ -1,10 +1,10 @@
 """A/B in one run: the service of two source trees side by side (each its own process tree, embedded Redis, the
 same instant upstream), in alternating blocks of all-miss requests (8 clients x 32 new texts, base64) and of L1
-hits; CPU ms per text of each service's process tree and texts/s against straight to the upstream (BENCHMARKS.md,
-round five). Run it from a folder that is not a checkout (``-c`` puts the working folder first on sys.path):
+hits; CPU ms per text of each service's process tree and texts/s against straight to the upstream (benchmarks/notes/r5.md).
+Run it from a folder that is not a checkout (``-c`` puts the working folder first on sys.path):
 
     git worktree add /tmp/base <rev>
-    cd /tmp && AB_A=/tmp/base AB_B=/work/main /work/main/.venv/bin/python /work/main/scripts/service_ab.py
+    cd /tmp && AB_A=/tmp/base AB_B=/work/main /work/main/.venv/bin/python /work/main/benchmarks/scripts/service_ab.py
     # AB_CONFIG=l2 (L1 + embedded Redis) | disk_l2 | default; AB_BLOCKS=5; AB_REQUESTS=120 a block
     # AB_ENV_A / AB_ENV_B: JSON of settings for one side only (start_services)
 

@@ -5,7 +5,7 @@ the service's tree during the hits, then 5 s idle; first with every computed vec
 (RAGCACHE_L3_ADMISSION=all, the old default), then with the disk level and reuse-only admission (the new
 default).
 
-    .venv/bin/python scripts/milvus_cpu_after_writes.py
+    .venv/bin/python benchmarks/scripts/milvus_cpu_after_writes.py
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """CPU per L1-hit request of the app itself: the ASGI app called directly, no server and no socket, 32 base64 L1
-hits per request, its lifespan run as uvicorn runs it (BENCHMARKS.md, round five). An instant upstream is the
+hits per request, its lifespan run as uvicorn runs it (benchmarks/notes/r5.md). An instant upstream is the
 model, so nothing is computed after the first request.
 
-    cd /tmp && /work/main/.venv/bin/python /work/main/scripts/asgi_hits.py          # PROFILE=tottime: a cProfile too
+    cd /tmp && /work/main/.venv/bin/python /work/main/benchmarks/scripts/asgi_hits.py          # PROFILE=tottime: a cProfile too
 """
 import asyncio
 import cProfile
