@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: install serve lint test test-vllm bench clean
+.PHONY: install serve lint test test-vllm bench docs-benchmarks clean
 
 install: $(STAMP)
 
@@ -40,6 +40,10 @@ test: system-deps $(STAMP) lint infinity-env
 bench: $(STAMP)
 	$(PY) -m pip install -q -c constraints.txt -e '.[bench]'
 	$(VENV)/bin/ragcache bench all --quick
+
+# The docs site's benchmarks page, regenerated from the JSON under benchmarks/results/ (a test checks it is current).
+docs-benchmarks: $(STAMP)
+	$(PY) -m ragcache_bench.site_page > docs/benchmarks.md
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache data build
