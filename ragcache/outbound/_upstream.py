@@ -20,7 +20,7 @@ import orjson
 
 from ragcache.errors import UpstreamBadResponseError, UpstreamError, UpstreamTimeoutError, UpstreamUnavailableError
 from ragcache.observe.redact import redact_text, redact_url
-from ragcache.outbound._wire import AnswerTooLarge, WireTransport
+from ragcache.outbound._wire import MAX_HEAD_BYTES, AnswerTooLarge, HeadTooLarge, WireTransport
 
 if TYPE_CHECKING:  # the breaker is handed in; importing the levels here would pull torch into the HTTP client
     from ragcache.core.health import TierHealth
@@ -102,7 +102,8 @@ class Upstream:
     """Calls to one upstream, each bounded the same way:
 
     - an overall deadline (``limits.timeout_s``) that every socket operation keeps, retries included;
-    - a byte cap on the answer (``max_bytes`` per call): the body is streamed and the call aborted past it;
+    - a byte cap on the answer (``max_bytes`` per call, headers included): the body is streamed and the call aborted
+      past it; the headers alone are bounded at ``MAX_HEAD_BYTES`` (64 KiB);
     - no redirects (one could carry the key to another host) and no proxy from the environment;
     - retries of 429, 5xx and dropped connections with back-off, or after the upstream's ``Retry-After``;
     - the breaker (``TierHealth``): a call that fails for good opens it, and while it is open calls fail at once
@@ -262,6 +263,8 @@ class Upstream:
             if self._wire is not None:
                 try:
                     return self._wire.exchange(method, url, headers, content, seconds_left=remaining, max_bytes=max_bytes)
+                except HeadTooLarge:
+                    raise self._head_too_large(shown, max_bytes) from None
                 except AnswerTooLarge:
                     raise UpstreamBadResponseError(self.name, f"the answer of {shown} is over {max_bytes} bytes") from None
             timeout = {"connect": min(self.limits.connect_timeout_s, remaining), "read": remaining, "write": remaining,
@@ -269,7 +272,10 @@ class Upstream:
             request = httpx.Request(method, url, content=content, headers=headers, extensions={"timeout": timeout})
             response = self._send_request(request)
             try:
-                chunks, size = [], 0
+                size = sum(len(name) + len(value) + 4 for name, value in response.headers.raw)
+                if size > min(MAX_HEAD_BYTES, max_bytes):
+                    raise self._head_too_large(shown, max_bytes)
+                chunks: list[bytes] = []
                 for chunk in response.stream:  # type: ignore[union-attr]
                     size += len(chunk)
                     if size > max_bytes:
@@ -285,6 +291,10 @@ class Upstream:
             raise _Retry(UpstreamTimeoutError(self.name, late)) from None
         except httpx.RequestError as exc:  # refused, reset or dropped: the request may not have been handled
             raise _Retry(UpstreamUnavailableError(self.name, f"{shown} cannot be reached: {type(exc).__name__}")) from None
+
+    def _head_too_large(self, shown: str, max_bytes: int) -> UpstreamBadResponseError:
+        return UpstreamBadResponseError(self.name, f"the answer of {shown} has over {min(MAX_HEAD_BYTES, max_bytes)} "
+                                                   "bytes of headers (a header flood is cut off there)")
 
     def _status_error(self, status: int, headers: Mapping[str, str], body: bytes, url: str, caller_key: Secret | None) -> Exception:
         """The error (or the retry) an answer's status means. The upstream's message is quoted cut short and

@@ -11,6 +11,10 @@ outbound helper promises:
   connect (also within ``connect_timeout_s``), the TLS handshake, the write and each read get at most the time left,
   so an upstream that trickles its answer a byte at a time is cut off at the deadline, not after each read;
 - **the byte cap**: the body is counted as it arrives and the call aborted past ``max_bytes`` (the socket closed);
+  the head (status line and headers) counts inside that cap and is bounded on its own too, at ``MAX_HEAD_BYTES``
+  (64 KiB, as the old httpx client refused over 16 KiB): an upstream that floods headers is cut off there instead
+  of growing the process, and a repeated header name is joined once, when the head is complete (joining value by
+  value was quadratic in the flood);
 - **no redirect** is followed (a 3xx is an answer like any other, which the helper refuses) and **no proxy**: the
   socket goes to the URL's host and nowhere else, whatever the environment says;
 - the answer's bytes are never decoded (``Accept-Encoding: identity`` is sent; a compressed body is not inflated).
@@ -37,13 +41,20 @@ from urllib.parse import urlsplit
 import httptools
 import httpx
 
-__all__ = ["AnswerTooLarge", "WireTransport"]
+__all__ = ["MAX_HEAD_BYTES", "AnswerTooLarge", "HeadTooLarge", "WireTransport"]
 
 RECV_BYTES = 256 * 1024
+# The most bytes of an answer's status line and headers. Real upstreams send well under 2 KiB; nginx's default
+# buffers refuse over 8-32 KiB. httptools (llhttp) sets no bound of its own and buffers a header whole.
+MAX_HEAD_BYTES = 64 * 1024
 
 
 class AnswerTooLarge(Exception):
-    """The answer's body passed the call's byte cap (the socket is closed, nothing more is read)."""
+    """The answer (head and body) passed the call's byte cap (the socket is closed, nothing more is read)."""
+
+
+class HeadTooLarge(AnswerTooLarge):
+    """The answer's status line and headers passed ``MAX_HEAD_BYTES`` (the socket is closed)."""
 
 
 @dataclass(frozen=True)
@@ -73,11 +84,15 @@ class _Answer:
 
     def __init__(self, max_bytes: int):
         self.headers: dict[str, str] = {}
+        # Values by name until the head is complete, joined once then (joining one at a time is quadratic).
+        self._values: dict[str, list[str]] = {}
         self.chunks: list[bytes] = []
-        self.size = 0
+        self.size = 0  # head and body bytes so far, against max_bytes
+        self.max_head_bytes = min(MAX_HEAD_BYTES, max_bytes)
         self.max_bytes = max_bytes
         self.complete = False
         self.started = False
+        self.head_complete = False
         self.keep_alive = False
         self.parser: httptools.HttpResponseParser | None = None
 
@@ -85,9 +100,14 @@ class _Answer:
         self.started = True
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        key = name.decode("latin-1").lower()
-        text = value.decode("latin-1")
-        self.headers[key] = f"{self.headers[key]}, {text}" if key in self.headers else text
+        self.size += len(name) + len(value) + 4  # "name: value\r\n"
+        if self.size > self.max_head_bytes:
+            raise HeadTooLarge
+        self._values.setdefault(name.decode("latin-1").lower(), []).append(value.decode("latin-1"))
+
+    def on_headers_complete(self) -> None:
+        self.head_complete = True
+        self.headers = {key: values[0] if len(values) == 1 else ", ".join(values) for key, values in self._values.items()}
 
     def on_body(self, body: bytes) -> None:
         self.size += len(body)
@@ -231,6 +251,7 @@ class WireTransport:
                      reused: bool) -> tuple[tuple[int, dict[str, str], bytes], bool]:
         answer = _Answer(max_bytes)
         parser = answer.parser = httptools.HttpResponseParser(answer)
+        head_bytes = 0  # bytes fed while the head was incomplete
         try:
             sock.settimeout(_left(deadline))
             sock.sendall(request)
@@ -246,6 +267,11 @@ class WireTransport:
                         raise httpx.RemoteProtocolError("the upstream closed the connection mid-answer")
                     break
                 parser.feed_data(data)
+                if not answer.head_complete:
+                    # One header still being buffered by the parser (on_header has not seen it yet) counts too.
+                    head_bytes += len(data)
+                    if head_bytes > answer.max_head_bytes:
+                        raise HeadTooLarge
         except TimeoutError as exc:
             raise httpx.ReadTimeout("the answer passed the call's deadline") from exc
         except (BrokenPipeError, ConnectionResetError) as exc:
@@ -254,7 +280,7 @@ class WireTransport:
             raise httpx.ReadError(type(exc).__name__) from exc
         except httptools.HttpParserCallbackError as exc:
             if isinstance(exc.__context__, AnswerTooLarge):
-                raise AnswerTooLarge from None
+                raise type(exc.__context__) from None
             raise
         except httptools.HttpParserError as exc:
             raise httpx.RemoteProtocolError(f"not an HTTP answer: {type(exc).__name__}") from exc

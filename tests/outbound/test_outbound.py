@@ -301,3 +301,92 @@ def test_a_proxy_in_the_environment_is_never_used(monkeypatch):
         finally:
             client.close()
         assert (len(server.received), len(proxy.received)) == (1, 0)
+
+
+class HeaderFlood:
+    """A loopback upstream that answers every request with a status line and then headers without end (``line``
+    repeated until ``total`` bytes or until the client hangs up), counting the bytes it got out."""
+
+    def __init__(self, line: bytes, total: int = 64 << 20):
+        self.line, self.total, self.sent = line, total, 0
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}/"
+        self.done = threading.Event()
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        connection, _ = self.listener.accept()
+        connection.recv(65536)
+        block = b"HTTP/1.1 200 OK\r\n" + self.line * (65536 // len(self.line) + 1)
+        try:
+            while self.sent < self.total:
+                connection.sendall(block)
+                self.sent += len(block)
+                block = self.line * (65536 // len(self.line) + 1)
+        except OSError:
+            pass  # the client hung up: what the test wants
+        finally:
+            connection.close()
+            self.listener.close()
+            self.done.set()
+
+
+@pytest.mark.parametrize("line", [b"X-Flood: " + b"a" * 100 + b"\r\n", b"X-One-Header: " + b"b" * 4096],
+                         ids=["a repeated header", "one header without end"])
+def test_a_header_flood_is_refused_at_64_kib_without_reading_it(line):
+    """The old transport kept every header (a repeated name joined value by value) until the deadline or the
+    flood's end: one /embed against a flood took the service from 1.36 to 2.7 GB."""
+    flood = HeaderFlood(line)
+    client = upstream(CallLimits(timeout_s=20.0))
+    try:
+        with pytest.raises(UpstreamBadResponseError, match="over 65536 bytes of headers"):
+            client.post(flood.url, {}, parse=as_json, max_bytes=1 << 30)
+        assert flood.done.wait(20)
+        # Cut off near 64 KiB: what got out is that plus what the kernel's socket buffers took before the close.
+        assert flood.sent < 16 << 20
+        assert client.health is not None and client.health.is_down  # a flooding upstream is a failing one
+    finally:
+        client.close()
+
+
+def test_the_head_counts_inside_a_smaller_byte_cap():
+    flood = HeaderFlood(b"X-Flood: " + b"a" * 100 + b"\r\n")
+    client = upstream(CallLimits(timeout_s=20.0))
+    try:
+        with pytest.raises(UpstreamBadResponseError, match="over 4096 bytes of headers"):
+            client.post(flood.url, {}, parse=as_json, max_bytes=4096)
+    finally:
+        client.close()
+
+
+def test_a_header_flood_through_an_httpx_transport_is_refused_too():
+    flood_headers = [(f"x-flood-{index}", "a" * 100) for index in range(1000)]
+    transport = httpx.MockTransport(lambda request: httpx.Response(200, headers=flood_headers, content=b"{}"))
+    client = upstream(transport=transport)
+    with pytest.raises(UpstreamBadResponseError, match="over 65536 bytes of headers"):
+        client.post("http://upstream.test/", {}, parse=as_json, max_bytes=1 << 20)
+    client.close()
+
+
+def test_a_repeated_header_name_is_joined_once_in_order():
+    listener = socket.create_server(("127.0.0.1", 0))
+    values = [f"v{index}" for index in range(500)]
+    head = "".join(f"X-Repeated: {value}\r\n" for value in values).encode()
+    answer = b"HTTP/1.1 200 OK\r\n" + head + b"Content-Length: 2\r\nConnection: close\r\n\r\n{}"
+
+    def serve() -> None:
+        connection, _ = listener.accept()
+        connection.recv(65536)
+        connection.sendall(answer)
+        connection.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    transport = WireTransport(1)
+    try:
+        status, headers, body = transport.exchange("GET", f"http://127.0.0.1:{listener.getsockname()[1]}/", {}, None,
+                                                   seconds_left=10.0, max_bytes=1 << 20)
+    finally:
+        transport.close()
+        listener.close()
+    assert (status, body) == (200, b"{}")
+    assert headers["x-repeated"] == ", ".join(values) and headers["content-length"] == "2"
