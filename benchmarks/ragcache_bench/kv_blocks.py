@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from ragcache.engines import VLLMClient
 from ragcache.prefixes import Target
-from ragcache.prefixes.vllm_client import VLLMClient
 from ragcache_bench.kv_keep_warm import KeepWarm
 from ragcache_bench.kv_workload import CACHING, CHURN, KVConfig, RequestResult, questions, run_requests
 

@@ -4,6 +4,7 @@
                      its connections, its key and its breaker; ``post``/``get`` bound every call
     CallLimits       the overall deadline, connect timeout, retries, back-off and concurrency of its calls
     retry_after_s    a ``Retry-After`` header as seconds (the one parser of it)
+    canonical_url    the rule a configured base URL passes (plain http(s), no credentials, query or fragment)
 
 What every call gets, whoever makes it, on pooled keep-alive sockets with httptools' compiled parser
 (``_wire.py``): an overall deadline that every socket operation keeps (a trickling upstream is cut off at it, not
@@ -16,5 +17,6 @@ no key or URL credential appears in an error or log line, and a 401/403 body is 
 
 from ragcache.outbound._upstream import CallLimits, CallObserver, Secret, Upstream, retry_after_s
 from ragcache.outbound._wire import WireTransport
+from ragcache.outbound.urls import canonical_url
 
-__all__ = ["CallLimits", "CallObserver", "Secret", "Upstream", "WireTransport", "retry_after_s"]
+__all__ = ["CallLimits", "CallObserver", "Secret", "Upstream", "WireTransport", "canonical_url", "retry_after_s"]

@@ -12,8 +12,9 @@ Errors (all under :class:`ragcache.errors.RagCacheError`):
                             lets it escape, naming vLLM (the service answers 502)
 """
 
+from ragcache.engines import EventsConfig, TargetBadResponseError, TargetUnavailableError, VLLMClient
+
 from .config import PrefixRegistryConfig
-from .kv_events import EventsConfig
 from .metrics import PrefixMetricsCollector, register_prefix_metrics
 from .model import (
     MAX_USES_PER_REPORT,
@@ -38,7 +39,6 @@ from .registry import PrefixRegistry
 from .routing import RouteCandidate, RouteResult
 from .store import FilePrefixStore, PrefixStore, RedisPrefixStore, make_store
 from .text import Chunk, assemble_prompt, find_volatile, render_messages, render_text, template_head
-from .vllm_client import TargetBadResponseError, TargetUnavailableError, VLLMClient
 
 __all__ = [
     "MAX_USES_PER_REPORT",

@@ -8,53 +8,20 @@ URL is accepted only when the operator configured it: ``endpoints`` (``RAGCACHE_
 a query or a fragment is refused: a ``?x=`` would turn the path the service appends into a query, and userinfo
 would carry credentials the operator never gave.
 
-URLs are compared in one canonical form (scheme and host lower case, no trailing slash), so ``HTTP://VLLM:8000/``
-on the list allows ``http://vllm:8000``.
+URLs are compared in one canonical form (``ragcache.outbound.canonical_url``: scheme and host lower case, no trailing
+slash), so ``HTTP://VLLM:8000/`` on the list allows ``http://vllm:8000``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING
-from urllib.parse import urlsplit
 
 from ragcache.errors import InvalidInputError
+from ragcache.outbound import canonical_url
 
-if TYPE_CHECKING:  # config.py canonicalises its endpoints with canonical_url: no import cycle at run time
-    from .config import PrefixRegistryConfig
+from .config import PrefixRegistryConfig
 
-__all__ = ["TargetPolicy", "canonical_url", "tenant_of"]
-
-# What separates a tenant from its prefix's public name in a stored name (ragcache.retrieval.names.SEPARATOR).
-_SEPARATOR = "--"
-
-
-def canonical_url(url: object, field: str) -> str:
-    """``url`` in canonical form when it is a plain http(s) base URL; :class:`InvalidInputError` naming ``field``
-    otherwise (no credentials, query, fragment, whitespace or backslash)."""
-    if not isinstance(url, str) or any(c.isspace() or ord(c) < 32 or c == "\\" for c in url):
-        raise InvalidInputError("must be an http(s) base URL without spaces or control characters", field=field)
-    try:
-        parts = urlsplit(url)
-        port = parts.port
-    except ValueError:
-        raise InvalidInputError("must be an http(s) base URL (its port is not a number)", field=field) from None
-    if parts.scheme.lower() not in ("http", "https") or not parts.hostname:
-        raise InvalidInputError("must be an http(s) base URL with a host", field=field)
-    if parts.username is not None or parts.password is not None:
-        raise InvalidInputError("must not carry credentials (user:password@)", field=field)
-    if parts.query or parts.fragment or "?" in url or "#" in url:
-        raise InvalidInputError("must not carry a query or a fragment (the service appends its own paths)", field=field)
-    host = parts.hostname.lower()
-    host = f"[{host}]" if ":" in host else host
-    netloc = host if port is None else f"{host}:{port}"
-    return f"{parts.scheme.lower()}://{netloc}{parts.path.rstrip('/')}"
-
-
-def tenant_of(stored_name: str) -> str | None:
-    """The tenant a stored prefix name belongs to (``acme--system`` -> ``acme``); None for a name without one."""
-    tenant, separator, _ = stored_name.partition(_SEPARATOR)
-    return tenant if separator and tenant else None
+__all__ = ["TargetPolicy"]
 
 
 class TargetPolicy:

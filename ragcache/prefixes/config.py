@@ -6,10 +6,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ragcache.engines import EventsConfig
 from ragcache.errors import ConfigError, InvalidInputError
-
-from .allow import canonical_url
-from .kv_events import EventsConfig
+from ragcache.outbound import canonical_url
 
 __all__ = ["PrefixRegistryConfig"]
 

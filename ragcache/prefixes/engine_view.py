@@ -1,6 +1,7 @@
-"""What the engines' own KV events say about each prefix: its resident blocks per endpoint (:mod:`.residency`, fed by
-one :class:`~.kv_events.KVEventSubscriber` per endpoint that publishes), and which endpoints saw blocks removed since
-the keep-warm loop last looked (it warms what was evicted, instead of on a timer).
+"""What the engines' own KV events say about each prefix: its resident blocks per endpoint (a
+:class:`ragcache.engines.BlockIndex`, fed by one :class:`ragcache.engines.KVEventSubscriber` per endpoint that
+publishes), and which endpoints saw blocks removed since the keep-warm loop last looked (it warms what was evicted,
+instead of on a timer).
 
 A prefix's blocks are placed by its token ids, which vLLM's ``/tokenize`` gives; they are asked for once per version
 and endpoint by the keep-warm loop (never by a stats or route request), so an endpoint reports a prefix's residency
@@ -13,12 +14,10 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from ragcache.engines import EventsConfig, KVEventSubscriber, Target, TargetUnavailableError, VLLMClient, prefix_digests
 from ragcache.errors import ConfigError
 
-from .kv_events import EventsConfig, KVEventSubscriber
-from .model import Prefix, Target
-from .residency import prefix_digests
-from .vllm_client import TargetUnavailableError, VLLMClient
+from .model import Prefix
 
 __all__ = ["EngineView", "ResidencyView"]
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
+from ragcache.engines import PromptForm, Target
 from ragcache.errors import InvalidInputError
 from ragcache.retrieval.names import TenantName
 
@@ -63,24 +64,6 @@ class PrefixName(TenantName):
     def check(name: object, field: str) -> str:
         # The public name is checked, not the stored one: '-x' is no prefix name, though 'acme---x' would pass.
         return check_name(name, field)
-
-
-class PromptForm(str, Enum):
-    """How requests send the prefix: as the head of a completion prompt, or as the system message."""
-
-    COMPLETION = "completion"
-    CHAT = "chat"
-
-
-@dataclass(frozen=True)
-class Target:
-    """One vLLM deployment: its OpenAI-compatible base URL (without ``/v1``) and served model name."""
-
-    base_url: str
-    model: str
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "base_url", self.base_url.rstrip("/"))
 
 
 @dataclass(frozen=True)

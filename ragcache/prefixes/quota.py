@@ -13,8 +13,8 @@ import threading
 from collections.abc import Callable, Iterable
 
 from ragcache.errors import RagCacheError
+from ragcache.retrieval.names import tenant_of
 
-from .allow import tenant_of
 from .config import PrefixRegistryConfig
 from .policy import WarmBudget
 

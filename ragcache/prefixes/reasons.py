@@ -4,10 +4,11 @@ the engine's KV events). Reasons are facts found, not guesses: one without its f
 
 from __future__ import annotations
 
+from ragcache.engines import PrefixCacheCounters
+
 from .engine_view import ResidencyView
 from .state import WarmState
 from .text import find_volatile
-from .vllm_client import PrefixCacheCounters
 
 __all__ = ["why_not_cached"]
 

@@ -30,6 +30,7 @@ from typing import Any
 import httpx
 import redis
 
+from ragcache.engines import PrefixCacheCounters, TargetBadResponseError, TargetUnavailableError, VLLMClient
 from ragcache.errors import InvalidInputError
 
 from .allow import TargetPolicy
@@ -55,7 +56,6 @@ from .store import PrefixStore, make_store
 from .targets import Targets
 from .text import find_volatile, render_messages, render_text, template_head
 from .tokens import LocalTokenCounter
-from .vllm_client import PrefixCacheCounters, TargetBadResponseError, TargetUnavailableError, VLLMClient
 from .warming import KeepWarm
 
 __all__ = ["PrefixRegistry"]

@@ -8,10 +8,10 @@ import threading
 from collections.abc import Callable
 
 from ragcache.core.health import TierHealth
+from ragcache.engines import CompletionUsage, PrefixCacheCounters, TargetUnavailableError, VLLMClient
 
 from .config import PrefixRegistryConfig
 from .model import PromptForm, Target, TargetStats
-from .vllm_client import CompletionUsage, PrefixCacheCounters, TargetUnavailableError, VLLMClient
 
 __all__ = ["Targets"]
 

@@ -13,9 +13,12 @@ import logging
 import threading
 from collections.abc import Callable
 
+from ragcache.engines import PrefixCacheCounters, TargetUnavailableError, VLLMClient
 from ragcache.errors import InvalidInputError, TierUnavailableError
+from ragcache.outbound import canonical_url
+from ragcache.retrieval.names import tenant_of
 
-from .allow import TargetPolicy, canonical_url, tenant_of
+from .allow import TargetPolicy
 from .config import PrefixRegistryConfig
 from .engine_view import EngineView, ResidencyView
 from .known import KnownPrefixes
@@ -26,7 +29,6 @@ from .reasons import why_not_cached
 from .state import WarmState, summarize
 from .targets import Targets
 from .text import template_head
-from .vllm_client import PrefixCacheCounters, TargetUnavailableError, VLLMClient
 
 __all__ = ["KeepWarm"]
 

@@ -20,7 +20,7 @@ from typing import Any, ClassVar, Self, TypeVar
 from ragcache.errors import InvalidInputError
 from ragcache.retrieval.documents import MAX_COLLECTION_CHARS, check_collection_name
 
-__all__ = ["SEPARATOR", "CollectionName", "TenantName", "own_named", "public_name", "tenant_name", "tenant_prefix"]
+__all__ = ["SEPARATOR", "CollectionName", "TenantName", "own_named", "public_name", "tenant_name", "tenant_of", "tenant_prefix"]
 
 SEPARATOR = "--"
 
@@ -87,6 +87,12 @@ def tenant_name(tenant: str | None, name: str, max_chars: int, field: str) -> st
 def tenant_prefix(tenant: str | None) -> str:
     """What the stored name of each of the tenant's collections (and prefixes) starts with ("" without a tenant)."""
     return "" if tenant is None else f"{tenant}{SEPARATOR}"
+
+
+def tenant_of(stored: str) -> str | None:
+    """The tenant a stored name belongs to (``acme--system`` -> ``acme``); None for a name without one."""
+    tenant, separator, _ = stored.partition(SEPARATOR)
+    return tenant if separator and tenant else None
 
 
 def public_name(tenant: str | None, stored: str) -> str | None:

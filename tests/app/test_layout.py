@@ -72,7 +72,7 @@ def test_the_wheel_installs_only_this_projects_own_top_level_packages():
 # The rooms of ragcache/, lowest first: a module may import only its own room and the rooms before it, so calls
 # flow one way (the cache never calls up into retrieval, a level never into the facade). Lazy imports count too.
 ROOMS_LOWEST_FIRST = (
-    "errors", "observe", "settings", "storage", "core", "outbound", "tiers", "models",
+    "errors", "observe", "settings", "storage", "core", "outbound", "engines", "tiers", "models",
     "retrieval", "rerank", "prefixes", "build", "deployment", "ray", "client", "integrations", "__init__", "app",
 )
 # The package root: the public __init__, the error tree, one cache from settings (build) and the whole assembly
@@ -163,3 +163,56 @@ def test_the_service_imports_the_library_only_through_its_public_surface():
         elif name is not None and name not in public[module]:
             offenders.append(f"{relative}: {name} is not in {module}.__all__")
     assert offenders == []
+
+
+def module_imports(package: str) -> dict[str, set[str]]:
+    """Each module of ``package`` (a room) and the modules of the same room it imports, relative or absolute, lazy or
+    for type checking only."""
+    folder = ROOT / package.replace(".", "/")
+    graph: dict[str, set[str]] = {}
+    for path in sorted(folder.glob("*.py")):
+        own = f"{package}.{path.stem}"
+        targets: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and node.level == 1:
+                targets |= {f"{package}.{node.module}"} if node.module else {f"{package}.{a.name}" for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith(f"{package}."):
+                targets.add(node.module)
+        graph[own] = {target for target in targets if target != own and target != f"{package}.__init__"}
+    return graph
+
+
+def import_circle(graph: dict[str, set[str]]) -> list[str]:
+    """One import circle of ``graph`` (the modules along it), or [] when there is none."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(module: str) -> list[str]:
+        state[module] = 1
+        path.append(module)
+        for target in sorted(graph.get(module, ())):
+            if state.get(target) == 1:
+                return [*path[path.index(target):], target]
+            if target not in state and (circle := visit(target)):
+                return circle
+        state[module] = 2
+        path.pop()
+        return []
+
+    for module in sorted(graph):
+        if module not in state and (circle := visit(module)):
+            return circle
+    return []
+
+
+def test_the_prefix_registry_and_the_engine_adapters_hold_no_import_circle():
+    # Issue 41 item 2: allow.py <-> config.py was one (the URL rule now lives in ragcache.outbound).
+    assert import_circle({"a": {"b"}, "b": {"a"}}) == ["a", "b", "a"]
+    for package in ("ragcache.prefixes", "ragcache.engines"):
+        assert import_circle(module_imports(package)) == []
+
+
+def test_the_engine_adapters_know_nothing_of_the_prefix_registry():
+    # An adapter speaks its engine's protocol only (docs/DESIGN.md): no import of the registry, lazy or typed.
+    names = [name for path in sorted((ROOT / "ragcache" / "engines").glob("*.py")) for name in imported_modules(path)]
+    assert [name for name in names if name.startswith("ragcache.prefixes")] == []

@@ -10,9 +10,18 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from ragcache.prefixes.kv_events import EventsConfig, KVEventsError, KVEventSubscriber, decode_batch
-from ragcache.prefixes.msgpack_lite import MsgpackError, unpackb
-from ragcache.prefixes.residency import BlockIndex, BlockRemoved, BlockStored, prefix_digests
+from ragcache.engines import (
+    BlockIndex,
+    BlockRemoved,
+    BlockStored,
+    EventsConfig,
+    KVEventsError,
+    KVEventSubscriber,
+    MsgpackError,
+    decode_batch,
+    prefix_digests,
+    unpackb,
+)
 from tests.prefixes.kv_publisher import KVPublisher, packb, removed, stored
 
 BLOCK = 4
@@ -98,7 +107,7 @@ def test_a_publisher_that_dies_is_a_breaker_and_comes_back_replayed(publisher, c
     try:
         store_prefix(publisher)
         assert wait_until(lambda: resident(subscriber) == 3)
-        with caplog.at_level(logging.WARNING, logger="ragcache.prefixes.kv_events"):
+        with caplog.at_level(logging.WARNING, logger="ragcache.engines.vllm_events"):
             publisher.stop()
             assert wait_until(lambda: not subscriber.synced and subscriber.health.is_down)
         assert [r.message for r in caplog.records].count(
@@ -116,7 +125,7 @@ def test_a_publisher_that_dies_is_a_breaker_and_comes_back_replayed(publisher, c
 def test_garbage_costs_a_breaker_and_one_log_line_never_the_subscriber(publisher, caplog):
     subscriber = subscriber_of(publisher, backoff_min_s=5.0, backoff_max_s=5.0)
     try:
-        with caplog.at_level(logging.WARNING, logger="ragcache.prefixes.kv_events"):
+        with caplog.at_level(logging.WARNING, logger="ragcache.engines.vllm_events"):
             for payload in (b"\xc1 not msgpack", packb({"not": "a batch"}), packb([1.0, [{"type": "Nope", "block_hashes": []}]]),
                             packb([1.0, [stored([1], None, [1], BLOCK)]])):  # fewer tokens than its block holds
                 publisher.send_raw(payload)

@@ -12,8 +12,9 @@ import httpx
 import pytest
 
 from ragcache.errors import InvalidInputError
+from ragcache.outbound import canonical_url
 from ragcache.prefixes import PrefixRegistryConfig
-from ragcache.prefixes.allow import TargetPolicy, canonical_url
+from ragcache.prefixes.allow import TargetPolicy
 from ragcache.settings import Settings
 from tests.live_server import LiveServer
 from tests.prefixes.recording_server import RecordingServer

@@ -16,6 +16,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from ragcache.client import AsyncClient, Client
 from ragcache.core.health import TierHealth
+from ragcache.engines import parse_prefix_cache_counters
 from ragcache.errors import InvalidInputError, NotFoundError, RagCacheError
 from ragcache.prefixes import (
     FilePrefixStore,
@@ -39,7 +40,6 @@ from ragcache.prefixes import (
 )
 from ragcache.prefixes.model import MAX_USES_PER_REPORT
 from ragcache.prefixes.policy import Schedule, WarmBudget, holds_warm, judge_residency, next_schedule
-from ragcache.prefixes.vllm_client import parse_prefix_cache_counters
 from ragcache.retrieval.results import SearchHit
 from ragcache_server.prefixes_api import router
 from tests.live_server import transport_to

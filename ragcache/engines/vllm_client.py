@@ -1,4 +1,4 @@
-"""The few calls the registry makes to vLLM (and an LMCache controller), through the one outbound helper
+"""The few calls made to vLLM (and an LMCache controller), through the one outbound helper
 (``ragcache.outbound.Upstream``: an overall deadline, a byte cap on each answer, no redirects, masking).
 
 Every failure is converted here into :class:`TargetUnavailableError`, so the registry handles one error type;
@@ -28,7 +28,7 @@ from ragcache.errors import (
 )
 from ragcache.outbound import CallLimits, Upstream
 
-from .model import PromptForm, Target
+from .target import PromptForm, Target
 
 __all__ = ["TargetUnavailableError", "TargetBadResponseError", "CompletionUsage", "PrefixCacheCounters", "VLLMClient"]
 

