@@ -17,7 +17,7 @@ from ragcache.storage.processes import free_port, stop_process, wait_healthy
 
 __all__ = ["ServiceProcess", "served", "LEVELS"]
 
-LEVELS = ("L1", "Disk", "L2", "L3", "Compute")  # the X-Cache-* headers (README: how the levels are named)
+LEVELS = ("L1", "Disk", "L2", "L3", "Compute")  # the X-Cache-* headers (docs/levels.md: how the levels are named)
 
 
 def served(response) -> dict[str, int]:

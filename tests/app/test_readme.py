@@ -1,4 +1,5 @@
-"""README: the configuration reference is the settings object's, and every file it points to exists."""
+"""The configuration reference (docs/configuration.md) is the settings object's, and every file README.md points to
+exists."""
 
 from __future__ import annotations
 
@@ -11,12 +12,13 @@ from ragcache_cli.config_docs import BEGIN_MARKER, END_MARKER, env_name, markdow
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
+CONFIGURATION = ROOT / "docs" / "configuration.md"
 LOCAL_PATH = re.compile(r"(?<![\w/.])((?:docs|docker|notebooks)/[\w./-]+\.(?:md|yaml|ipynb)|[A-Z]+\.md)\b")
 
 
 def test_readme_reference_is_generated_from_settings():
-    # On failure: run `ragcache config --readme README.md` and commit the result.
-    assert section_of(README.read_text(encoding="utf-8")) == markdown_table()
+    # On failure: run `ragcache config --readme docs/configuration.md` and commit the result.
+    assert section_of(CONFIGURATION.read_text(encoding="utf-8")) == markdown_table()
 
 
 def test_reference_has_a_described_row_for_every_setting():
@@ -78,6 +80,6 @@ def test_config_masks_secrets(tmp_path, capsys):
 
 def test_files_the_readme_points_to_exist():
     mentioned = set(LOCAL_PATH.findall(README.read_text(encoding="utf-8")))
-    assert {"docs/replicas.md", "docs/capacity.md", "docker/compose.yaml", "notebooks/cache_levels.ipynb"} <= mentioned
+    assert {"docs/replicas.md", "docs/capacity.md", "docker/README.md", "notebooks/cache_levels.ipynb"} <= mentioned
     missing = sorted(path for path in mentioned if not (ROOT / path).is_file())
     assert not missing, f"README points to files that do not exist: {missing}"
