@@ -111,8 +111,12 @@ def report_uses(name: str, body: UsesIn, request: Request) -> Response:
 @router.post("/{name}/route", response_model=RouteResult)
 def route_prefix(name: str, request: Request) -> RouteResult:
     """The vLLM endpoint a request starting with this prefix should go to: the replica holding most of its KV blocks by
-    the engines' events (the least loaded among equals), else the least loaded, else the next in turn (``reason``)."""
-    return _registry(request).route(_name(request, name))
+    the engines' events (the least loaded among equals), else the least loaded, else the next in turn (``reason``).
+    A tenant's key reads the endpoint and the reason only: ``candidates`` (every replica's blocks of the other
+    prefixes, its total blocks and load) is the fleet's, shown to keys without a tenant."""
+    tenant = principal_of(request).tenant
+    result = _registry(request).route(_name(request, name))
+    return result if tenant is None else result.brief()
 
 
 @router.get("/{name}/stats", response_model=PrefixStats)

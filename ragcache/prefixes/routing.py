@@ -71,6 +71,12 @@ class RouteResult:
     reason: str
     candidates: tuple[RouteCandidate, ...]
 
+    def brief(self) -> RouteResult:
+        """The endpoint and the reason only: what a tenant's key is answered (issue 38, item 10). The candidates'
+        figures are the fleet's, not the tenant's: the blocks of every other tenant's prefixes coming and going,
+        each engine's total blocks and load."""
+        return RouteResult(self.name, self.endpoint, self.reason, ())
+
 
 class RoundRobin:
     """A turn per prefix, for when nothing else tells endpoints apart (thread-safe)."""

@@ -15,7 +15,7 @@ from ragcache.settings import Settings
 from tests.live_server import LiveServer
 from tests.prefixes.recording_server import RecordingServer
 
-TENANTS = ("acme", "globex", "initech", "umbrella")
+TENANTS = ("acme", "globex", "initech", "umbrella", "hooli")
 MAX_TEXT_BYTES = 1000
 MAX_PER_TENANT = 3
 REGISTRATIONS_PER_MINUTE = 8
@@ -86,3 +86,14 @@ def test_registrations_over_the_rate_are_a_429_with_retry_after_for_that_tenant_
         assert register(initech, vllm, "own-minute").status_code == 201  # initech's minute is its own
         initech.delete("/prefixes/own-minute")
         umbrella.delete("/prefixes/same")
+
+
+def test_a_tenants_route_names_the_endpoint_and_the_reason_only(service, vllm):
+    """Issue 38, item 10: the candidates' figures (other tenants' prefix blocks on each replica, the engine's total
+    blocks and load) are the fleet's; a tenant's key reads where to send its request and why, nothing else."""
+    with client(service, "hooli") as hooli:
+        assert register(hooli, vllm, "routed").status_code == 201
+        answer = hooli.post("/prefixes/routed/route")
+        assert answer.status_code == 200, answer.text
+        assert answer.json() == {"name": "routed", "endpoint": vllm.url, "reason": "round_robin", "candidates": []}
+        assert hooli.delete("/prefixes/routed").status_code == 204
