@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml benchmarks/pyproject.toml constraints.txt $(wildcard ra
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -c constraints.txt -e '.[test,langchain,llamaindex,tracing,onnx]'
+	$(PY) -m pip install -q -c constraints.txt -e '.[test,docs,langchain,llamaindex,tracing,onnx]'
 	$(PY) -m pip install -q --no-deps -e benchmarks
 	touch $(STAMP)
 

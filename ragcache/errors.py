@@ -71,7 +71,12 @@ class InvalidTextError(InvalidInputError):
 
 
 class NotFoundError(RagCacheError, LookupError):
-    """An unknown model, collection, space or prefix."""
+    """An unknown model, collection, space or prefix; ``field`` names which (``model``, ``collection``), so a
+    caller can tell a collection not yet written (an empty store) from a model the service does not serve."""
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 class ConflictError(RagCacheError):

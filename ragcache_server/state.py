@@ -129,7 +129,7 @@ class ServiceState:
         cache = self.caches.get(name)
         if cache is None:
             served = ", ".join(self.caches)
-            raise NotFoundError(f"model {model!r} is not served here; served models: {served}")
+            raise NotFoundError(f"model {model!r} is not served here; served models: {served}", field="model")
         scope = Scope(tenant, self._prompt(name, prompt_name, optional=optional))
         return cache if scope == UNSCOPED else cache.scoped(scope)
 

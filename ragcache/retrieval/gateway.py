@@ -77,7 +77,7 @@ def converted(exc: BaseException, name: str | None, *, filter_given: bool = Fals
     code = getattr(exc, "code", None)
     message = milvus_error_message(exc)
     if name is not None and (code == 100 or "collection not found" in message.lower()):
-        return NotFoundError(f"collection {name!r} does not exist")
+        return NotFoundError(f"collection {name!r} does not exist", field="collection")
     # Milvus answers a filter it cannot parse or type-check with 1100 (invalid parameter) or a message
     # about the expression; anything else (unreachable, timed out, ...) is the store failing.
     if filter_given and (code == 1100 or "expr" in message.lower()):
