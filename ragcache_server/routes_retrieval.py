@@ -7,17 +7,20 @@ caller's, so a tenant never sees, nor can name, another tenant's collection.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import quote
 
 from fastapi import APIRouter, Request
 
-from ragcache import InvalidInputError, TierUnavailableError
+from ragcache import InvalidInputError, NotFoundError, TierUnavailableError
 from ragcache.models import DOCUMENT, QUERY
 from ragcache.prefixes import Prefix, PrefixName, PrefixRegistry, assemble_prompt, render_text
 from ragcache.rerank import RerankCache, rerank_result
-from ragcache.retrieval import CollectionName, KnowledgeBase, SearchResult, SyncOptions, own_named, tenant_prefix
+from ragcache.retrieval import FILTER_EXAMPLE, CollectionName, KnowledgeBase, SearchResult, SyncOptions, own_named, tenant_prefix
+from ragcache.retrieval.names import public_name
 from ragcache_server.answers import SEARCH_ADVICE, check_answer_bytes, documents_within, fill_texts, may_pass, without_texts
 from ragcache_server.auth import principal_of
 from ragcache_server.deps import blocking, cache_of, check_count, check_text_size, prefixes_of, rerank_scope, state_of
@@ -40,6 +43,27 @@ def knowledge_of(state: ServiceState) -> KnowledgeBase:
     if state.knowledge is None:
         raise HTTPError(503, "retrieval needs Milvus, which is off: set RAGCACHE_MILVUS_URI", type="unavailable")
     return state.knowledge
+
+
+# A missing collection's 404 lists this many of the caller's collections at most (a listing, not a dump).
+MAX_NAMES_LISTED = 20
+
+
+@contextlib.asynccontextmanager
+async def naming_existing_collections(request: Request) -> AsyncIterator[None]:
+    """A missing collection's 404 (``field: "collection"``) lists the caller's existing collections, so a typo
+    shows itself; a missing model's 404 (``field: "model"``) passes as it is."""
+    try:
+        yield
+    except NotFoundError as exc:
+        if exc.field != "collection":
+            raise
+        tenant = principal_of(request).tenant
+        stored = await blocking(knowledge_of(state_of(request)).collection_names, prefix=tenant_prefix(tenant))
+        names = sorted(name for name in (public_name(tenant, item) for item in stored) if name is not None)
+        shown = ", ".join(repr(name) for name in names[:MAX_NAMES_LISTED]) + (" ..." if len(names) > MAX_NAMES_LISTED else "")
+        existing = f"existing collections: {shown}" if names else "no collection exists yet (POST /documents creates one)"
+        raise NotFoundError(f"{exc}; {existing}", field="collection") from exc
 
 
 @router.post("/documents", summary="Add or replace documents (upsert by id)")
@@ -75,7 +99,8 @@ def check_collection_quota(knowledge: KnowledgeBase, tenant: str, name: Collecti
 @router.post("/documents/ids", summary="The ids of a collection's documents (optionally filtered), for syncing")
 async def list_ids(body: ListIdsRequest, request: Request) -> JSONResponse:
     name = CollectionName.of(body.collection, principal_of(request).tenant)
-    ids = await blocking(knowledge_of(state_of(request)).list_ids, name, body.filter)
+    async with naming_existing_collections(request):
+        ids = await blocking(knowledge_of(state_of(request)).list_ids, name, body.filter)
     return JSONResponse({"collection": body.collection, "ids": ids})
 
 
@@ -85,7 +110,8 @@ async def get_documents(body: GetDocumentsRequest, request: Request) -> JSONResp
     state = state_of(request)
     check_count(body.ids, "ids", state.settings.service.max_batch)
     name = CollectionName.of(body.collection, principal_of(request).tenant)
-    documents = await blocking(documents_within, knowledge_of(state), name, body.ids, state.settings.service.max_answer_bytes)
+    async with naming_existing_collections(request):
+        documents = await blocking(documents_within, knowledge_of(state), name, body.ids, state.settings.service.max_answer_bytes)
     found = {document.id for document in documents}
     missing = [doc_id for doc_id in dict.fromkeys(body.ids) if doc_id not in found]
     return JSONResponse({"collection": body.collection, "documents": documents, "missing": missing})
@@ -95,7 +121,8 @@ async def get_documents(body: GetDocumentsRequest, request: Request) -> JSONResp
 async def drop_collection(collection: str, request: Request) -> JSONResponse:
     """404 when it does not exist (for a tenant: when it is not the tenant's)."""
     name = CollectionName.of(collection, principal_of(request).tenant)
-    await blocking(knowledge_of(state_of(request)).drop_collection, name)
+    async with naming_existing_collections(request):
+        await blocking(knowledge_of(state_of(request)).drop_collection, name)
     return JSONResponse({"collection": collection, "dropped": True})
 
 
@@ -104,7 +131,8 @@ async def delete_documents(body: DeleteDocumentsRequest, request: Request) -> JS
     state = state_of(request)
     check_count(body.ids, "ids", state.settings.service.max_batch)
     name = CollectionName.of(body.collection, principal_of(request).tenant)
-    num_deleted = await blocking(knowledge_of(state).delete_documents, name, body.ids)
+    async with naming_existing_collections(request):
+        num_deleted = await blocking(knowledge_of(state).delete_documents, name, body.ids)
     return JSONResponse({"collection": body.collection, "num_deleted": num_deleted})
 
 
@@ -123,6 +151,11 @@ async def search(body: SearchRequest, request: Request) -> JSONResponse:
     ``X-Rerank`` names the reranker that ordered the hits, or ``X-Rerank-Fallback: search-order`` (and the
     body's ``rerank_fallback``) says that it failed and the hits are in search order. With ``include_text:
     false`` the hits carry no ``text``; an answer over ``max_answer_bytes`` is a 413."""
+    async with naming_existing_collections(request):
+        return await answer_search(body, request)
+
+
+async def answer_search(body: SearchRequest, request: Request) -> JSONResponse:
     state = state_of(request)
     check_text_size(body.query, "query", state.settings.service.max_text_bytes)
     reranker = reranker_of(state, body)
@@ -142,7 +175,8 @@ async def search(body: SearchRequest, request: Request) -> JSONResponse:
         except TierUnavailableError as exc:
             if body.filter is None or not await searches_without_filter(knowledge, name, body.query, cache, query_cache):
                 raise
-            raise InvalidInputError(f"filter could not be evaluated by Milvus: {exc}", field="filter") from exc
+            raise InvalidInputError(f"filter could not be evaluated by Milvus: {exc}; a filter reads like {FILTER_EXAMPLE}",
+                                    field="filter") from exc
         if needs_texts(body) and not with_text:
             [result] = await blocking(fill_texts, knowledge, name, [result], state.settings.service.max_answer_bytes)
     headers = search_headers([result])
@@ -170,6 +204,11 @@ def rerank_headers(*results: SearchResult) -> dict[str, str]:
 async def search_batch(body: BatchSearchRequest, request: Request) -> JSONResponse:
     """``{"results": [...]}``, one /search answer per query, in order; the queries are embedded as one batch.
     All the answers together are bounded by ``max_answer_bytes`` (413 beyond)."""
+    async with naming_existing_collections(request):
+        return await answer_search_batch(body, request)
+
+
+async def answer_search_batch(body: BatchSearchRequest, request: Request) -> JSONResponse:
     state = state_of(request)
     for index, query in enumerate(body.queries):
         check_text_size(query, f"queries[{index}]", state.settings.service.max_text_bytes)

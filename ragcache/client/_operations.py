@@ -98,9 +98,11 @@ class _Operations:
     def _call(self, call: _Call) -> Any:
         raise NotImplementedError
 
-    def embed(self, texts: str | Sequence[str], *, prompt_name: str | None = None) -> np.ndarray:
+    def embed(self, texts: str | Sequence[str], *, prompt_name: str | None = None, input_type: str | None = None) -> np.ndarray:
         """One float32 vector per text, ``[len(texts), dim]`` (a single string counts as one text).
-        ``prompt_name``: one of the model's named prompts (e.g. ``query``, ``document``; ``info()`` lists them).
+        ``input_type``: ``"query"`` or ``"document"``, the vectors ``/search`` embeds a query with and ``/documents``
+        stores a document with (the model's prompt of that name; a model without one embeds the text as is).
+        ``prompt_name``: one of the model's named prompts (``info()`` lists them), refused when the model lacks it.
 
         Vectors travel base64-encoded (little-endian float32), about 4x smaller and faster than JSON floats.
         """
@@ -108,6 +110,8 @@ class _Operations:
         body = self._with_model({"input": items, "encoding_format": "base64"})
         if prompt_name is not None:
             body["prompt_name"] = prompt_name
+        if input_type is not None:
+            body["input_type"] = input_type
         return self._call(_Call("POST", "/v1/embeddings", body, functools.partial(_parse_embeddings, len(items))))
 
     def search(
@@ -257,7 +261,7 @@ class _Operations:
             return delay, None
         if isinstance(outcome, Exception):
             raise self._transport_error(call, outcome) from outcome
-        return None, _finish(call, outcome)
+        return None, _finish(call, outcome, sent_key="Authorization" in self._http.headers)
 
     def _retry_delay(self, attempt: int, outcome: httpx.Response | Exception) -> float | None:
         """Seconds to wait before trying again, or None when this outcome is final."""

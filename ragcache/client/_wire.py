@@ -57,27 +57,31 @@ def _with_chunks(messages: list[dict[str, str]], chunks: Iterable[Chunk]) -> lis
 # ---- reading answers ----------------------------------------------------------------------------------------
 
 
-def _finish(call: _Call, response: httpx.Response) -> Any:
-    """The operation's value from a final answer, or the error it stands for."""
+def _finish(call: _Call, response: httpx.Response, *, sent_key: bool = True) -> Any:
+    """The operation's value from a final answer, or the error it stands for (``sent_key``: whether the
+    request carried an API key, which a 401's advice depends on)."""
     if not response.is_success:
-        raise _status_error(response)
+        raise _status_error(response, sent_key=sent_key)
     try:
         return call.parse(response.json() if response.content else None)
     except (ValueError, TypeError, KeyError, IndexError, binascii.Error) as exc:
         raise ServiceError(f"{call.method} {call.path}: unexpected answer from the service: {exc!r}") from exc
 
 
-def _status_error(response: httpx.Response) -> RagCacheError:
+def _status_error(response: httpx.Response, *, sent_key: bool = True) -> RagCacheError:
     message, field = _error_details(response)
     status = response.status_code
     error: RagCacheError
     if status in (400, 413, 422):
         error = InvalidInputError(message, field=field)
     elif status == 404:
-        error = NotFoundError(message)
+        # field says what is missing: "collection" (a collection not yet written) or "model" (not served here).
+        error = NotFoundError(message, field=field)
     elif status == 409:
         error = ConflictError(message)
-    elif status in (401, 403):
+    elif status == 401:
+        error = AuthenticationError(_key_advice(sent_key))
+    elif status == 403:
         error = AuthenticationError(message)
     elif status in (429, 502, 503, 504):
         error = ServiceUnavailableError(message)
@@ -85,6 +89,15 @@ def _status_error(response: httpx.Response) -> RagCacheError:
         error = ServiceError(message)
     error.status_code = status  # type: ignore[union-attr]
     return error
+
+
+def _key_advice(sent_key: bool) -> str:
+    """A 401 in the client's own terms: the server's advice names an HTTP header, which a client user never sets."""
+    if sent_key:
+        return ("the service refused this client's API key (401): check the key given as Client(api_key=...) "
+                "(the CLI: --api-key or RAGCACHE_API_KEY)")
+    return ("the service needs an API key (401) and this client sent none: pass Client(api_key=...) "
+            "(the CLI: --api-key or RAGCACHE_API_KEY)")
 
 
 def _error_details(response: httpx.Response) -> tuple[str, str | None]:

@@ -203,7 +203,7 @@ class Catalog:
         """The collection's record as Milvus describes it now (nothing is loaded)."""
         milvus_name = milvus_collection_name(name.stored)
         if not self.gateway.call("has_collection", milvus_name, collection=name.public):
-            raise NotFoundError(f"collection {name.public!r} does not exist")
+            raise NotFoundError(f"collection {name.public!r} does not exist", field="collection")
         described = self.gateway.call("describe_collection", milvus_name, collection=name.public)
         return dataclasses.replace(_parse_description(name, milvus_name, described), read_at=self._clock())
 

@@ -224,7 +224,6 @@ def test_backoff_doubles_per_attempt():
         (422, InvalidInputError),
         (404, NotFoundError),
         (409, ConflictError),
-        (401, AuthenticationError),
         (403, AuthenticationError),
         (504, ServiceUnavailableError),
         (500, ServiceError),
@@ -239,6 +238,36 @@ def test_statuses_map_to_the_library_errors_with_the_server_message(status, kind
     assert info.value.status_code == status
     if isinstance(info.value, InvalidInputError):
         assert info.value.field == "top_k"
+
+
+@pytest.mark.parametrize("api_key, advice", [(None, "sent none: pass Client(api_key=...)"),
+                                             ("wrong-key", "refused this client's API key (401): check the key given as Client(api_key=...)")])
+def test_a_401_says_how_this_client_passes_a_key(api_key, advice):
+    """The service's 401 advises an HTTP header, which a client user never writes: the client names its own way."""
+    handler = Recorder(httpx.Response(401, json={"error": {"type": "unauthorized", "field": None,
+                                                           "message": "missing or wrong API key: send 'Authorization: Bearer <key>'"}}))
+    with client_for(handler, api_key=api_key) as client, pytest.raises(AuthenticationError) as info:
+        client.search("q", "docs")
+    assert advice in str(info.value) and "RAGCACHE_API_KEY" in str(info.value)
+    assert "Authorization" not in str(info.value) and info.value.status_code == 401
+
+
+@pytest.mark.parametrize("field", ["collection", "model", None])
+def test_a_404_carries_the_field_it_names(field):
+    """A missing collection (an empty store to the adapters) is told from a model the service does not serve."""
+    handler = Recorder(error(404, "not there", field=field))
+    with client_for(handler) as client, pytest.raises(NotFoundError) as info:
+        client.search("q", "docs")
+    assert info.value.field == field and str(info.value) == "not there"
+
+
+def test_embed_sends_the_input_type_only_when_asked():
+    handler = Recorder(httpx.Response(200, json=embeddings_answer(VECTORS)))
+    with client_for(handler) as client:
+        client.embed(["a", "b"], input_type="query")
+        client.embed(["a", "b"])
+    bodies = [json.loads(request.content) for request in handler.requests]
+    assert bodies[0]["input_type"] == "query" and "input_type" not in bodies[1] and "prompt_name" not in bodies[1]
 
 
 def test_fastapi_validation_detail_names_the_field():

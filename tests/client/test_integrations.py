@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import httpx
 import numpy as np
 import pytest
 from langchain_core.documents import Document
@@ -14,7 +15,7 @@ from llama_index.core import Document as LlamaDocument
 from llama_index.core import VectorStoreIndex
 
 from ragcache.client import AsyncClient, Client
-from ragcache.errors import AuthenticationError, ConfigError, ServiceUnavailableError
+from ragcache.errors import AuthenticationError, ConfigError, NotFoundError, ServiceUnavailableError
 from ragcache.integrations.langchain import RagCacheRetriever, RagCacheVectorStore
 from ragcache.integrations.llamaindex import RagCacheEmbedding
 from ragcache.integrations.llamaindex import RagCacheRetriever as LlamaRetriever
@@ -62,7 +63,7 @@ def test_langchain_retriever_returns_the_search_hits_as_documents(client):
     assert all(isinstance(document, Document) for document in documents)
     assert [document.id for document in documents] == [hit.id for hit in expected] and documents[0].id == "lru"
     assert documents[0].page_content == DOCUMENTS[2]["text"]
-    assert documents[0].metadata == {"topic": "cache", "score": pytest.approx(expected[0].score)}
+    assert documents[0].metadata == {"topic": "cache"}  # as stored: no score key added
 
 
 def test_retrievers_take_search_options(client):
@@ -122,6 +123,54 @@ def test_langchain_raises_the_clients_errors(server):
             RagCacheRetriever(client=down, collection="notes").invoke(QUERY)
     with pytest.raises(ConfigError):
         RagCacheRetriever(collection="notes")
+
+
+def test_a_missing_collection_is_a_404_naming_the_field_and_the_existing_ones(server, client):
+    """The service's 404 says which thing is missing (``field``), and for a collection, which ones exist."""
+    headers = {"Authorization": f"Bearer {KEY}"}
+    for path, body in [("/search", {"collection": "nots", "query": "q"}), ("/documents/get", {"collection": "nots", "ids": ["a"]}),
+                       ("/search/batch", {"collection": "nots", "queries": ["q"]}), ("/documents/ids", {"collection": "nots"})]:
+        answer = httpx.post(server.url + path, json=body, headers=headers, timeout=60)
+        assert answer.status_code == 404, (path, answer.text)
+        error = answer.json()["error"]
+        assert error["field"] == "collection" and "'nots' does not exist" in error["message"], path
+        assert "existing collections:" in error["message"] and "'notes'" in error["message"], path
+    missing_model = httpx.post(server.url + "/search", json={"collection": "notes", "query": "q", "model": "no-such-model"},
+                               headers=headers, timeout=60)
+    assert missing_model.status_code == 404 and missing_model.json()["error"]["field"] == "model"
+    with pytest.raises(NotFoundError) as caught:
+        client.search("q", "nots")
+    assert caught.value.field == "collection"
+
+
+def test_langchain_store_over_an_unwritten_collection_is_empty_but_a_missing_model_raises(server, client):
+    store = RagCacheVectorStore(client, "lc-never-written")
+    assert store.similarity_search("anything", k=3) == [] and store.similarity_search_with_score("anything") == []
+    assert store.get_by_ids(["a", "b"]) == [] and store.delete(["a"]) is True
+    assert RagCacheRetriever(client=client, collection="lc-never-written").invoke("anything") == []
+    with Client(server.url, api_key=KEY, model="no-such-model", timeout=120) as other_model:
+        with pytest.raises(NotFoundError) as caught:
+            RagCacheVectorStore(other_model, "notes").similarity_search("anything")
+    assert caught.value.field == "model"
+
+
+def test_langchain_store_keeps_metadata_and_takes_partial_ids(client):
+    store = RagCacheVectorStore(client, "lc-partial")
+    ids = store.add_documents([Document(page_content="The owl hunts at night.", metadata={"score": "mine", "n": 1}, id="owl"),
+                               Document(page_content="The lark sings at dawn.", metadata={"n": 2})])
+    assert ids[0] == "owl" and ids[1] and ids[1] != "owl"
+    found = store.get_by_ids([ids[1], "missing", "owl"])
+    assert [(d.id, d.metadata) for d in found] == [(ids[1], {"n": 2}), ("owl", {"score": "mine", "n": 1})]
+    (best, score), _ = store.similarity_search_with_score("which bird hunts at night?", k=2)
+    assert best.id == "owl" and best.metadata == {"score": "mine", "n": 1} and 0 < score <= 1  # the user's own "score" key
+    retriever = RagCacheRetriever(client=client, collection="lc-partial", top_k=1)
+    assert len(retriever.invoke("bird")) == 1 and len(retriever.invoke("bird", k=2)) == 2 and len(retriever.invoke("bird", top_k=2)) == 2
+
+
+def test_a_401_names_the_clients_own_way_to_pass_a_key(server):
+    with Client(server.url, retries=0) as keyless, pytest.raises(AuthenticationError) as caught:
+        keyless.search(QUERY, "notes")
+    assert "Client(api_key=...)" in str(caught.value) and "Authorization" not in str(caught.value)
 
 
 # ---- LlamaIndex ---------------------------------------------------------------------------------------------
