@@ -43,7 +43,8 @@ _EXPORTS = {
     ".settings": ("Settings",),
     ".storage.stores": ("Stores",),
     ".core.stats": ("CacheStats", "LevelStats"),
-    ".build": ("build_cache", "drift_monitor", "load_encoder", "load_remote_encoders", "open_cache"),
+    ".build": ("build_cache", "drift_monitor", "load_encoder"),
+    ".deployment": ("Deployment", "open_cache", "remote_models", "served_models"),
     ".retrieval.knowledge": ("KnowledgeBase",),
     ".retrieval.ranking": ("SearchOptions",),
     ".client": ("Client", "AsyncClient"),
@@ -53,11 +54,12 @@ __all__, __getattr__ = lazy_exports(__name__, _EXPORTS)
 __all__ += errors.__all__  # the whole error tree, imported above
 
 if TYPE_CHECKING:
-    from ragcache.build import build_cache, drift_monitor, load_encoder, load_remote_encoders, open_cache
+    from ragcache.build import build_cache, drift_monitor, load_encoder
     from ragcache.client import AsyncClient, Client
     from ragcache.core.cache import EmbeddingCache, EmbedResult
     from ragcache.core.keys import EmbeddingSpace, text_hash
     from ragcache.core.stats import CacheStats, LevelStats
+    from ragcache.deployment import Deployment, open_cache, remote_models, served_models
     from ragcache.retrieval.knowledge import KnowledgeBase
     from ragcache.retrieval.ranking import SearchOptions
     from ragcache.settings import Settings

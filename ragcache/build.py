@@ -1,9 +1,9 @@
-"""Assemble caches from settings: the one place that knows which concrete level goes where."""
+"""Build one model's cache from settings: the table of levels, and the one place that knows which concrete level
+goes where. ``ragcache.deployment`` opens whole deployments from these parts."""
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -14,11 +14,10 @@ from ragcache.core.encoder import capabilities_of
 from ragcache.core.flight import RedisFlight
 from ragcache.core.keys import EmbeddingSpace
 from ragcache.core.tier import Tier
-from ragcache.errors import ConfigError
 from ragcache.models.drift import DriftGuard, DriftMonitor
 from ragcache.models.fingerprints import Fingerprints
 from ragcache.models.local import TORCH_DTYPES, ModelEncoder
-from ragcache.models.remote import RemoteEncoder, load_models, open_remote_encoder
+from ragcache.models.remote import RemoteEncoder
 from ragcache.settings import Settings
 from ragcache.storage.stores import Stores
 from ragcache.tiers.disk import DiskTier
@@ -28,7 +27,7 @@ from ragcache.tiers.milvus_budget import L3Budget
 from ragcache.tiers.redis import RedisTier
 from ragcache.tiers.spaces import PerSpaceTier
 
-__all__ = ["LEVELS", "LevelRow", "build_cache", "drift_monitor", "open_cache", "load_encoder", "load_remote_encoders"]
+__all__ = ["LEVELS", "LevelRow", "build_cache", "drift_monitor", "load_encoder"]
 
 
 def load_encoder(settings: Settings, model: str | None = None) -> ModelEncoder:
@@ -51,25 +50,6 @@ def load_encoder(settings: Settings, model: str | None = None) -> ModelEncoder:
 
         return OnnxEncoder(name, backend=backend, cache_dir=settings.levels.data_dir / "onnx", **shared)
     return ModelEncoder(name, device=settings.space.device, **shared)
-
-
-def load_remote_encoders(settings: Settings, environ: Mapping[str, str] | None = None) -> list[RemoteEncoder]:
-    """An encoder per configured remote model (``models_json``, ``models_file``), keys read from ``environ``
-    (the process environment by default): the start-up, where names of variables become their values."""
-    models = load_models(settings.space.models_json, settings.space.models_file)
-    if settings.access.tenant_cache_namespaces and any(model.pass_through_auth for model in models):
-        # A tenant's cache wraps the model's encoder; a caller's key would not reach it (docs/providers.md).
-        raise ConfigError("pass_through_auth cannot be combined with RAGCACHE_TENANT_CACHE_NAMESPACES")
-    environ = os.environ if environ is None else environ
-    encoders: list[RemoteEncoder] = []
-    try:
-        for model in models:
-            encoders.append(open_remote_encoder(model, environ))
-    except BaseException:
-        for encoder in encoders:
-            encoder.close()
-        raise
-    return encoders
 
 
 @dataclass(frozen=True)
@@ -186,49 +166,3 @@ def _flight(settings: Settings, stores: Stores) -> RedisFlight | None:
     if stores.redis is None or stores.embedded_redis is not None or not settings.compute.single_flight:
         return None
     return RedisFlight(stores.redis, ttl_ms=settings.compute.single_flight_ttl_ms, wait_s=settings.compute.single_flight_wait_ms / 1000)  # type: ignore[arg-type]
-
-
-def _default_encoder(settings: Settings) -> ModelEncoder | RemoteEncoder:
-    """``settings.space.model``: a configured remote model of that name (then no local model is loaded), else local."""
-    models = load_models(settings.space.models_json, settings.space.models_file)
-    if any(model.name == settings.space.model for model in models):
-        remote = {encoder.name: encoder for encoder in load_remote_encoders(settings)}
-        for name, encoder in remote.items():
-            if name != settings.space.model:
-                encoder.close()
-        return remote[settings.space.model]
-    return load_encoder(settings)
-
-
-def open_cache(settings: Settings | None = None) -> EmbeddingCache:
-    """A ready cache for the default model (local, or a remote one ``settings.space.model`` names), owning its
-    stores (closed with the cache).
-
-    >>> with open_cache(Settings(redis_url="off", milvus_uri="off")) as cache:
-    ...     vectors = cache.embed(["hello"])
-    """
-    settings = settings or Settings.load()
-    stores = Stores.open(settings)
-    monitor = None
-    encoder = None
-
-    def close() -> None:
-        if monitor is not None:
-            monitor.close()
-        if isinstance(encoder, RemoteEncoder):
-            encoder.close()  # its connections and upstream threads
-        stores.close()
-
-    try:
-        encoder = _default_encoder(settings)
-        cache = build_cache(settings, stores, encoder, on_close=close)
-    except BaseException:
-        close()
-        raise
-    try:
-        # Checked before the first lookup: a model changed since the last run never serves the old vectors.
-        monitor = drift_monitor(settings, stores, {settings.space.model: cache}).start()
-    except BaseException:
-        cache.close()
-        raise
-    return cache

@@ -400,6 +400,18 @@ class EmbeddingCache:
         if self._on_close is not None:
             self._on_close()
 
+    def release_on_close(self, release: Callable[[], None]) -> None:
+        """Run ``release`` too when this cache closes, after its own clean-up: how a cache comes to own the parts
+        opened for it (``open_cache``'s deployment)."""
+        before = self._on_close
+
+        def release_both() -> None:
+            if before is not None:
+                before()
+            release()
+
+        self._on_close = release_both
+
     def __enter__(self) -> EmbeddingCache:
         return self
 

@@ -12,18 +12,16 @@ Nothing here imports Ray: the classes are plain callables, which Ray pickles to 
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 
-from ragcache.build import build_cache, drift_monitor, load_encoder
 from ragcache.core.cache import EmbeddingCache, EmbedResult
+from ragcache.deployment import Deployment
 from ragcache.errors import ConfigError
-from ragcache.models.remote import RemoteEncoder, load_models, open_remote_encoder
+from ragcache.models.remote import RemoteEncoder
 from ragcache.retrieval.documents import Document
-from ragcache.retrieval.knowledge import KnowledgeBase
 from ragcache.settings import Settings
 from ragcache.storage.stores import Stores
 
@@ -36,33 +34,21 @@ TOKENS_COLUMN = "embedding_tokens"  # per row, remote models only: the text's to
 def open_model_cache(settings: Settings, model: str | None = None) -> tuple[EmbeddingCache, Stores]:
     """The cache of ``model`` (default ``settings.space.model``; a local model, or a remote one the settings
     configure) and the stores it uses, which close with it. Checked for drift before its first lookup."""
+    deployment = _open_shared(settings, model)
+    cache = deployment.caches[model or settings.space.model]
+    cache.release_on_close(deployment.close)
+    return cache, deployment.stores
+
+
+def _open_shared(settings: Settings, model: str | None, *, knowledge: bool = False) -> Deployment:
+    """A deployment of the one model ``model`` over stores that every actor shares (refused otherwise)."""
     levels = settings.levels
     if levels.redis_url is None or levels.resolved_milvus_uri is not None and levels.resolved_milvus_uri.endswith(".db"):
         raise ConfigError(
             "a Ray pipeline shares its stores across actors: set redis_url to a Redis server (or 'off') and milvus_uri "
             "to a Milvus server (or 'off'); an embedded Redis and a Milvus Lite file belong to one process"
         )
-    name = model or settings.space.model
-    stores = Stores.open(settings)
-    closables: list[Callable[[], None]] = [stores.close]
-    try:
-        remote = {configured.name: configured for configured in load_models(settings.space.models_json, settings.space.models_file)}
-        if name in remote:
-            encoder: Any = open_remote_encoder(remote[name], os.environ)
-            closables.insert(0, encoder.close)
-        else:
-            encoder = load_encoder(settings, name)
-        cache = build_cache(settings, stores, encoder, on_close=lambda: [close() for close in closables])
-    except BaseException:
-        for close in closables:
-            close()
-        raise
-    try:
-        closables.insert(0, drift_monitor(settings, stores, {name: cache}).start().close)
-    except BaseException:
-        cache.close()
-        raise
-    return cache, stores
+    return Deployment.open(settings, models=[model or settings.space.model], knowledge=knowledge)
 
 
 def served_once(result: EmbedResult, keys: list[str]) -> np.ndarray:
@@ -123,12 +109,13 @@ class DocumentWriter:
     def __init__(self, settings: Settings, collection: str, *, model: str | None = None,
                  after_batch: Callable[[], None] | None = None):
         self.collection = collection
-        self.cache, stores = open_model_cache(settings, model)
-        if stores.milvus is None:
-            self.cache.close()
+        deployment = _open_shared(settings, model, knowledge=True)
+        if deployment.knowledge is None:
+            deployment.close()
             raise ConfigError("ingest needs Milvus: set milvus_uri to a Milvus server")
-        self.knowledge = KnowledgeBase(stores.milvus, redis=stores.redis, result_max_bytes=settings.knowledge.result_cache_max_bytes,
-                                       keyword_index=settings.knowledge.keyword_index)
+        self.cache = deployment.caches[model or settings.space.model]
+        self.cache.release_on_close(deployment.close)
+        self.knowledge = deployment.knowledge
         self.after_batch = after_batch
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import redis
 
-from ragcache.build import open_cache
+from ragcache import open_cache
 
 pytestmark = pytest.mark.ray
 

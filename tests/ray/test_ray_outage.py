@@ -10,7 +10,7 @@ import signal
 import numpy as np
 import pytest
 
-from ragcache.build import open_cache
+from ragcache import open_cache
 from ragcache.storage.embedded_redis import EmbeddedRedis
 
 pytestmark = pytest.mark.ray
