@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import dataclasses
 
+from ragcache.engines import EventsConfig
 from ragcache.errors import ConfigError
 from ragcache.settings import Settings
 
 from .config import PrefixRegistryConfig
-from .kv_events import EventsConfig
 
 __all__ = ["kv_events_of", "registry_config", "restricts_targets"]
 
