@@ -18,6 +18,7 @@ from ragcache.errors import (
     ComputeError,
     ConfigError,
     ConflictError,
+    DataFolderInUseError,
     InvalidInputError,
     InvalidTextError,
     ModelOutOfMemoryError,

@@ -6,6 +6,7 @@
     ├── NotFoundError (LookupError)    an unknown model, collection, space or prefix
     ├── ConflictError                  a request that contradicts stored state (e.g. another space)
     ├── ConfigError                    settings that cannot work
+    │   └── DataFolderInUseError       another process (a service) holds the data folder
     ├── TierUnavailableError           a cache level or store failed (refused, timed out, gone);
     │                                  the cache turns it into a miss, callers never see it from embed()
     ├── ComputeError                   the model failed on some texts; only the requests holding them fail
@@ -35,6 +36,7 @@ __all__ = [
     "NotFoundError",
     "ConflictError",
     "ConfigError",
+    "DataFolderInUseError",
     "TierUnavailableError",
     "ComputeError",
     "ModelOutOfMemoryError",
@@ -85,6 +87,11 @@ class ConflictError(RagCacheError):
 
 class ConfigError(RagCacheError):
     """Settings that cannot work together, or a resource they name that does not exist."""
+
+
+class DataFolderInUseError(ConfigError):
+    """Another process holds the data folder (``ragcache.storage.data_folder``): a running service, or a cache opened
+    on it elsewhere. Two processes on one folder's embedded Redis and Milvus Lite files would lose data."""
 
 
 class TierUnavailableError(RagCacheError):

@@ -4,7 +4,6 @@ benchmarks are installed)."""
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import sys
 from importlib.metadata import entry_points
@@ -116,6 +115,7 @@ SERVE_OPTIONS: dict[str, Any] = {
 def run_serve(args) -> int:
     from ragcache.settings import Settings
     from ragcache_server.serving import ServeConfig, bounds_of, run_server
+    from ragcache_server.startup import serve_guard
 
     if args.config:
         os.environ["RAGCACHE_SETTINGS_FILE"] = args.config  # read again by each worker's app factory
@@ -129,51 +129,28 @@ def run_serve(args) -> int:
     if settings.levels.disk_path is None:
         # The disk level is on under `ragcache serve` (`make serve`), in the data folder; read again by each worker.
         os.environ["RAGCACHE_DISK_PATH"] = str(settings.levels.data_dir / "disk")
-    with shared_embedded_stores(settings, args.workers):
+    port = args.port or settings.service.port
+    # The data folder's lock and the port before anything starts (ragcache_server/startup.py): a second service
+    # on the same folder or port is one line and starts nothing.
+    with serve_guard(settings, host, port) as sock, shared_embedded_stores(settings, args.workers):
         run_server(ServeConfig(
             "ragcache_server.app:app_from_environment",
             factory=True,
             host=host,
-            port=args.port or settings.service.port,
+            port=port,
             workers=args.workers,
             log_level=args.log_level,
             **bounds_of(settings.service, settings.access),
             **SERVE_OPTIONS,
-        ))
+        ), sock)
     return 0
 
 
-@contextlib.contextmanager
 def shared_embedded_stores(settings, workers: int):
-    """With several workers and the embedded defaults, the stores one host shares are started here, once, and
-    every worker is pointed at them: one embedded Redis (L2, the prefix registry, single flight between the
-    workers) and one Milvus Lite server process, the only process that opens the ``.db`` file and so the one
-    L3 writer. The disk level needs nothing: its folder is shared by the workers' processes as it is.
-    One worker keeps them in its own process, as before."""
-    levels = settings.levels
-    embedded_redis = levels.l2_enabled and levels.redis_url is None
-    milvus_uri = levels.resolved_milvus_uri
-    milvus_lite = milvus_uri is not None and milvus_uri.endswith(".db")
-    if workers <= 1 or not (embedded_redis or milvus_lite):
-        yield
-        return
-    from ragcache.storage.embedded_milvus import MilvusLiteServer
-    from ragcache.storage.embedded_redis import EmbeddedRedis
+    """The stores ``--workers N`` share, started once (``ragcache_server.startup.shared_embedded_stores``)."""
+    from ragcache_server.startup import shared_embedded_stores as started_once
 
-    started: list = []
-    try:
-        if embedded_redis:
-            redis_server = EmbeddedRedis(levels.data_dir / "redis", maxmemory=str(levels.embedded_redis_max_bytes), unix_socket=True)
-            started.append(redis_server)
-            os.environ["RAGCACHE_REDIS_URL"] = redis_server.url
-        if milvus_lite:
-            milvus_server = MilvusLiteServer(milvus_uri)
-            started.append(milvus_server)
-            os.environ["RAGCACHE_MILVUS_URI"] = milvus_server.url
-        yield
-    finally:
-        for server in reversed(started):
-            server.stop()
+    return started_once(settings, workers)
 
 
 def run_milvus_server(args) -> int:

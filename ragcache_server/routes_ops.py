@@ -58,7 +58,9 @@ async def stats(request: Request) -> JSONResponse:
         }
         for name, reranker in state.rerankers.items()
     }
-    return JSONResponse({"models": models, "rerankers": rerankers, "prefixes": _prefixes_of(state, principal_of(request).tenant)})
+    return JSONResponse({"models": models, "rerankers": rerankers, "prefixes": _prefixes_of(state, principal_of(request).tenant),
+                         # Times each embedded server died and was started again (ragcache.storage.supervision).
+                         "embedded_restarts": state.stores.server_restarts()})
 
 
 def _tenant_stats(state: ServiceState, tenant: str) -> dict:

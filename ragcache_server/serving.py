@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import resource
+import socket
 from typing import Any
 
 import uvicorn
@@ -130,10 +131,12 @@ def proxy_options(trusted_proxies: list[str]) -> dict[str, Any]:
     return {"proxy_headers": True, "forwarded_allow_ips": list(trusted_proxies)}
 
 
-def run_server(config: ServeConfig) -> None:
-    """What ``uvicorn.run`` does with a config, for one worker or several (each gets ``config``, bounds and all)."""
+def run_server(config: ServeConfig, sock: socket.socket | None = None) -> None:
+    """What ``uvicorn.run`` does with a config, for one worker or several (each gets ``config``, bounds and all), on
+    ``sock`` when the caller bound it already (``ragcache serve`` binds before it starts anything: a port in use is
+    then one line, not a start undone; ``ragcache_server.startup``)."""
     server = uvicorn.Server(config)
     if config.workers > 1:
-        Multiprocess(config, sockets=[config.bind_socket()]).run()
+        Multiprocess(config, sockets=[sock if sock is not None else config.bind_socket()]).run()
     else:
-        server.run()
+        server.run(sockets=None if sock is None else [sock])

@@ -11,7 +11,7 @@ from ragcache.core.cache import EmbeddingCache
 from ragcache.core.stats import LatencyHistogram
 from ragcache.models.drift import DriftState
 
-__all__ = ["CacheCollector", "DriftCollector"]
+__all__ = ["CacheCollector", "DriftCollector", "ServerRestartsCollector"]
 
 # Counters a level keeps of itself (``EmbeddingCache.level_states``), exported where the level reports them:
 # the state's field, the metric's name and its help. The disk level's evicted, rotations and lost are its host
@@ -107,6 +107,20 @@ def _buckets(histogram: LatencyHistogram) -> tuple[list[tuple[str, int]], float]
     """Prometheus' (le, cumulative count) pairs ending with +Inf, and the sum."""
     buckets = [(repr(bound), count) for bound, count in zip(histogram.bounds_s, histogram.counts)]
     return [*buckets, ("+Inf", histogram.num_calls)], histogram.sum_s
+
+
+class ServerRestartsCollector(Collector):
+    """Restarts of the embedded servers after they died (``ragcache.storage.supervision``), by server."""
+
+    def __init__(self, restarts: Callable[[], dict[str, int]]):
+        self._restarts = restarts
+
+    def collect(self):
+        family = CounterMetricFamily("ragcache_embedded_server_restarts",
+                                     "Times an embedded server (redis, milvus) died and was started again", labels=["server"])
+        for server, count in sorted(self._restarts().items()):
+            family.add_metric([server], count)
+        yield family
 
 
 class DriftCollector(Collector):

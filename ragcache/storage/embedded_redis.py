@@ -21,13 +21,15 @@ import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import redis
 
 from ragcache.errors import ConfigError, TierUnavailableError
+from ragcache.storage.data_folder import PRIVATE_UMASK
 from ragcache.storage.processes import ProcessExited, free_port, poll_until, stop_process
+from ragcache.storage.supervision import Supervisor
 
 __all__ = ["EVICTION_POLICY", "EmbeddedRedis", "find_redis_server", "free_port"]
 
@@ -68,6 +70,8 @@ class EmbeddedRedis:
     instead of a loopback port (no other user of the machine can connect; there is no password to keep).
 
     ``extra_args`` are appended to the command line (e.g. the cluster-mode options ``EmbeddedRedisCluster`` uses).
+    ``supervise``: started again on the same files and address when it dies (``ragcache.storage.supervision``),
+    ``on_restart(num_restarts)`` told each time.
     """
 
     def __init__(
@@ -78,10 +82,12 @@ class EmbeddedRedis:
         maxmemory: str | None = None,
         extra_args: Sequence[str] = (),
         unix_socket: bool = False,
+        supervise: bool = False,
+        on_restart: Callable[[int], None] | None = None,
     ):
         self._tempdir = None if data_dir else tempfile.TemporaryDirectory(prefix="ragcache-redis-")
         self.data_dir = Path(data_dir) if data_dir else Path(self._tempdir.name)  # type: ignore[union-attr]
-        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         # The socket's own folder (mkdtemp: mode 0700), short: a unix socket path has at most 107 bytes.
         self._socket_dir = tempfile.TemporaryDirectory(prefix="rc-redis-") if unix_socket else None
         self.socket_path = Path(self._socket_dir.name) / "redis.sock" if self._socket_dir else None
@@ -91,8 +97,8 @@ class EmbeddedRedis:
             args += ["--unixsocket", str(self.socket_path), "--unixsocketperm", "700"]
         else:
             args += ["--bind", "127.0.0.1"]
+        self._pid_file = self.data_dir / PID_FILE if data_dir else None
         if data_dir:
-            _stop_orphan(self.data_dir / PID_FILE)
             args += ["--appendonly", "yes", "--appendfsync", "everysec", "--pidfile", str(self.data_dir / PID_FILE)]
             for seconds, changes in SAVE_POINTS:
                 args += ["--save", seconds, changes]
@@ -100,8 +106,26 @@ class EmbeddedRedis:
             args += ["--appendonly", "no", "--save", ""]
         if maxmemory:
             args += ["--maxmemory", maxmemory, "--maxmemory-policy", EVICTION_POLICY]
-        args += extra_args
-        self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        self._args = args + list(extra_args)
+        self.process: subprocess.Popen = None  # type: ignore[assignment]  # set by _launch, before anyone reads it
+        self._launch()
+        # Kept alive when asked (the service's Redis): restarted on the same files when it dies (ragcache.storage.supervision).
+        self._supervisor = Supervisor("redis-server", lambda: self.process, self._launch,
+                                      on_restart=on_restart) if supervise else None
+
+    @property
+    def num_restarts(self) -> int:
+        """Times the supervisor started this server again after it died (0 without ``supervise``)."""
+        return self._supervisor.num_restarts if self._supervisor is not None else 0
+
+    def _launch(self) -> None:
+        """Start redis-server on this object's files and address, and wait until it answers."""
+        if self._pid_file is not None:
+            _stop_orphan(self._pid_file)
+        if self.process is not None and self.process.stderr:
+            self.process.stderr.close()
+        # umask 077: the append-only file and the snapshots are 0600 (they hold tenants' texts).
+        self.process = subprocess.Popen(self._args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, umask=PRIVATE_UMASK)
         self._wait_ready()
 
     @property
@@ -113,6 +137,7 @@ class EmbeddedRedis:
     def _wait_ready(self, timeout_s: float = 10.0) -> None:
         client = redis.Redis.from_url(self.url, socket_connect_timeout=0.2)
         try:
+            # A restart on a large append-only file answers LOADING (a ConnectionError to redis-py) until it has read it.
             if poll_until(client.ping, timeout_s=timeout_s, interval_s=0.02, process=self.process,
                           name="redis-server", not_yet=(redis.ConnectionError,)):
                 return
@@ -121,17 +146,23 @@ class EmbeddedRedis:
             raise TierUnavailableError("L2", f"embedded redis-server exited: {error}") from exc
         finally:
             client.close()
-        self.stop()
+        stop_process(self.process)
         raise TierUnavailableError("L2", f"embedded redis-server did not answer at {self.url}")
 
     def stop(self) -> None:
-        stop_process(self.process)
-        if self.process.stderr:
-            self.process.stderr.close()
+        if self._supervisor is not None:
+            self._supervisor.stop_and(self._stop_process)
+        else:
+            self._stop_process()
         for folder in (self._tempdir, self._socket_dir):
             if folder is not None:
                 folder.cleanup()
         self._tempdir = self._socket_dir = None
+
+    def _stop_process(self) -> None:
+        stop_process(self.process)
+        if self.process.stderr:
+            self.process.stderr.close()
 
 
 def _stop_orphan(pid_file: Path, timeout_s: float = 30.0) -> None:

@@ -19,10 +19,12 @@ from ragcache.errors import ConfigError, TierUnavailableError
 from ragcache.observe.redact import redact_text, redact_url
 from ragcache.observe.tracing import Tracing
 from ragcache.settings import Levels, Settings
+from ragcache.storage.data_folder import DataFolderLock, hold_data_folder
 from ragcache.storage.disk_store import DiskStore
 from ragcache.storage.embedded_redis import EmbeddedRedis
 from ragcache.storage.milvus_errors import milvus_failures
 from ragcache.storage.redis_client import open_redis
+from ragcache.storage.supervision import shared_restarts
 
 __all__ = ["MilvusConnection", "Stores", "connect_milvus", "open_milvus"]
 
@@ -61,6 +63,7 @@ class MilvusConnection:
         self._credentials = {"user": user or "", "password": password or "", "token": token or ""}
         self._client_factory = client_factory
         self._client: MilvusClient | None = None
+        self._closed = False
         self._lock = threading.Lock()
         if not lazy:
             self._connected()
@@ -82,10 +85,13 @@ class MilvusConnection:
     def _open(self) -> MilvusClient:
         shown = redact_url(self.uri)
         try:
-            return self._client_factory(self.uri, timeout=self.timeout_s, **self._credentials)
+            client = self._client_factory(self.uri, timeout=self.timeout_s, **self._credentials)
         except milvus_failures as exc:
             message = redact_text(str(exc), self.uri, *self._credentials.values())
             raise TierUnavailableError("Milvus", f"cannot reach the server at {shown}: {message}") from exc
+        if self.uri.endswith(".db"):
+            _use_milvus_lite(self.uri)
+        return client
 
     def __getattr__(self, name: str):
         method = getattr(self._connected(), name)
@@ -94,10 +100,41 @@ class MilvusConnection:
         return functools.partial(_with_deadline, method, self.timeout_s)
 
     def close(self) -> None:
-        """Close the client; later calls fail as pymilvus fails on a closed client (they do not reconnect)."""
+        """Close the client; later calls fail as pymilvus fails on a closed client (they do not reconnect). For a
+        Milvus Lite file, the last connection of this process to it also stops its ``milvus`` server process."""
         with self._lock:
-            if self._client is not None:
+            if self._client is not None and not self._closed:
                 self._client.close()
+                self._closed = True
+                if self.uri.endswith(".db"):
+                    _release_milvus_lite(self.uri)
+
+
+# Milvus Lite (a .db path): pymilvus starts one `milvus` server process per database path and keeps it until this
+# Python process exits, whatever is closed (milvus_lite.server_manager): three caches opened and closed on three
+# paths left three servers, up to GBs each. The connections of this process to each path are counted here, and
+# the last one to close releases its server (release_server stops it and removes its socket and lock file).
+_lite_users: dict[Path, int] = {}
+_lite_users_lock = threading.Lock()
+
+
+def _use_milvus_lite(uri: str) -> None:
+    path = Path(uri).absolute().resolve()
+    with _lite_users_lock:
+        _lite_users[path] = _lite_users.get(path, 0) + 1
+
+
+def _release_milvus_lite(uri: str) -> None:
+    from milvus_lite.server_manager import server_manager_instance
+
+    path = Path(uri).absolute().resolve()
+    with _lite_users_lock:
+        num_users = _lite_users.get(path, 0) - 1
+        if num_users > 0:
+            _lite_users[path] = num_users
+            return
+        _lite_users.pop(path, None)
+        server_manager_instance.release_server(str(path))
 
 
 def _with_deadline(method: Callable, timeout_s: float, *args, **kwargs):
@@ -109,14 +146,30 @@ def open_milvus(uri: str, *, timeout_s: float = DEFAULT_MILVUS_TIMEOUT_S, **cred
     """Milvus Lite for a path ending in ``.db`` (opened now: an error is a ``ConfigError``), a server for
     ``http(s)://`` (connected on first use); every call with a deadline of ``timeout_s``."""
     if uri.endswith(".db"):
-        Path(uri).parent.mkdir(parents=True, exist_ok=True)
+        Path(uri).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         try:
-            return MilvusConnection(uri, timeout_s=timeout_s)
+            connection = MilvusConnection(uri, timeout_s=timeout_s)
         except Exception as exc:  # noqa: BLE001 - at start-up, milvus_lite raises several unrelated types for a file it cannot open
             raise ConfigError(f"cannot open Milvus at {uri}: {exc}") from exc
+        _make_private(Path(uri))
+        return connection
+    if uri.startswith("unix:"):
+        # The shared Milvus Lite server of `ragcache serve --workers N` (ragcache.storage.embedded_milvus).
+        return MilvusConnection(uri, timeout_s=timeout_s, lazy=True, **credentials)
     if not uri.startswith(("http://", "https://", "tcp://")):
-        raise ConfigError(f"milvus_uri {redact_url(uri)!r}: use a path ending in .db (Milvus Lite) or http://host:port")
+        raise ConfigError(f"milvus_uri {redact_url(uri)!r}: use a path ending in .db (Milvus Lite), http://host:port "
+                          "or unix:/path/to/socket")
     return MilvusConnection(uri, timeout_s=timeout_s, lazy=True, **credentials)
+
+
+def _make_private(path: Path) -> None:
+    """Milvus Lite creates its file (and pymilvus its lock file beside it) as the umask says, 0644 under a plain
+    shell: closed to 0600 here."""
+    for created in (path, path.parent / f".{path.name}.lock"):
+        try:
+            created.chmod(0o600)
+        except OSError:
+            pass  # not created (yet): the folder's 0700 keeps it private anyway
 
 
 def connect_milvus(settings: Settings) -> MilvusConnection | None:
@@ -140,36 +193,57 @@ class Stores:
         tracing: Tracing | None = None,
         *,
         disk: DiskStore | None = None,
+        folder_lock: DataFolderLock | None = None,
     ):
         self.redis = redis_client
         self.milvus = milvus
         self.embedded_redis = embedded
         self.tracing = tracing if tracing is not None else Tracing()
         self.disk = disk
+        self.folder_lock = folder_lock
+        self._data_dir = folder_lock.path if folder_lock is not None else None
 
     @classmethod
     def open(cls, settings: Settings) -> Stores:
+        """The stores of ``settings``, the embedded Redis started when no URL is configured. Whatever this started is
+        stopped again when a later part fails; a data folder another process holds is ``DataFolderInUseError``
+        before anything starts on its files."""
         # First: a missing SDK stops the start before anything opens.
         tracing = Tracing.configured(settings.service.tracing, settings.service.tracing_endpoint)
+        opened = cls(None, None, tracing=tracing, folder_lock=_hold_if_embedded(settings))
+        opened._data_dir = settings.levels.data_dir  # where a parent `ragcache serve --workers N` publishes its restarts
+        try:
+            opened._open_parts(settings)
+        except BaseException:
+            opened.close()
+            raise
+        return opened
+
+    def _open_parts(self, settings: Settings) -> None:
         # Before any server starts: a budget too small for its generations is a configuration error.
         disk_path = settings.levels.resolved_disk_path
-        disk = None
         if disk_path is not None:
-            disk = DiskStore(disk_path, capacity_bytes=settings.levels.disk_max_bytes,
-                             num_generations=settings.levels.disk_generations)
-        embedded = None
-        redis_client = None
+            self.disk = DiskStore(disk_path, capacity_bytes=settings.levels.disk_max_bytes,
+                                  num_generations=settings.levels.disk_generations)
         if settings.levels.l2_enabled:
             url = settings.levels.redis_url
             if url is None:
-                embedded = EmbeddedRedis(settings.levels.data_dir / "redis", unix_socket=True,
-                                         maxmemory=str(settings.levels.embedded_redis_max_bytes))
+                self.embedded_redis = EmbeddedRedis(settings.levels.data_dir / "redis", unix_socket=True, supervise=True,
+                                                    maxmemory=str(settings.levels.embedded_redis_max_bytes))
                 if settings.levels.redis_ttl_s is None:
                     log.warning("redis_ttl_s is unset: L2 entries have no TTL, so the embedded Redis (volatile-lru) "
                                 "cannot evict them, and L2 writes fail once it holds embedded_redis_max_bytes")
-                url = embedded.url
-            redis_client = open_redis(url, timeout_s=settings.levels.redis_timeout_s)
-        return cls(redis_client, connect_milvus(settings), embedded, tracing, disk=disk)
+                url = self.embedded_redis.url
+            self.redis = open_redis(url, timeout_s=settings.levels.redis_timeout_s)
+        self.milvus = connect_milvus(settings)
+
+    def server_restarts(self) -> dict[str, int]:
+        """How often each embedded server this process supervises was restarted after it died (``EmbeddedRedis``;
+        under ``ragcache serve --workers N`` the shared servers' counts, ``ragcache.storage.supervision``)."""
+        restarts = shared_restarts(self._data_dir) if self._data_dir is not None else {}
+        if self.embedded_redis is not None:
+            restarts["redis"] = self.embedded_redis.num_restarts
+        return restarts
 
     def close(self) -> None:
         self.tracing.shutdown()
@@ -181,3 +255,16 @@ class Stores:
             self.milvus.close()
         if self.embedded_redis is not None:
             self.embedded_redis.stop()
+        if self.folder_lock is not None:
+            self.folder_lock.release()
+            self.folder_lock = None
+
+
+def _hold_if_embedded(settings: Settings) -> DataFolderLock | None:
+    """The data folder's lock when these stores start a server on its files (the embedded Redis, Milvus Lite): a
+    service on the same folder refuses this process before either starts (``ragcache.storage.data_folder``)."""
+    levels = settings.levels
+    milvus_uri = levels.resolved_milvus_uri
+    if (levels.l2_enabled and levels.redis_url is None) or (milvus_uri is not None and milvus_uri.endswith(".db")):
+        return hold_data_folder(levels.data_dir)
+    return None
