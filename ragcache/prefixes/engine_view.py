@@ -24,7 +24,8 @@ __all__ = ["EngineView", "ResidencyView"]
 
 @dataclass(frozen=True)
 class ResidencyView:
-    """One prefix on one endpoint, by the engine's events. ``events``: ``synced`` (the counts are exact), ``out_of_sync``
+    """One prefix on one endpoint, by the engine's events. ``events``: ``synced`` (the counts are exact), ``syncing``
+    (connected again; the stream is being proved or the index rebuilt: counts unknown, never resident), ``out_of_sync``
     (events were lost, the publisher is down or misbehaves: counts unknown), ``off`` (the endpoint publishes none)."""
 
     events: str
@@ -111,8 +112,9 @@ class EngineView:
         subscriber = self._subscribers.get(url)
         if subscriber is None:
             return ResidencyView("off")
-        if not subscriber.synced:
-            return ResidencyView("out_of_sync")
+        state = subscriber.state
+        if state != "synced":
+            return ResidencyView(state)
         key = (prefix.name, prefix.version, url)
         block_size = subscriber.index.block_size
         with self._lock:

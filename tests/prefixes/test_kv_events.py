@@ -160,3 +160,79 @@ def test_decoding_refuses_what_vllm_never_sends():
     for bad in (b"\xdd\xff\xff\xff\xff", b"\x91" * 100 + b"\x00", b"\xa3ab", b"\x81\x90\x00"):
         with pytest.raises(MsgpackError):
             unpackb(bad)
+
+
+def test_an_engine_restarted_with_a_new_stream_is_never_reported_holding_the_dead_ones_blocks(publisher):
+    """Issue 42, item 2: a publisher back with a new stream (its sequence from 0 again, the last batch applied here
+    not in its buffer, or another batch under that number) clears the index before the endpoint counts as synced."""
+    subscriber = subscriber_of(publisher)
+    states: list[str] = []
+    try:
+        store_prefix(publisher)
+        publisher.publish([stored([500], None, [7, 7, 7, 7], BLOCK)])
+        assert wait_until(lambda: resident(subscriber) == 3 and subscriber.last_seq == 1)
+        publisher.stop()
+        assert wait_until(lambda: not subscriber.synced)
+        restarted = KVPublisher(publisher.port, publisher.replay_port).start()  # an empty engine, its own stream
+        try:
+            restarted.publish([stored([900], None, [1, 1, 1, 1], BLOCK)])  # seq 0, 1: the same numbers, other batches
+            restarted.publish([stored([901], None, [2, 2, 2, 2], BLOCK)])
+            while not subscriber.synced:  # every state from the reconnection on: never synced with the old blocks
+                states.append(f"{subscriber.state}:{resident(subscriber)}")
+                time.sleep(0.001)
+            assert resident(subscriber) == 0 and subscriber.index.num_blocks == 2 and subscriber.num_new_streams == 1
+        finally:
+            restarted.close()
+    finally:
+        subscriber.stop()
+    assert not [state for state in states if state.startswith("synced")]
+
+
+def test_a_publisher_back_with_the_same_stream_keeps_the_index(publisher):
+    subscriber = subscriber_of(publisher)
+    try:
+        store_prefix(publisher)
+        assert wait_until(lambda: resident(subscriber) == 3)
+        publisher.stop()  # its sockets go; its buffer and sequence stay (a network blip, not a restart)
+        assert wait_until(lambda: not subscriber.synced)
+        publisher.start()
+        publisher.publish([stored([600], 102, [8, 8, 8, 8], BLOCK)])
+        assert wait_until(lambda: subscriber.synced and subscriber.index.num_blocks == 4)
+        assert resident(subscriber) == 3 and subscriber.num_new_streams == 0  # proved the same: nothing rebuilt
+    finally:
+        subscriber.stop()
+
+
+def test_a_frame_over_the_byte_bound_is_refused_before_it_is_decoded(publisher):
+    subscriber = subscriber_of(publisher, max_frame_bytes=4096, backoff_min_s=5.0, backoff_max_s=5.0)
+    try:
+        publisher.send_raw(b"\x91\xc6" + (8192).to_bytes(4, "big") + b"\x00" * 8192)  # 8 KiB: over the 4 KiB bound
+        assert wait_until(lambda: subscriber.health.is_down and not subscriber.synced)
+        assert subscriber.num_batches == 0  # libzmq dropped the connection: nothing reached the decoder
+    finally:
+        subscriber.stop()
+
+
+def test_a_batch_that_decodes_to_more_than_its_bytes_justify_is_refused():
+    """Issue 38, item 5: 1 MiB of empty maps decoded to ~64 MiB of dicts (a 4 MiB frame cost the service +318 MiB)."""
+    hostile = b"\x92\x00\xdd" + (1 << 16).to_bytes(4, "big") + b"\x80" * (1 << 16)
+    with pytest.raises(KVEventsError, match="more objects than its size allows"):
+        decode_batch(hostile)
+    with pytest.raises(MsgpackError):
+        unpackb(hostile, max_cost=16 * len(hostile))
+    assert len(unpackb(hostile)[1]) == 1 << 16  # without a bound it decodes (the reader itself is not the limit)
+
+
+def test_block_hashes_over_32_bytes_are_refused():
+    assert decode_batch(packb([1.0, [stored([b"h" * 32], None, [1, 2, 3, 4], BLOCK)]]))  # vLLM's sha256: 32 bytes
+    for bad in (packb([1.0, [stored([b"h" * 33], None, [1, 2, 3, 4], BLOCK)]]), packb([1.0, [removed([b"r" * 4096])]]),
+                packb([1.0, [stored([1], b"p" * 64, [1, 2, 3, 4], BLOCK)]])):
+        with pytest.raises(KVEventsError, match="block hash"):
+            decode_batch(bad)
+
+
+def test_the_queue_is_bounded_in_bytes():
+    subscriber = KVEventSubscriber("http://vllm.test", EventsConfig("tcp://127.0.0.1:1", max_queue_bytes=10_000))
+    assert subscriber._enqueue(0, b"x" * 6_000, wait_s=0.0)  # nothing applies it: the subscriber is not started
+    assert not subscriber._enqueue(1, b"x" * 6_000, wait_s=0.05)  # 12,000 bytes would wait: a flood
+    assert subscriber.state == "out_of_sync" and subscriber.num_failures == 1 and subscriber.last_seq is None
