@@ -10,9 +10,11 @@ from importlib.metadata import entry_points
 from itertools import islice
 from typing import Any
 
-from ragcache.errors import ConfigError, RagCacheError
+from ragcache.errors import AuthenticationError, ConfigError, RagCacheError
+from ragcache.retrieval.documents import FILTER_EXAMPLE
 
 DEFAULT_URL = "http://127.0.0.1:8000"
+LOG_LEVELS = ["critical", "error", "warning", "info", "debug", "trace"]  # uvicorn's
 # The top line of `ragcache --help`: plain text (the module docstring's markup would show as is).
 DESCRIPTION = ("ragcache: a multi-level embedding cache and RAG retrieval service. "
                "Commands: serve, ingest, search, rerank, stats, config, milvus-server, and bench where installed.")
@@ -29,10 +31,21 @@ def main(argv: list[str] | None = None) -> int:
     try:
         outcome = args.run(args)
     except RagCacheError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {_in_cli_terms(exc, args)}", file=sys.stderr)
         return 1
     # Benchmarks return their figures (already printed as a table); only an int is an exit status.
     return outcome if isinstance(outcome, int) else 0
+
+
+def _in_cli_terms(exc: RagCacheError, args: argparse.Namespace) -> str:
+    """The error as a person at the command line acts on it: a 401 names --api-key and RAGCACHE_API_KEY (the
+    client's own message names Client(api_key=...), which this person never wrote)."""
+    if isinstance(exc, AuthenticationError) and getattr(exc, "status_code", None) == 401:
+        url = getattr(args, "url", "the service")
+        if getattr(args, "api_key", None):
+            return f"{url} refused the API key given (--api-key or RAGCACHE_API_KEY): check it"
+        return f"{url} needs an API key: pass --api-key KEY or set RAGCACHE_API_KEY"
+    return str(exc)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -42,9 +55,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve = commands.add_parser("serve", help="start the HTTP service")
     serve.add_argument("--host", default=None, help="default: RAGCACHE_HOST or 127.0.0.1")
     serve.add_argument("--port", type=int, default=None, help="default: RAGCACHE_PORT or 8000")
-    serve.add_argument("--workers", type=int, default=1)
+    serve.add_argument("--workers", type=int, default=1, help="worker processes sharing one port and one set of stores (default: 1)")
     serve.add_argument("--config", help="settings file (RAGCACHE_* lines, dotenv form)")
-    serve.add_argument("--log-level", default="info")
+    serve.add_argument("--log-level", default="info", choices=LOG_LEVELS,
+                       help="default: info; debug also shows the traceback of a start-up error")
     serve.add_argument("--insecure", action="store_true", help="allow a non-loopback address without API keys")
     serve.set_defaults(run=run_serve)
 
@@ -53,11 +67,13 @@ def build_parser() -> argparse.ArgumentParser:
                             ("stats", "hit rates per level as a table (--watch: live)")]:
         sub = commands.add_parser(name, help=help_text)
         sub.add_argument("--url", default=os.environ.get("RAGCACHE_URL", DEFAULT_URL), help="the service's base URL")
-        sub.add_argument("--api-key", default=os.environ.get("RAGCACHE_API_KEY"))
+        sub.add_argument("--api-key", default=os.environ.get("RAGCACHE_API_KEY"),
+                         help="the service's API key (default: RAGCACHE_API_KEY); needed when the service has keys")
         if name == "ingest":
-            sub.add_argument("path", help="a .txt/.md/.rst/.jsonl file, or a folder of them")
-            sub.add_argument("--collection", required=True)
-            sub.add_argument("--chunk-chars", type=int, default=1200)
+            sub.add_argument("path", help="a .txt/.md/.rst/.pdf/.html/.jsonl file, or a folder of them")
+            sub.add_argument("--collection", required=True, help="the collection to add to (created on first use)")
+            sub.add_argument("--chunk-chars", type=int, default=1200,
+                             help="the longest chunk, in characters: paragraphs are merged up to it (default: 1200)")
             sub.add_argument("--batch", type=int, default=256, help="documents per request")
             sub.add_argument("--sync", action="store_true", help="then delete the documents this run did not send (admin key)")
             sub.add_argument("--scope", default=None, help="with --sync: a filter limiting what may be deleted")
@@ -67,16 +83,16 @@ def build_parser() -> argparse.ArgumentParser:
                                   "(RAGCACHE_*; not through --url); ADDRESS as ray.init takes it (default: auto; docs/ray.md)")
             sub.add_argument("--actors", type=int, default=None, help="with --ray: actors in the pool (default: sized from the cluster)")
         elif name == "search":
-            sub.add_argument("query")
-            sub.add_argument("--collection", required=True)
-            sub.add_argument("--top-k", type=int, default=5)
-            sub.add_argument("--filter", default=None)
+            sub.add_argument("query", help="the question or text to search for")
+            sub.add_argument("--collection", required=True, help="the collection to search")
+            sub.add_argument("--top-k", type=int, default=5, help="hits to return (default: 5)")
+            sub.add_argument("--filter", default=None, help=f"a Milvus boolean expression over the documents: {FILTER_EXAMPLE}")
             _add_search_options(sub)
             sub.add_argument("--rerank", action="store_true", help="reorder the top-k hits with the server's reranker")
             sub.add_argument("--rerank-top-n", type=int, default=None, help="hits kept after reranking (default: top-k)")
             sub.add_argument("--rerank-model", default=None, help="a served reranker (default: the server's first)")
         elif name == "rerank":
-            sub.add_argument("query")
+            sub.add_argument("query", help="the text the others are scored against")
             sub.add_argument("texts", nargs="+", help="the texts to score")
             sub.add_argument("--top-n", type=int, default=None, help="print the best n only")
             sub.add_argument("--model", default=None, help="a served reranker (default: the server's first)")
@@ -94,13 +110,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     milvus = commands.add_parser("milvus-server", help="serve a Milvus Lite database to many processes (replicas) on loopback")
     milvus.add_argument("--db", required=True, help="the database file (.db), created when absent")
-    milvus.add_argument("--port", type=int, default=19530)
+    milvus.add_argument("--port", type=int, default=19530, help="the loopback port to serve on (default: 19530)")
     milvus.set_defaults(run=run_milvus_server)
 
     for entry_point in entry_points(group=COMMANDS_GROUP):
         # A distribution adds a command by declaring a function that takes argparse's subparsers (the benchmarks
-        # distribution declares `bench`): the shell names no package above it.
-        entry_point.load()(commands)
+        # distribution declares `bench`): the shell names no package above it. One that fails to load is named and
+        # left out, so a broken benchmarks install never takes `ragcache serve` down with it.
+        try:
+            entry_point.load()(commands)
+        except Exception as exc:  # noqa: BLE001 - any failure of a foreign package's code
+            print(f"warning: the {entry_point.name!r} command ({entry_point.value}) is left out: "
+                  f"{type(exc).__name__}: {exc}", file=sys.stderr)
     return parser
 
 
@@ -181,7 +202,7 @@ def _client(args):
 
 def run_ingest(args) -> int:
     from ragcache.observe.progress import progress_bar
-    from ragcache.retrieval.ingest import iter_documents
+    from ragcache.retrieval.ingest import find_sources, read_documents
 
     if args.scope is not None and not args.sync:
         raise RagCacheError("--scope limits what --sync deletes: use it with --sync")
@@ -189,7 +210,9 @@ def run_ingest(args) -> int:
         raise RagCacheError("--actors sizes the pool of --ray: use it with --ray")
     if args.ray is not None:
         return run_ray_ingest(args)
-    documents = iter_documents(args.path, max_chars=args.chunk_chars)
+    sources = find_sources(args.path)
+    unreadable: list = []  # filled by read_documents as it meets them
+    documents = read_documents(sources.files, unreadable, max_chars=args.chunk_chars)
     totals = dict.fromkeys(["received", "unchanged", "replaced", "added", "deleted", "computed"], 0)
     sent: set[str] = set()
     with _client(args) as client, progress_bar(unit="doc", desc=f"ingest -> {args.collection}", quiet=args.quiet) as progress:
@@ -200,7 +223,10 @@ def run_ingest(args) -> int:
                                 ("replaced", result.num_replaced), ("added", result.num_inserted), ("computed", result.num_computed)]:
                 totals[name] += count
             progress.update(len(batch))
-        if args.sync:
+        if args.sync and unreadable:
+            # The documents of a file that could not be read this time would look gone from the source.
+            print(f"--sync deleted nothing: {len(unreadable)} file(s) could not be read (below)", file=sys.stderr)
+        elif args.sync:
             # Across many requests, "gone from the source" is every listed id that no batch sent.
             gone = [doc_id for doc_id in client.list_ids(args.collection, args.scope) if doc_id not in sent]
             for start in range(0, len(gone), args.batch):
@@ -209,7 +235,22 @@ def run_ingest(args) -> int:
         f"{totals['received']} documents in {args.collection!r}: {totals['unchanged']} unchanged, {totals['replaced']} replaced, "
         f"{totals['added']} added, {totals['deleted']} deleted ({totals['computed']} embeddings computed, the rest from cache)"
     )
-    return 0
+    _print_skipped(sources.skipped + unreadable)
+    if totals["received"] == 0 and (sources.files or sources.skipped):
+        print(f"error: nothing was ingested from {args.path}: no file in it could be read as documents", file=sys.stderr)
+        return 1
+    return 1 if unreadable else 0
+
+
+MAX_SKIPPED_SHOWN = 20  # past this, a count: a folder of 10,000 images should not print 10,000 lines
+
+
+def _print_skipped(skipped: list) -> None:
+    """Each file ingest did not read, and why, on stderr."""
+    for file in skipped[:MAX_SKIPPED_SHOWN]:
+        print(f"skipped {file.source}: {file.reason}", file=sys.stderr)
+    if len(skipped) > MAX_SKIPPED_SHOWN:
+        print(f"... and {len(skipped) - MAX_SKIPPED_SHOWN} more files skipped", file=sys.stderr)
 
 
 def run_ray_ingest(args) -> int:
@@ -235,15 +276,16 @@ def run_ray_ingest(args) -> int:
 
 
 def _add_search_options(sub) -> None:
-    sub.add_argument("--mode", choices=["dense", "keyword", "hybrid"], default="dense")
+    sub.add_argument("--mode", choices=["dense", "keyword", "hybrid"], default="dense",
+                     help="dense: by embedding; keyword: BM25; hybrid: both, fused (default: dense)")
     sub.add_argument("--fusion", choices=["rrf", "weighted"], default="rrf", help="how hybrid fuses the two rankings")
-    sub.add_argument("--rrf-k", type=int, default=60)
+    sub.add_argument("--rrf-k", type=int, default=60, help="reciprocal rank fusion's k: larger flattens the ranks (default: 60)")
     sub.add_argument("--dense-weight", type=float, default=0.5, help="weighted fusion: the dense share")
     sub.add_argument("--offset", type=int, default=0, help="hits (or groups) to skip: paging")
-    sub.add_argument("--score-threshold", type=float, default=None)
+    sub.add_argument("--score-threshold", type=float, default=None, help="drop hits scoring below this")
     sub.add_argument("--mmr-lambda", type=float, default=None, help="MMR diversity (1: relevance only)")
     sub.add_argument("--group-by-source", action="store_true", help="at most --group-size hits per source file")
-    sub.add_argument("--group-size", type=int, default=1)
+    sub.add_argument("--group-size", type=int, default=1, help="with --group-by-source: hits per source (default: 1)")
 
 
 def run_search(args) -> int:
@@ -328,10 +370,7 @@ def run_config(args) -> int:
     elif args.markdown:
         print(markdown_table(), end="")
     else:
-        try:
-            settings = Settings.load(args.config)
-        except ValueError as exc:  # pydantic's ValidationError: a RAGCACHE_* value that does not parse
-            raise RagCacheError(f"invalid settings: {exc}") from exc
+        settings = Settings.load(args.config)  # a value that does not parse: a one-line ConfigError
         print("\n".join(effective_env_lines(settings)))
     return 0
 

@@ -48,37 +48,40 @@ BENCH_EXTRA_HINT = "pip install 'ragcache[bench]' (in a checkout: make bench, or
 BENCHMARKS: dict[str, Benchmark] = {
     b.name: b
     for b in (
-        Benchmark("zipf", "ragcache_bench.library_zipf", "bench_zipf", "Zipf stream: all systems side by side; hit rates vs ideal (5)",
+        Benchmark("zipf", "ragcache_bench.library_zipf", "bench_zipf", "a Zipf stream through ragcache and its peers side by side:"
+                  " hit rates against the ideal",
                   needs=PEER_CACHES),
-        Benchmark("l2", "ragcache_bench.library_l2", "bench_l2", "1,000 keys from L2 vs MGET floor, LangChain, RedisVL (3)",
+        Benchmark("l2", "ragcache_bench.library_l2", "bench_l2", "1,000 keys read from L2 against a bare MGET,"
+                  " LangChain's and RedisVL's caches",
                   needs=PEER_CACHES),
-        Benchmark("misses", "ragcache_bench.library_misses", "bench_misses", "all misses: cache layer vs bare model (4)"),
+        Benchmark("misses", "ragcache_bench.library_misses", "bench_misses", "every text a miss:"
+                  " the cache's cost on top of the bare model"),
         Benchmark("concurrency", "ragcache_bench.library_misses", "bench_concurrency",
-                  "single flight and batching of concurrent misses (6)"),
-        Benchmark("scale", "ragcache_bench.library_scale", "bench_scale", "lookup cost at 10k..1M entries per level, L1 memory (7)"),
+                  "concurrent misses for the same texts computed once, and batched"),
+        Benchmark("scale", "ragcache_bench.library_scale", "bench_scale", "lookup cost with 10k to 1M entries per level, and L1's memory"),
         Benchmark("levels", "ragcache_bench.levels", "bench_levels", "one embed call served entirely by L1, L2, L3 or computed"),
         Benchmark("cluster", "ragcache_bench.cluster", "bench_cluster",
                   "L2 get/put_many: 3-primary Redis Cluster vs one Redis, side by side"),
-        Benchmark("http", "ragcache_bench.http", "bench_http", "the service: /embed L1 vs computed (1), texts/s under load (2)"),
+        Benchmark("http", "ragcache_bench.http", "bench_http", "the service: /embed from L1 against computed, and texts/s under load"),
         Benchmark("overhead", "ragcache_bench.overhead", "bench_overhead",
-                  "ragcache's own CPU per text in front of an instant upstream: miss, hit, texts/s vs the upstream (22)"),
+                  "ragcache's own CPU per text in front of an instant upstream: miss, hit, texts/s against the upstream"),
         Benchmark("http-floor", "ragcache_bench.http_floor", "bench_http_floor",
-                  "L1 hits and the upstream call against bare ones; uvicorn vs Granian on ragcache's own app (29)",
+                  "L1 hits and the upstream call against bare ones; uvicorn against Granian on ragcache's own app",
                   needs=("granian",)),
         Benchmark("cold", "ragcache_bench.cold", "bench_cold",
-                  "cold Zipf stream (full: 20,480 texts) through the service vs MGET + encode misses + SET (28.5)"),
-        Benchmark("search", "ragcache_bench.http", "bench_search", "/search on 100k documents: repeated vs first query (8)"),
+                  "a cold Zipf stream (full: 20,480 texts) through the service against MGET + encode the misses + SET"),
+        Benchmark("search", "ragcache_bench.http", "bench_search", "/search over 100k documents: a repeated query against a first one"),
         Benchmark("retrieval", "ragcache_bench.retrieval", "bench_retrieval",
                   "nDCG/recall@10 of dense, keyword, hybrid on FAQ questions people wrote (WordNet second)"),
-        Benchmark("sync", "ragcache_bench.sync", "bench_sync", "ragcache ingest --sync of a 10k-document folder, nothing changed (13)"),
+        Benchmark("sync", "ragcache_bench.sync", "bench_sync", "ragcache ingest --sync of a 10k-document folder in which nothing changed"),
         Benchmark("replicas", "ragcache_bench.replicas", "bench_replicas",
                   "two replicas on one Redis + Milvus server: shared hits, single flight"),
         Benchmark("providers", "ragcache_bench.providers", "bench_providers",
                   "in front of a real upstream (Infinity) vs the upstream alone: hot, all-miss, tokens saved"),
         Benchmark("compute", "ragcache_bench.compute", "bench_compute",
-                  "computed texts/s: torch, ONNX, ONNX-int8 vs fastembed and Infinity, side by side (14.2, 14.3)"),
+                  "computed texts/s: torch, ONNX and ONNX-int8 against fastembed and Infinity, side by side"),
         Benchmark("ray", "ragcache_bench.ray", "bench_ray",
-                  "bulk embedding on a 2-node Ray cluster: 1 vs 2 actors; computed texts vs a plain Ray Data pipeline (23)"),
+                  "bulk embedding on a 2-node Ray cluster: 1 against 2 actors; computed texts against a plain Ray Data pipeline"),
     )
 }
 # Left out of `bench all`: they need an extra environment (the Infinity venv, `make infinity-env`; compute also
@@ -91,8 +94,8 @@ def add_bench_commands(subparsers) -> argparse.ArgumentParser:
     bench = subparsers.add_parser("bench", help="run benchmarks (table + JSON)", description=__doc__,
                                   formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = bench.add_subparsers(dest="bench_command", metavar="BENCHMARK", required=True)
-    every = commands.add_parser("all", help="every benchmark below (prefixes, kv, kv-route and providers excluded: they need "
-                                "vLLM or Infinity)")
+    every = commands.add_parser("all", help="every benchmark below but providers, compute, ray (they need their own environments), "
+                                "prefixes, kv, kv-route (vLLM), load and gpu-l1")
     _add_common(every)
     every.set_defaults(run=_run_command, benchmarks=[name for name in BENCHMARKS if name not in NOT_IN_ALL])
     for benchmark in BENCHMARKS.values():
@@ -139,7 +142,7 @@ def add_gpu_l1_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cuda", help="cuda, cuda:N, or cpu (default: cuda)")
     parser.add_argument("--entries", type=int, default=100_000, help="vectors resident in each slab")
     parser.add_argument("--repeats", type=int, default=50, help="timed repeats per size (median reported)")
-    parser.add_argument("--out", type=Path, default=Path("bench-results/gpu_l1.json"))
+    parser.add_argument("--out", type=Path, default=Path("bench-results/gpu_l1.json"), help="where the JSON results go")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
 

@@ -73,10 +73,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "--scheduling-policy priority, --enable-prompt-tokens-details)")
     parser.add_argument("--model", default="tiny-llama", help="served model name (with --base-url)")
     parser.add_argument("--label", help="what the figures were measured on (default: the CPU server it starts)")
-    parser.add_argument("--vllm-python", type=Path, default=Path(".venv-vllm/bin/python"))
-    parser.add_argument("--model-path", type=Path, default=Path(".cache/tiny-llama"))
+    parser.add_argument("--vllm-python", type=Path, default=Path(".venv-vllm/bin/python"), help="the vLLM environment's Python")
+    parser.add_argument("--model-path", type=Path, default=Path(".cache/tiny-llama"), help="the model folder vLLM serves")
     parser.add_argument("--num-blocks", type=int, default=256, help="KV blocks of the server it starts")
-    parser.add_argument("--block-size", type=int, default=32)
+    parser.add_argument("--block-size", type=int, default=32, help="tokens per KV block")
     parser.add_argument("--prefix-tokens", type=int, default=1000, help="tokens of the shared system prompt")
     parser.add_argument("--quick", action="store_true", help="concurrency 1 and 16, 2 rounds, shorter blocks")
     parser.add_argument("--concurrency", help="comma-separated levels (default 1,4,8,16)")
@@ -98,11 +98,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rag-requests", type=int, default=60, help="requests of the RAG assembly run (0: skip it)")
     parser.add_argument("--rag-system-tokens", type=int, default=200, help="system prompt of the RAG run")
     parser.add_argument("--rag-chunks", type=int, default=200, help="chunks in the RAG corpus (120 words each)")
-    parser.add_argument("--rag-k", type=int, default=4)
-    parser.add_argument("--rag-zipf", type=float, default=1.1)
+    parser.add_argument("--rag-k", type=int, default=4, help="chunks per prompt of the RAG run")
+    parser.add_argument("--rag-zipf", type=float, default=1.1, help="Zipf exponent of the RAG run's chunk choice")
     parser.add_argument("--events", action="store_true",
                         help="start vLLM with KV events and add a keep-warm configuration that follows them (issue 30)")
-    parser.add_argument("--json-out", type=Path, default=Path("bench-results/kv.json"))
+    parser.add_argument("--json-out", type=Path, default=Path("bench-results/kv.json"), help="where the JSON results go")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
 

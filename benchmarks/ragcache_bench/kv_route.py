@@ -161,17 +161,17 @@ def run(args: argparse.Namespace) -> BenchResult:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags of ``ragcache bench kv-route`` (and of ``python -m ragcache_bench.kv_route``)."""
-    parser.add_argument("--vllm-python", type=Path, default=Path(".venv-vllm/bin/python"))
-    parser.add_argument("--model-path", type=Path, default=Path(".cache/tiny-llama"))
+    parser.add_argument("--vllm-python", type=Path, default=Path(".venv-vllm/bin/python"), help="the vLLM environment's Python")
+    parser.add_argument("--model-path", type=Path, default=Path(".cache/tiny-llama"), help="the model folder vLLM serves")
     parser.add_argument("--num-blocks", type=int, default=72,
                         help="KV blocks of each server: one prompt and the traffic fit, both prompts and the traffic do not")
-    parser.add_argument("--block-size", type=int, default=32)
+    parser.add_argument("--block-size", type=int, default=32, help="tokens per KV block")
     parser.add_argument("--prefix-tokens", type=int, default=1400, help="tokens of each system prompt")
     parser.add_argument("--suffix-tokens", type=int, default=160, help="unique tokens after the prompt, per request")
-    parser.add_argument("--concurrency", type=int, default=4)
-    parser.add_argument("--requests-per-block", type=int, default=24)
-    parser.add_argument("--rounds", type=int, default=4)
-    parser.add_argument("--json-out", type=Path, default=Path("bench-results/kv-route.json"))
+    parser.add_argument("--concurrency", type=int, default=4, help="concurrent clients")
+    parser.add_argument("--requests-per-block", type=int, default=24, help="requests per timed block")
+    parser.add_argument("--rounds", type=int, default=4, help="alternating blocks per policy")
+    parser.add_argument("--json-out", type=Path, default=Path("bench-results/kv-route.json"), help="where the JSON results go")
 
 
 def main() -> int:

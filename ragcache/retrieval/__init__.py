@@ -14,13 +14,13 @@ _EXPORTS = {
     ".knowledge": ("KnowledgeBase",),
     ".search": ("MAX_QUERIES",),
     ".document_store": ("in_order_asked",),
-    ".documents": ("Document", "COLLECTION_NAME_PATTERN", "MAX_FILTER_CHARS", "MAX_TEXT_BYTES", "check_collection_name"),
+    ".documents": ("Document", "COLLECTION_NAME_PATTERN", "FILTER_EXAMPLE", "MAX_FILTER_CHARS", "MAX_TEXT_BYTES", "check_collection_name"),
     ".names": ("CollectionName", "TenantName", "own_named", "tenant_prefix"),
     ".ranking": ("SearchOptions", "MAX_GROUP_SIZE", "MAX_OFFSET"),
     ".fusion": ("RRF_K",),
     ".results": ("SearchResult", "SearchHit", "SearchGroup", "SearchTimings", "CollectionInfo", "IngestResult"),
     ".sync": ("SyncOptions",),
-    ".ingest": ("iter_documents", "file_documents", "source_files"),
+    ".ingest": ("iter_documents", "file_documents", "source_files", "find_sources", "read_documents", "SkippedFile"),
 }
 
 __all__, __getattr__ = lazy_exports(__name__, _EXPORTS)
@@ -29,13 +29,14 @@ if TYPE_CHECKING:
     from ragcache.retrieval.document_store import in_order_asked
     from ragcache.retrieval.documents import (
         COLLECTION_NAME_PATTERN,
+        FILTER_EXAMPLE,
         MAX_FILTER_CHARS,
         MAX_TEXT_BYTES,
         Document,
         check_collection_name,
     )
     from ragcache.retrieval.fusion import RRF_K
-    from ragcache.retrieval.ingest import file_documents, iter_documents, source_files
+    from ragcache.retrieval.ingest import SkippedFile, file_documents, find_sources, iter_documents, read_documents, source_files
     from ragcache.retrieval.knowledge import KnowledgeBase
     from ragcache.retrieval.names import CollectionName, TenantName, own_named, tenant_prefix
     from ragcache.retrieval.ranking import MAX_GROUP_SIZE, MAX_OFFSET, SearchOptions

@@ -17,6 +17,7 @@ from ragcache.errors import InvalidInputError, InvalidTextError
 
 __all__ = [
     "Document",
+    "FILTER_EXAMPLE",
     "MAX_ID_BYTES",
     "MAX_TEXT_BYTES",
     "COLLECTION_NAME_PATTERN",
@@ -38,6 +39,9 @@ __all__ = [
 MAX_ID_BYTES = 512
 MAX_TEXT_BYTES = 65535
 MAX_FILTER_CHARS = 4096
+# What a filter looks like, shown wherever one is refused (and in `ragcache search --help`): a document's own keys sit
+# under metadata, its id is a field; a bare `topic == "db"` names a field the collection does not have.
+FILTER_EXAMPLE = 'metadata["topic"] == "db" and metadata["year"] >= 2020, or id in ["a.md#0", "b.md#0"]'
 MAX_COLLECTION_CHARS = 63
 COLLECTION_NAME_PATTERN = re.compile(rf"[A-Za-z][A-Za-z0-9_-]{{0,{MAX_COLLECTION_CHARS - 1}}}")
 MILVUS_PREFIX = "kb_"
@@ -225,7 +229,7 @@ def check_filter(expression: object) -> str | None:
     if expression is None:
         return None
     if not isinstance(expression, str):
-        raise InvalidInputError("filter must be a string (a Milvus boolean expression)", field="filter")
+        raise InvalidInputError(f"filter must be a string (a Milvus boolean expression, e.g. {FILTER_EXAMPLE})", field="filter")
     if len(expression) > MAX_FILTER_CHARS:
         raise InvalidInputError(f"filter is longer than {MAX_FILTER_CHARS} characters", field="filter")
     return expression.strip() or None

@@ -14,6 +14,7 @@ from pymilvus import MilvusClient
 
 from ragcache.core.health import TierHealth
 from ragcache.errors import InvalidInputError, NotFoundError, RagCacheError, TierUnavailableError
+from ragcache.retrieval.documents import FILTER_EXAMPLE
 from ragcache.storage.milvus_errors import is_milvus_outage, milvus_error_message, milvus_failures
 
 __all__ = ["MilvusGateway", "STORE", "converted"]
@@ -81,6 +82,7 @@ def converted(exc: BaseException, name: str | None, *, filter_given: bool = Fals
     # Milvus answers a filter it cannot parse or type-check with 1100 (invalid parameter) or a message
     # about the expression; anything else (unreachable, timed out, ...) is the store failing.
     if filter_given and (code == 1100 or "expr" in message.lower()):
-        return InvalidInputError(f"filter is not a valid Milvus expression: {message.strip()}", field="filter")
+        return InvalidInputError(f"filter is not a valid Milvus expression ({message.strip()}); a filter reads like "
+                                 f"{FILTER_EXAMPLE}", field="filter")
     where = "" if name is None else f" on collection {name!r}"
     return TierUnavailableError(STORE, f"Milvus failed{where} (retry when it is back): {message}")

@@ -1,16 +1,49 @@
-"""Turn files into documents: text and Markdown split into paragraph chunks, JSONL one document a line."""
+"""Turn files into documents: text, Markdown, PDF and HTML split into paragraph chunks, JSONL one document a line.
+
+A folder is read whole except hidden files and folders (``.git``); a file of another kind is skipped and named
+(:func:`find_sources`), and so is a file that cannot be read (:func:`read_documents`), with the reason.
+"""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ragcache.errors import InvalidInputError
+from ragcache.retrieval.readers import READERS, UnreadableFileError, read_text
 
-__all__ = ["iter_documents", "source_files", "file_documents", "chunk_text", "SUFFIXES"]
+__all__ = [
+    "SUFFIXES",
+    "SkippedFile",
+    "Sources",
+    "UnreadableFileError",
+    "chunk_text",
+    "file_documents",
+    "find_sources",
+    "iter_documents",
+    "read_documents",
+    "source_files",
+]
 
-SUFFIXES = {".txt", ".md", ".markdown", ".rst", ".jsonl"}
+SUFFIXES = {*READERS, ".jsonl"}
+
+
+@dataclass(frozen=True)
+class SkippedFile:
+    """A file ingest did not read, by its source name, and why."""
+
+    source: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Sources:
+    """What ingest reads from a path: each file with its source name, and the files it skips."""
+
+    files: list[tuple[Path, str]]
+    skipped: list[SkippedFile] = field(default_factory=list)
 
 
 def chunk_text(text: str, max_chars: int = 1200) -> list[str]:
@@ -38,24 +71,56 @@ def _split_long(paragraph: str, max_chars: int) -> list[str]:
     return pieces + [paragraph] if paragraph else pieces
 
 
-def _files(path: Path) -> list[Path]:
-    if path.is_file():
-        return [path]
-    if path.is_dir():
-        return sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in SUFFIXES)
-    raise InvalidInputError(f"{path} does not exist", field="path")
+def find_sources(path: str | Path) -> Sources:
+    """The files ingest reads from a file or a folder, each with its source name (its path in the folder), and the
+    files of a folder it skips for their kind. A file named on its own is read whatever its suffix says."""
+    root = Path(path)
+    if root.is_file():
+        return Sources([(root, root.name)])
+    if not root.is_dir():
+        raise InvalidInputError(f"{root} does not exist", field="path")
+    files, skipped = [], []
+    for file in sorted(root.rglob("*")):
+        name = file.relative_to(root).as_posix()
+        if any(part.startswith(".") for part in file.relative_to(root).parts) or not file.is_file():
+            continue  # hidden (.git, .DS_Store): not documents, and not worth a line each
+        if file.suffix.lower() in SUFFIXES:
+            files.append((file, name))
+        else:
+            skipped.append(SkippedFile(name, f"not a kind ingest reads ({', '.join(sorted(SUFFIXES))})"))
+    return Sources(files, skipped)
+
+
+def source_files(path: str | Path) -> list[tuple[Path, str]]:
+    """The files ingest reads from a file or a folder, each with its source name (:func:`find_sources`)."""
+    return find_sources(path).files
 
 
 def iter_documents(path: str | Path, *, max_chars: int = 1200) -> Iterator[dict]:
-    """Documents ``{"id", "text", "metadata"}`` from a file or a folder; ids are stable (file + chunk number)."""
+    """Documents ``{"id", "text", "metadata"}`` from a file or a folder; ids are stable (file + chunk number).
+    A file that cannot be read raises :class:`UnreadableFileError`; :func:`read_documents` names it and goes on."""
     for file, name in source_files(path):
         yield from file_documents(file, name, max_chars=max_chars)
 
 
-def source_files(path: str | Path) -> list[tuple[Path, str]]:
-    """The files ingest reads from a file or a folder, each with its source name (its path in the folder)."""
-    root = Path(path)
-    return [(file, str(file.relative_to(root)) if root.is_dir() else file.name) for file in _files(root)]
+def read_documents(files: list[tuple[Path, str]], skipped: list[SkippedFile], *, max_chars: int = 1200) -> Iterator[dict]:
+    """The documents of ``files``, in order; each file that cannot be read is appended to ``skipped`` instead."""
+    for file, name in files:
+        try:
+            # One file's documents at a time, so a file failing halfway sends none of them (JSONL streams: its
+            # lines are documents already, and a bad line is the caller's data error, not an unreadable file).
+            documents = file_documents(file, name, max_chars=max_chars)
+            if file.suffix.lower() != ".jsonl":
+                documents = iter(list(documents))
+            first = next(documents, None)
+        except UnreadableFileError as exc:
+            skipped.append(SkippedFile(name, str(exc)))
+            continue
+        if first is None:
+            skipped.append(SkippedFile(name, "no text in it"))
+            continue
+        yield first
+        yield from documents
 
 
 def file_documents(file: Path, name: str, *, max_chars: int = 1200) -> Iterator[dict]:
@@ -63,13 +128,17 @@ def file_documents(file: Path, name: str, *, max_chars: int = 1200) -> Iterator[
     if file.suffix.lower() == ".jsonl":
         yield from _jsonl_documents(file, name)
         return
-    text = file.read_text(encoding="utf-8", errors="replace")
+    text = read_text(file)
     for number, chunk in enumerate(chunk_text(text, max_chars)):
         yield {"id": f"{name}#{number}", "text": chunk, "metadata": {"source": name, "chunk": number}}
 
 
 def _jsonl_documents(file: Path, name: str) -> Iterator[dict]:
-    with file.open(encoding="utf-8") as lines:
+    try:
+        lines = file.open(encoding="utf-8")
+    except OSError as exc:
+        raise UnreadableFileError(f"cannot read it ({exc.strerror or exc})") from exc
+    with lines:
         for number, line in enumerate(lines, start=1):
             if not line.strip():
                 continue

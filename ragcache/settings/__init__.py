@@ -10,11 +10,14 @@ written by their flat names, the same everywhere: ``RAGCACHE_REDIS_URL`` in the 
 
 from __future__ import annotations
 
+import logging
+import multiprocessing
+import os
 from copy import copy
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, Field, create_model, model_validator
+from pydantic import BaseModel, Field, ValidationError, create_model, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import (
     BaseSettings,
@@ -25,6 +28,7 @@ from pydantic_settings import (
 )
 
 from ragcache.errors import ConfigError
+from ragcache.settings.checks import invalid_settings_message, unknown_variables
 from ragcache.settings.files import load_file, load_json
 from ragcache.settings.sections import (
     MAX_BATCH_CEILING,
@@ -86,10 +90,16 @@ class Settings(BaseSettings):
 
     @classmethod
     def load(cls, path: str | Path | None = None, **overrides: Any) -> Settings:
-        """Settings from the environment, optionally a dotenv-style file under it, and explicit overrides."""
+        """Settings from the environment, optionally a dotenv-style file under it, and explicit overrides. A value
+        that does not validate is a one-line ``ConfigError`` naming its variable; a ``RAGCACHE_*`` variable that
+        names no option is logged as a warning, with the nearest option's name."""
         if path is not None and not Path(path).is_file():
             raise ConfigError(f"settings file {path} does not exist")
-        return cls(_env_file=path, **overrides)
+        _warn_unknown_variables()
+        try:
+            return cls(_env_file=path, **overrides)
+        except ValidationError as exc:
+            raise ConfigError(invalid_settings_message(exc, _OPTIONS)) from exc
 
     def flat(self) -> dict[str, Any]:
         """Every option's value by its flat name (the environment variable's, without the prefix)."""
@@ -146,6 +156,21 @@ def _options(sections: dict[str, FieldInfo]) -> dict[str, tuple[str, FieldInfo]]
                 raise TypeError(f"option {name!r} of {section!r} is declared twice: an environment name must be unique")
             options[name] = (section, option)
     return options
+
+
+log = logging.getLogger(__name__)
+_named_unknown: set[str] = set()  # each unknown variable is named once per process, however often settings load
+
+
+def _warn_unknown_variables() -> None:
+    # A worker process (uvicorn's --workers, spawned by multiprocessing) inherits the environment its parent checked
+    # and named already: saying it again once per worker is noise.
+    if multiprocessing.parent_process() is not None:
+        return
+    for line in unknown_variables(os.environ, _OPTIONS):
+        if line not in _named_unknown:
+            _named_unknown.add(line)
+            log.warning("%s", line)
 
 
 class _FlatBase(BaseSettings):

@@ -59,7 +59,8 @@ def test_options_are_given_by_name_never_as_a_section():
 def test_an_unknown_name_in_a_settings_file_is_refused(tmp_path):
     path = tmp_path / "ragcache.env"
     path.write_text("RAGCACHE_L1_BYTE=5\n")
-    with pytest.raises(pydantic.ValidationError, match="ragcache_l1_byte"):
+    with pytest.raises(ConfigError, match=r"RAGCACHE_L1_BYTE is not a ragcache setting \(in the settings file\); did you mean "
+                                          "RAGCACHE_L1_BYTES"):
         Settings.load(path)
 
 

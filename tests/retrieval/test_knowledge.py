@@ -129,13 +129,14 @@ def test_filter_on_metadata(kb, cache):
     assert len(kb.search("filter", "cache", cache=cache, filter="  ").hits) == 4  # blank = no filter
 
 
-@pytest.mark.parametrize("expression", ['metadata["lang"] ==', "no_such_field == 1", "))", 'metadata["lang"] = "de"'])
-def test_bad_filter_is_invalid_input_naming_the_field(kb, cache, expression):
+@pytest.mark.parametrize("expression", ['metadata["lang"] ==', "no_such_field == 1", "))", 'metadata["lang"] = "de"', 'topic == "db"'])
+def test_bad_filter_is_invalid_input_naming_the_field_with_an_example(kb, cache, expression):
     kb.add_documents("bad-filter", DOCS[:1], cache=cache)
     with pytest.raises(InvalidInputError) as info:
         kb.search("bad-filter", "anything", cache=cache, filter=expression)
     assert info.value.field == "filter"
     assert "filter" in str(info.value)
+    assert 'metadata["topic"] == "db"' in str(info.value)  # what a filter looks like, not just "invalid parameter"
 
 
 def test_unknown_collection_is_not_found(kb, cache):
