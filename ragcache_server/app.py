@@ -18,11 +18,10 @@ from ragcache.app.metrics import ServerRestartsCollector
 from ragcache.models import UpstreamCollector
 from ragcache.prefixes import register_prefix_metrics
 from ragcache.settings import Settings
-from ragcache_server import prefixes_api, routes_docs, routes_embed, routes_ops, routes_rerank, routes_retrieval, routes_ui
+from ragcache_server import embedding, prefixes_api, routes_docs, routes_ops, routes_rerank, routes_retrieval, routes_ui
 from ragcache_server.auth import OPEN_PATHS, AccessMiddleware, KeyRing
 from ragcache_server.deps import blocking
-from ragcache_server.embed_groups import MAX_GROUP_TEXTS, EmbedGroups
-from ragcache_server.embed_path import EmbedFastPath, FastPathCounts
+from ragcache_server.embedding import MAX_GROUP_TEXTS, EmbedFastPath, EmbedGroups, FastPathCounts
 from ragcache_server.errors import install_error_handlers
 from ragcache_server.limits import LimitsMiddleware, RateLimiter
 from ragcache_server.schemas import ERROR_RESPONSES
@@ -83,18 +82,18 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.metrics_registry = CollectorRegistry()
     install_error_handlers(app)
-    routers = [module.router for module in (routes_embed, routes_retrieval, routes_rerank, prefixes_api, routes_ops, routes_ui,
+    routers = [module.router for module in (embedding, routes_retrieval, routes_rerank, prefixes_api, routes_ops, routes_ui,
                                                  routes_docs)]
     for router in routers:
         app.include_router(router, responses=ERROR_RESPONSES)  # type: ignore[arg-type]
     # The last added runs first: keys and rate limits are checked before a body is read (docs/SECURITY.md).
     app.state.workers = WorkerPool(settings.service.max_worker_threads)
-    # Innermost: the embedding routes' fast path answers inside every check below (embed_path.py).
+    # Innermost: the embedding routes' fast path answers inside every check below (embedding/fast_path.py).
     app.state.embed_fast_path = FastPathCounts()
     # Requests that miss L1 together, walked together; a group never holds more texts than the model's queue may
     # (compute_max_pending: one request larger than that is still walked, alone, as before).
     app.state.embed_groups = EmbedGroups(blocking, max_group_texts=min(MAX_GROUP_TEXTS, settings.compute.compute_max_pending))
-    app.add_middleware(EmbedFastPath, answer=routes_embed.answer, error_handlers=lambda: app.exception_handlers,
+    app.add_middleware(EmbedFastPath, answer=embedding.answer, error_handlers=lambda: app.exception_handlers,
                        counts=app.state.embed_fast_path)
     app.add_middleware(LimitsMiddleware, max_body_bytes=settings.service.max_body_bytes, timeout_s=settings.service.request_timeout_s,
                        body_timeout_s=settings.service.body_timeout_s, untimed_paths=OPEN_PATHS, workers=app.state.workers)

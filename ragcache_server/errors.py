@@ -131,9 +131,11 @@ def _validation_response(exc: RequestValidationError) -> JSONResponse:
     for error in errors:
         path = field_path(tuple(error["loc"]))
         top = path.split("[")[0].split(".")[0]
-        deeper = top not in best or len(error["loc"]) > len(best[top]["loc"])
-        # A list over its max_length says more than "not a string" from the union's other member.
-        if deeper or (len(error["loc"]) == len(best[top]["loc"]) and error.get("type") == "too_long"):
+        # A list over its max_length says more than "not a string" (or "not a token id", deeper) from the union's
+        # other members: it is kept over them.
+        if top in best and best[top].get("type") == "too_long":
+            continue
+        if top not in best or error.get("type") == "too_long" or len(error["loc"]) > len(best[top]["loc"]):
             best[top] = {**error, "path": path}
     messages = [f"{error['path']}: {error['msg']}" for error in best.values()]
     first = next(iter(best.values()))

@@ -21,8 +21,24 @@ INPUT_TYPE_HELP = "query, document, search_query or search_document (Voyage, Coh
 # (a 16 MiB body of 762k tiny documents took 5 s and ~600 MB to validate before the 413). The service's own,
 # lower ``max_batch`` is checked by the routes (413); this ceiling is what ``max_batch`` may be set to.
 TextList = Annotated[list[StrictStr], Field(max_length=MAX_BATCH_CEILING)]
-# Token ids one /decode request may carry, all rows together: 2048 texts of 512 tokens.
+# Token ids one /decode or embedding request may carry, all rows together: 2048 texts of 512 tokens.
 MAX_DECODE_IDS = 1 << 20
+TokenIds = list[StrictInt]
+# An embedding request's input: a text, texts, one text's token ids, or several texts' (OpenAI's and TEI's references
+# both take ids; they are decoded with the served model's tokenizer, ragcache_server/embedding/plan.py).
+EmbedInputs = StrictStr | TextList | TokenIds | Annotated[list[TokenIds], Field(max_length=MAX_BATCH_CEILING)]
+
+
+def count_ids(value: object, field: str) -> object:
+    """Token ids counted on the parsed JSON, before any id is validated: a 16 MiB body holds ~8M ids, and rows are
+    otherwise only counted as rows (max_batch), so one row could carry all of them."""
+    if isinstance(value, list) and value and not isinstance(value[0], str):
+        if isinstance(value[0], list) and len(value) > MAX_BATCH_CEILING:
+            raise ValueError(f"{field} holds {len(value)} lists, over the limit of {MAX_BATCH_CEILING}: split the request")
+        num_ids = sum(len(row) if isinstance(row, list) else 1 for row in value)
+        if num_ids > MAX_DECODE_IDS:
+            raise ValueError(f"{field} holds {num_ids} token ids, over the limit of {MAX_DECODE_IDS}: split the request")
+    return value
 
 
 class Body(BaseModel):
@@ -32,13 +48,19 @@ class Body(BaseModel):
 class EmbedRequest(Body):
     """text-embeddings-inference's /embed body."""
 
-    inputs: StrictStr | TextList = Field(description="one text or a list; an empty string is a valid text")
+    inputs: EmbedInputs = Field(description="one text or a list (an empty string is a valid text), or token ids: a list "
+                                            "of ids or a list of lists, read with the model's tokenizer")
     normalize: StrictBool = Field(True, description="L2-normalise the vectors (TEI's default)")
     truncate: StrictBool | None = Field(None, description="truncate over-long texts; default: the server setting")
     truncation_direction: Literal["Right", "right"] = "Right"
     prompt_name: StrictStr | None = Field(None, description="a named prompt of the model (GET /info lists them)")
     input_type: StrictStr | None = Field(None, description=INPUT_TYPE_HELP)
     model: StrictStr | None = Field(None, description="served model name; default: the server's model")
+
+    @field_validator("inputs", mode="before")
+    @classmethod
+    def _count_ids(cls, value: object) -> object:
+        return count_ids(value, "inputs")
 
 
 class TokenizeRequest(Body):
@@ -61,27 +83,25 @@ class DecodeRequest(Body):
     @field_validator("ids", mode="before")
     @classmethod
     def _count_ids(cls, value: object) -> object:
-        # Counted on the parsed JSON, before any id is validated: a 16 MiB body holds ~8M ids, and rows are
-        # otherwise only counted as rows (max_batch), so one row could carry all of them.
-        if isinstance(value, list):
-            if value and isinstance(value[0], list) and len(value) > MAX_BATCH_CEILING:
-                raise ValueError(f"ids holds {len(value)} lists, over the limit of {MAX_BATCH_CEILING}: split the request")
-            num_ids = sum(len(row) if isinstance(row, list) else 1 for row in value)
-            if num_ids > MAX_DECODE_IDS:
-                raise ValueError(f"ids holds {num_ids} token ids, over the limit of {MAX_DECODE_IDS}: split the request")
-        return value
+        return count_ids(value, "ids")
 
 
 class OpenAIEmbeddingsRequest(BaseModel):
     """OpenAI's /v1/embeddings body. Extra fields (e.g. ``user``) are accepted and ignored, as OpenAI does."""
 
-    input: StrictStr | TextList = Field(description="one text or a list of texts (token arrays are not supported)")
+    input: EmbedInputs = Field(description="one text or a list of texts, or token ids (a list of ids or a list of lists, "
+                                           "read with the model's tokenizer)")
     model: StrictStr | None = None
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: StrictInt | None = Field(None, gt=0)
     user: StrictStr | None = None
     prompt_name: StrictStr | None = Field(None, description="a named prompt of the model (GET /info lists them)")
     input_type: StrictStr | None = Field(None, description=INPUT_TYPE_HELP)
+
+    @field_validator("input", mode="before")
+    @classmethod
+    def _count_ids(cls, value: object) -> object:
+        return count_ids(value, "input")
 
 
 # The library checks the same rule (ragcache.retrieval.documents); stating it here puts it in the OpenAPI schema.

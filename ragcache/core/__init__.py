@@ -14,6 +14,7 @@ from ragcache.observe.exports import lazy_exports
 
 _EXPORTS = {
     ".cache": ("EmbeddingCache", "EmbedResult"),
+    ".probe": ("Probe",),
     ".encoder": ("Capabilities", "Encoder", "EncoderStats", "capabilities_of"),
     ".batching": ("CALLER_GONE",),
     ".flight": ("RedisFlight",),
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
     from ragcache.core.flight import RedisFlight
     from ragcache.core.health import TierHealth
     from ragcache.core.keys import DTYPES, EmbeddingSpace, Generation, key_digests, text_hash, text_hashes
+    from ragcache.core.probe import Probe
     from ragcache.core.scope import UNSCOPED, Prompt, Scope
     from ragcache.core.stats import CacheStats, LatencyHistogram, LevelStats
     from ragcache.core.tier import Tier, TierHits

@@ -24,12 +24,13 @@ from ragcache.core.batching import CallsInProgress
 from ragcache.core.causes import MissLedger
 from ragcache.core.encoder import Encoder
 from ragcache.core.flight import Flight
-from ragcache.core.keys import EmbeddingSpace, Generation, KeyList, KeyMemo
+from ragcache.core.keys import EmbeddingSpace, Generation, KeyMemo
 from ragcache.core.levels import Found, Levels
 from ragcache.core.misses import MissResolver
+from ragcache.core.probe import Probe, first_of_unique, joined_probe
 from ragcache.core.scope import UNSCOPED, Scope, ScopeRecorders, ScopeStats
 from ragcache.core.stats import CacheStats, LatencyHistogram, LevelRecorder
-from ragcache.core.tier import Tier, TierHits
+from ragcache.core.tier import Tier
 from ragcache.core.tokens import TokenCounter
 from ragcache.errors import ConfigError, InvalidInputError
 
@@ -56,20 +57,6 @@ class EmbedResult:
         """How many inputs each level served (duplicates inside a request count each time)."""
         counts = np.bincount(self.levels, minlength=len(self.level_names))
         return {name: int(count) for name, count in zip(self.level_names, counts)}
-
-
-@dataclass(frozen=True)
-class Probe:
-    """Where a resident probe (``EmbeddingCache.probe``) stopped when L1 did not hold every text: the request's
-    space, prepared texts and keys (hashed once) and what L1 held. ``embed_detailed(..., probe=)`` continues
-    from it instead of preparing, hashing and asking L1 again."""
-
-    space: EmbeddingSpace
-    texts: list[str]
-    keys: KeyList
-    first: TierHits
-    started: float
-    scope: Scope
 
 
 class EmbeddingCache:
@@ -249,33 +236,48 @@ class EmbeddingCache:
                 current.set_attributes(_served_attributes(result))
                 return result
 
-    def embed_requests(self, requests: Sequence[Sequence[str]], *, normalize: bool = False,
-                       scope: Scope | None = None) -> list[EmbedResult]:
+    def embed_requests(self, requests: Sequence[Sequence[str]], *, normalize: bool = False, scope: Scope | None = None,
+                       probes: Sequence[Probe] | None = None,
+                       on_held: Callable[[int, EmbedResult], None] | None = None) -> list[EmbedResult]:
         """Several requests' texts walked as one: one key lookup per level, one wait for the model, one write per
-        level, each request answered (``EmbedResult`` in order) and counted (``stats``: its hits, misses and a request)
-        as its own. What a server does with requests that arrive together: the walk's fixed costs (a round trip per
-        level, the hand-offs between threads) are paid once. A text two of them carry is looked up once and counted
-        in each, as two concurrent requests are."""
+        level, each request answered (``EmbedResult`` in order) and counted (``stats``) as its own: the walk's fixed
+        costs (a round trip per level, the hand-offs between threads) are paid once. A text two of them carry is
+        looked up once and counted in each, as two concurrent requests are. ``probes``: each request's ``probe``, in
+        order; their L1 answers are the walk's first step (L1 is not asked again). ``on_held(index, result)``: called
+        in this thread, after the levels were asked and before the model is, for each request whose every text a
+        level held, so that its caller need not wait for the others' misses."""
+        scope = self._scope if scope is None else scope
+        started, computed = self._clock(), len(self.level_names) - 1
+        held: set[int] = set()
+
+        def answer_held(vectors: torch.Tensor, levels: np.ndarray) -> None:
+            assert on_held is not None
+            for index, (start, end) in enumerate(_spans(requests)):
+                if not (levels[start:end] == computed).any():
+                    held.add(index)
+                    self._record_request(scope, hits=end - start, misses=0, latency_s=self._clock() - started)
+                    on_held(index, _finished(vectors[start:end], levels[start:end].copy(), self.level_names,
+                                             normalize=normalize, dtype=self.dtype))
+
         texts = [text for request in requests for text in request]
-        started = self._clock()
         result = self._walk(texts, {"ragcache.num_requests": len(requests)}, normalize=normalize, as_tensor=False, scope=scope,
-                            probe=None, record=False)
+                            probe=joined_probe(probes, scope) if probes else None, record=False,
+                            on_found=answer_held if on_held is not None else None)
         latency_s = self._clock() - started
-        results, start = [], 0
-        computed = len(self.level_names) - 1
-        for request in requests:
-            end = start + len(request)
+        results = []
+        for index, (request, (start, end)) in enumerate(zip(requests, _spans(requests))):
             part = EmbedResult(result.vectors[start:end], result.levels[start:end], result.level_names)
-            # As embed_detailed counts a request: a text it carries twice is computed once, and its repeat a hit.
-            num_computed = len({text for text, level in zip(request, part.levels) if level == computed})
-            self._record_request(self._scope if scope is None else scope, hits=len(request) - num_computed,
-                                 misses=num_computed, latency_s=latency_s)
+            if index not in held:
+                # As embed_detailed counts a request: a text it carries twice is computed once, and its repeat a hit.
+                num_computed = len({text for text, level in zip(request, part.levels) if level == computed})
+                self._record_request(scope, hits=len(request) - num_computed, misses=num_computed, latency_s=latency_s)
             results.append(part)
-            start = end
         return results
 
     def _embed_detailed(self, texts: Sequence[str], *, normalize: bool, as_tensor: bool, scope: Scope | None,
-                        probe: Probe | None, record: bool = True) -> EmbedResult:
+                        probe: Probe | None, record: bool = True,
+                        on_found: Callable[[torch.Tensor, np.ndarray], None] | None = None) -> EmbedResult:
+        """The walk; ``on_found(vectors, levels)``: the inputs' so far, when one is missing, before the model is asked."""
         scope = self._scope if scope is None else scope
         if probe is not None:
             if probe.scope != scope or len(probe.keys) != len(texts):
@@ -303,12 +305,13 @@ class EmbeddingCache:
                     first_positions.append(position)
             unique_keys = keys.take(first_positions)
             unique_texts = [prepared[position] for position in first_positions]
-            probe = None  # its L1 hits are per input, the walk's per distinct key
 
         first = None
         if probe is not None:
-            first = probe.first  # L1 was asked on the event loop: its answer is the walk's first step
-            self.levels.record(0, hits=len(first.index), misses=len(keys) - len(first.index), latency_s=self._clock() - started)
+            # L1 was asked by the probe: its answer is the walk's first step (per distinct key, as the walk asks).
+            first = probe.first if inverse is None else first_of_unique(probe.first, first_positions)
+            self.levels.record(0, hits=len(first.index), misses=len(unique_keys) - len(first.index),
+                               latency_s=self._clock() - started)
         found = self.levels.walk(unique_keys, device=self.device, first=first)
         vectors, levels = found.vectors, found.served
         # Every key some level missed gets its cause (ragcache.core.causes), judged on what the walk saw,
@@ -316,6 +319,11 @@ class EmbeddingCache:
         self._explain_misses(scope, space, unique_texts, found)
         num_computed = 0
         if len(found.missing):
+            if on_found is not None:
+                if inverse is None:
+                    on_found(vectors, levels)
+                else:
+                    on_found(vectors.index_select(0, torch.tensor(inverse, device=self.device)), levels[inverse])
             num_computed = self.resolver.resolve(vectors, levels, found.missing, unique_keys, unique_texts,
                                                  prompt=scope.prompt_text)
 
@@ -325,9 +333,7 @@ class EmbeddingCache:
         if inverse is not None:
             index = torch.tensor(inverse, device=self.device)
             vectors, levels = vectors.index_select(0, index), levels[inverse]
-        if normalize:
-            vectors = torch.nn.functional.normalize(vectors.float(), dim=-1).to(self.dtype)
-        return EmbedResult(vectors if as_tensor else _to_numpy(vectors), levels, self.level_names)
+        return _finished(vectors, levels, self.level_names, normalize=normalize, dtype=self.dtype, as_tensor=as_tensor)
 
     def _explain_misses(self, scope: Scope, space: EmbeddingSpace, texts: list[str], found: Found) -> None:
         if not (found.served > 0).any():
@@ -417,6 +423,20 @@ class EmbeddingCache:
 
     def __exit__(self, *exc_info) -> None:
         self.close()
+
+
+def _spans(requests: Sequence[Sequence[str]]) -> list[tuple[int, int]]:
+    """Each request's (start, end) in the requests' texts laid end to end."""
+    ends = np.cumsum([len(request) for request in requests]).tolist()
+    return list(zip([0, *ends[:-1]], ends))
+
+
+def _finished(vectors: torch.Tensor, levels: np.ndarray, level_names: tuple[str, ...], *, normalize: bool,
+              dtype: torch.dtype, as_tensor: bool = False) -> EmbedResult:
+    """The result of a walk's vectors (numpy unless ``as_tensor``), normalised when asked."""
+    if normalize:
+        vectors = torch.nn.functional.normalize(vectors.float(), dim=-1).to(dtype)
+    return EmbedResult(vectors if as_tensor else _to_numpy(vectors), levels, level_names)
 
 
 def _served_attributes(result: EmbedResult) -> dict[str, int]:

@@ -1,4 +1,4 @@
-from ragcache_server.tokens import TokenCounts
+from ragcache_server.embedding.tokens import TokenCounts
 
 
 def test_each_distinct_text_is_tokenized_once_and_totals_count_repeats():

@@ -1,4 +1,4 @@
-"""The embedding routes' fast path (ragcache_server/embed_path.py) against the real service: it is taken for the three
+"""The embedding routes' fast path (ragcache_server/embedding/fast_path.py) against the real service: it is taken for the three
 routes, it answers what the FastAPI routes answered (bytes, errors), and it keeps every check of the middleware
 outside it: a key without the ``embed`` scope, a key over its rate, a body over the bound never reach it."""
 
@@ -14,8 +14,8 @@ import orjson
 import pytest
 
 from ragcache.settings import Settings
-from ragcache_server import embed_path
-from ragcache_server.embed_path import openai_base64_answer
+from ragcache_server.embedding import wire
+from ragcache_server.embedding.wire import openai_base64_answer
 from tests.live_server import LiveServer
 
 KEYS = {"embedder": "embed-only-key-0123456789", "searcher": "search-only-key-0123456789",
@@ -76,14 +76,14 @@ def test_the_base64_answer_is_what_orjson_writes_for_openais_shape():
 
 
 def test_the_compiled_answer_assembly_is_built_and_writes_what_the_python_one_does():
-    assert embed_path.join_rows is not embed_path._join_rows  # built by `make install`: the served path uses it
+    assert wire.join_rows is not wire._join_rows  # built by `make install`: the served path uses it
     encoded = bytes(range(48, 48 + 64)) * 24
     for width in (64, 96, 1536):
         for head, tail in ((b"{[", b"]}"), (b"", b"")):
-            assert embed_path.join_rows(encoded, width, head, tail) == embed_path._join_rows(encoded, width, head, tail)
-    assert embed_path.join_rows(b"", 4, b"[", b"]") == embed_path._join_rows(b"", 4, b"[", b"]") == b"[]"
+            assert wire.join_rows(encoded, width, head, tail) == wire._join_rows(encoded, width, head, tail)
+    assert wire.join_rows(b"", 4, b"[", b"]") == wire._join_rows(b"", 4, b"[", b"]") == b"[]"
     with pytest.raises(ValueError, match="whole rows"):
-        embed_path.join_rows(b"abc", 2, b"", b"")
+        wire.join_rows(b"abc", 2, b"", b"")
 
 
 def test_a_key_without_the_embed_scope_is_refused_before_the_fast_path_on_every_route(server):

@@ -1,4 +1,4 @@
-"""Requests that miss L1 together are walked together (ragcache_server/embed_groups.py), each answered and counted
+"""Requests that miss L1 together are walked together (ragcache_server/embedding/groups.py), each answered and counted
 as its own, and a failing text fails only its own request. A real service over loopback HTTP; the remote model is
 a small OpenAI-compatible server of the test's own that holds its answers while a gate is closed (so that requests
 gather behind the walks in flight) and refuses, 400, any request with a text containing "poison"."""

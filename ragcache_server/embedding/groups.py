@@ -12,6 +12,11 @@ in one run): 25-33% less CPU per new text, 26-39% more texts/s.
 Not grouped (walked alone, as before): requests whose misses are paid with the caller's own upstream key
 (pass-through), and requests that do not truncate, whose lengths are checked per request in the walk's thread.
 
+A member whose every text a level above the model holds is answered as soon as the group's lookup is done, not when
+the model has computed the other members' misses (``EmbeddingCache.embed_requests``' ``on_held``): a tenant whose texts
+are on the disk level never waits behind another tenant's new texts on a slow model. Each member brings its resident
+probe, whose L1 answer is the group walk's first step: L1 is not asked again.
+
 A failed group is not its members' answer: each member is then walked alone, so a text that fails fails only its
 own request (the vectors the group had computed are in the cache by then, and are found there). A member that
 reaches its deadline stops waiting; its group walks on for the others, and what it computes lands in the cache.
@@ -27,7 +32,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ragcache.core import EmbeddingCache, EmbedResult
+from ragcache.core import EmbeddingCache, EmbedResult, Probe
 
 __all__ = ["EmbedGroups", "MAX_GROUP_TEXTS"]
 
@@ -48,9 +53,11 @@ class _Group:
     key: tuple
     cache: EmbeddingCache
     normalize: bool
-    outcomes: asyncio.Future  # of a list: per request an Outcome, or the exception its own walk raised
     requests: list[list[str]] = field(default_factory=list)
+    probes: list[Probe] = field(default_factory=list)
     token_counts: list[TokenCount | None] = field(default_factory=list)
+    outcomes: list[asyncio.Future] = field(default_factory=list)  # per member: its Outcome, or its own walk's exception
+    held: set[int] = field(default_factory=set)  # members answered after the lookup (set in the walk's thread)
     num_texts: int = 0
     num_members_waiting: int = 0  # members not gone (cancelled at their deadline)
     walk: asyncio.Task | None = None
@@ -75,24 +82,28 @@ class EmbedGroups:
         """Requests gathered into groups that are not walking yet."""
         return sum(len(group.requests) for groups in self._waiting.values() for group in groups)
 
-    async def embed(self, cache: EmbeddingCache, texts: list[str], *, normalize: bool,
+    async def embed(self, cache: EmbeddingCache, texts: list[str], *, probe: Probe, normalize: bool,
                     count_tokens: TokenCount | None = None) -> Outcome:
-        """``texts``' vectors (and their token count, with ``count_tokens``), walked with whatever joins them."""
+        """``texts``' vectors (and their token count, with ``count_tokens``), walked with whatever joins them;
+        ``probe``: their resident probe (``EmbeddingCache.probe``), which the walk continues from."""
         key = (id(cache.levels), cache.scope, normalize)
+        loop = asyncio.get_running_loop()
         waiting = self._waiting.setdefault(key, deque())
         if not waiting or waiting[-1].num_texts + len(texts) > self.max_group_texts:
-            waiting.append(_Group(key, cache, normalize, asyncio.get_running_loop().create_future()))
+            waiting.append(_Group(key, cache, normalize))
             if self._num_walking.get(key, 0) < self.max_in_flight:
                 # Next turn of the loop: requests that arrived with this one join it first.
-                asyncio.get_running_loop().call_soon(self._walk_next, key)
+                loop.call_soon(self._walk_next, key)
         group = waiting[-1]
-        index = len(group.requests)
+        outcome_of = loop.create_future()
         group.requests.append(texts)
+        group.probes.append(probe)
         group.token_counts.append(count_tokens)
+        group.outcomes.append(outcome_of)
         group.num_texts += len(texts)
         group.num_members_waiting += 1
         try:
-            outcome = (await asyncio.shield(group.outcomes))[index]
+            outcome = await asyncio.shield(outcome_of)
         except asyncio.CancelledError:
             group.num_members_waiting -= 1
             if not group.num_members_waiting:
@@ -134,23 +145,47 @@ class EmbedGroups:
         self._walk_next(key)
 
     async def _walk(self, group: _Group) -> None:
+        loop = asyncio.get_running_loop()
+
+        def on_held(index: int, outcome: Outcome) -> None:  # in the walk's thread
+            group.held.add(index)
+            loop.call_soon_threadsafe(_settle, group.outcomes[index], outcome)
+
         try:
-            outcomes: list = await self._run_blocking(_walk_together, group)
+            outcomes: list = await self._run_blocking(_walk_together, group, on_held)
         except Exception as exc:  # noqa: BLE001 - a member's answer, below: its own walk's
-            if len(group.requests) == 1:
-                outcomes = [exc]
+            unsettled = [index for index in range(len(group.requests)) if index not in group.held]
+            if len(unsettled) == 1:
+                outcomes = [exc] * len(group.requests)
             else:
-                outcomes = await asyncio.gather(*(self._run_blocking(_walk_alone, group, index)
-                                                  for index in range(len(group.requests))), return_exceptions=True)
+                alone = await asyncio.gather(*(self._run_blocking(_walk_alone, group, index) for index in unsettled),
+                                             return_exceptions=True)
+                outcomes = [exc] * len(group.requests)
+                for index, outcome in zip(unsettled, alone):
+                    outcomes[index] = outcome
         except BaseException:  # cancelled: every member has gone, or the loop is closing
-            group.outcomes.cancel()
+            for outcome_of in group.outcomes:
+                outcome_of.cancel()
             raise
-        group.outcomes.set_result(outcomes)
+        for index, (outcome_of, outcome) in enumerate(zip(group.outcomes, outcomes)):
+            if index not in group.held:
+                _settle(outcome_of, outcome)
 
 
-def _walk_together(group: _Group) -> list[Outcome]:
-    """In a worker thread: the group's requests in one walk, then each one's token count."""
-    results = group.cache.embed_requests(group.requests, normalize=group.normalize)
+def _settle(outcome_of: asyncio.Future, outcome: Outcome | BaseException) -> None:
+    if not outcome_of.done():  # a member answered after the lookup is not answered again
+        outcome_of.set_result(outcome)
+
+
+def _walk_together(group: _Group, on_held: Callable[[int, Outcome], None]) -> list[Outcome]:
+    """In a worker thread: the group's requests in one walk, then each one's token count; a request whose texts the
+    levels held is handed to ``on_held`` (with its token count) before the model computes the others' misses."""
+
+    def held(index: int, result: EmbedResult) -> None:
+        count = group.token_counts[index]
+        on_held(index, (result, count(group.requests[index]) if count is not None else None))
+
+    results = group.cache.embed_requests(group.requests, normalize=group.normalize, probes=group.probes, on_held=held)
     return [(result, count(texts) if count is not None else None)
             for result, texts, count in zip(results, group.requests, group.token_counts)]
 

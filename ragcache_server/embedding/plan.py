@@ -1,0 +1,146 @@
+"""One embedding request's decisions, made once (``plan_of``): what was asked (``EmbedCall``, from either route's
+validated body), the texts (token ids decoded with the served model's tokenizer), the cache view (model, named prompt,
+tenant), truncation, where OpenAI's token counts come from (the memo, or counted beside the walk) and the caller's own
+provider key (pass-through). The walk (``walk.py``) and the answer (``wire.py``) only read the plan."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Literal
+
+from pydantic import BaseModel
+from starlette.requests import Request
+
+from ragcache import InvalidInputError
+from ragcache.core import EmbeddingCache, Tokenizer
+from ragcache.models import prompt_name_of
+from ragcache_server.deps import blocking, cache_of, check_count, check_text_size, state_of
+from ragcache_server.embedding.passthrough import caller_scope
+from ragcache_server.embedding.tokens import TokenCounts, token_counts_of
+from ragcache_server.errors import HTTPError
+from ragcache_server.schemas import EmbedInputs, EmbedRequest, OpenAIEmbeddingsRequest
+
+__all__ = ["FAST_PATHS", "REQUEST_MODELS", "EmbedCall", "EmbedPlan", "as_batch", "call_of", "plan_of", "tokenizer_of"]
+
+Shape = Literal["tei", "openai"]
+# The routes' paths and the shape of their bodies and answers.
+FAST_PATHS: dict[str, Shape] = {"/embed": "tei", "/": "tei", "/v1/embeddings": "openai"}
+REQUEST_MODELS: dict[Shape, type[BaseModel]] = {"tei": EmbedRequest, "openai": OpenAIEmbeddingsRequest}
+# What a caller whose token ids are another tokenizer's is told to do.
+TOKEN_ID_ADVICE = ("token ids are read with the served model's own tokenizer; ids of another tokenizer (tiktoken's, which "
+                   "langchain-openai's OpenAIEmbeddings sends unless check_embedding_ctx_length=False) are not its "
+                   "vocabulary: send the text instead")
+
+
+@dataclass(frozen=True)
+class EmbedCall:
+    """One embedding request, validated: what both paths answer from."""
+
+    shape: Shape
+    inputs: EmbedInputs  # as sent: a text, texts, token ids or lists of them (a list names its items inputs[i])
+    field: str  # the body's name for them: "inputs" (TEI) or "input" (OpenAI)
+    model: str | None
+    prompt_name: str | None
+    input_type: str | None
+    normalize: bool  # TEI's flag; OpenAI's vectors are the model's own
+    truncate: bool | None  # None: the server's setting
+    encoding: Literal["json", "float", "base64"]  # json: TEI's list of lists; float/base64: OpenAI's encoding_format
+    dimensions: int | None
+
+
+def call_of(body: BaseModel) -> EmbedCall:
+    """The ``EmbedCall`` of a validated body of either route."""
+    if isinstance(body, EmbedRequest):
+        return EmbedCall("tei", body.inputs, "inputs", body.model, body.prompt_name, body.input_type, body.normalize,
+                         body.truncate, "json", None)
+    assert isinstance(body, OpenAIEmbeddingsRequest)
+    return EmbedCall("openai", body.input, "input", body.model, body.prompt_name, body.input_type, False, None,
+                     body.encoding_format, body.dimensions)
+
+
+@dataclass(frozen=True)
+class EmbedPlan:
+    """What one embedding request will do, decided once (the module docstring)."""
+
+    call: EmbedCall
+    texts: list[str]
+    cache: EmbeddingCache  # the view the texts are embedded through: model, named prompt, tenant
+    truncate: bool
+    model: str  # the name the answer gives
+    token_counts: TokenCounts | None  # OpenAI's usage: the memo of the space's counts (None: TEI, no usage)
+    known_tokens: int | None  # the total, when the memo knew every text (no counting at all)
+    caller_scope: Callable[[list[str]], AbstractContextManager] | None  # pass-through: the caller's key for misses
+
+    @property
+    def count_in_walk(self) -> Callable[[list[str]], int] | None:
+        """What counts the texts' tokens in the walk's thread (a miss then costs one hand-off, not two)."""
+        return self.token_counts.total if self.token_counts is not None and self.known_tokens is None else None
+
+
+async def plan_of(call: EmbedCall, request: Request) -> EmbedPlan:
+    """``call``'s plan; the refusals (sizes, model, prompt, dimensions, token ids) are raised here, before any walk."""
+    service = state_of(request).settings.service
+    token_ids = _is_token_ids(call.inputs)
+    if not token_ids:  # the batch's own limits first, as every route checks them
+        texts = as_batch(call.inputs, call.field, service.max_batch, service.max_text_bytes)  # type: ignore[arg-type]
+    cache = cache_of(request, call.model, prompt_name_of(call.prompt_name, call.input_type), optional=call.prompt_name is None)
+    if token_ids:
+        texts = await _decoded(call, cache, service.max_batch)
+    if call.dimensions is not None and call.dimensions != cache.space.dim:  # OpenAI's: only the model's own is served
+        raise InvalidInputError(f"dimensions={call.dimensions} is not available: {cache.space.model} gives "
+                                f"{cache.space.dim} dimensions only", field="dimensions")
+    token_counts = token_counts_of(request, cache) if call.shape == "openai" else None
+    return EmbedPlan(call, texts, cache, truncate=service.truncate if call.truncate is None else call.truncate,
+                     model=call.model or cache.space.model, token_counts=token_counts,
+                     known_tokens=token_counts.known_total(texts) if token_counts is not None else None,
+                     caller_scope=caller_scope(request, cache))
+
+
+def as_batch(inputs: str | list[str], field: str, max_batch: int, max_text_bytes: int) -> list[str]:
+    """One text or a list, checked against the batch and size limits. Empty strings are valid texts."""
+    texts = [inputs] if isinstance(inputs, str) else inputs
+    if not texts:
+        raise InvalidInputError(f"{field} is an empty list: send at least one text", field=field)
+    check_count(texts, field, max_batch)
+    # A code point is at most 4 bytes: a batch whose longest text passes by its length needs no look at each one.
+    if max(map(len, texts)) * 4 > max_text_bytes:
+        for index, text in enumerate(texts):
+            check_text_size(text, f"{field}[{index}]" if isinstance(inputs, list) else field, max_text_bytes)
+    return texts
+
+
+def tokenizer_of(cache: EmbeddingCache, field: str = "model") -> Tokenizer:
+    """The model's local tokenizer; a model served remotely has none here."""
+    tokenizer = cache.tokenizer
+    if not isinstance(tokenizer, Tokenizer):
+        raise InvalidInputError(f"model {cache.space.model!r} has no local tokenizer here (it is served by a remote "
+                                f"API){': send text instead of token ids' if field != 'model' else ''}", field=field)
+    return tokenizer
+
+
+def _is_token_ids(inputs: EmbedInputs) -> bool:
+    return isinstance(inputs, list) and bool(inputs) and not isinstance(inputs[0], str)
+
+
+_ID_FIELD = re.compile(r"^ids\[(\d+)\]\[(\d+)\]$")
+
+
+async def _decoded(call: EmbedCall, cache: EmbeddingCache, max_batch: int) -> list[str]:
+    """The texts of token-id input (one list of ids, or a list of them), decoded with the served model's tokenizer;
+    an id outside its vocabulary is refused naming the item (schemas.py bounds the ids, as /decode's)."""
+    one_text = isinstance(call.inputs[0], int)
+    rows: list[list[int]] = [call.inputs] if one_text else call.inputs  # type: ignore[assignment, list-item]
+    check_count(rows, call.field, max_batch)
+    tokenizer = tokenizer_of(cache, call.field)
+    try:
+        return await blocking(tokenizer.decode, rows, skip_special_tokens=True)
+    except InvalidInputError as exc:
+        found = _ID_FIELD.match(exc.field or "")
+        if found is None:
+            raise
+        row, column = found.groups()
+        field = f"{call.field}[{column}]" if one_text else f"{call.field}[{row}][{column}]"
+        raise HTTPError(422, f"{field}: {exc}; {TOKEN_ID_ADVICE}", field=field, type="tokenizer") from exc
