@@ -9,10 +9,11 @@ Here the folder holds at most ``num_generations`` LMDB environments, each with a
 generation; when it is full a new one is made and the oldest is dropped whole (its entries are the
 evicted ones, counted). A hit costs one read transaction per generation asked, and no write.
 
-Bytes on disk: at most ``capacity_bytes`` in the live generations, plus, for a moment, one dropped
-generation that a process of the host still maps (its files are unlinked at once; the space comes back when
-every process has closed it, which each does at its next call once no call of its own is still reading it):
-``capacity_bytes`` + one generation at worst, as ``bench levels`` measures.
+Bytes on disk: every file counts (the data and lock files of each generation, the meta environment's): at most
+``capacity_bytes`` in the live generations, plus, for a moment, one dropped generation that a process of the host
+still maps (its files are unlinked at once; the space comes back when every process has closed it, which each does
+once no call of its own still reads it: at its next call, or within ``check_interval_s`` when idle, by its watch
+thread): ``capacity_bytes`` + one generation at worst, as ``bench levels`` measures.
 
 Processes: any number read without locks (LMDB readers); writes are serialised by LMDB's own writer lock,
 and a rotation by ``flock`` on ``rotate.lock``. Which generations exist is announced through a small
@@ -21,26 +22,33 @@ transaction, about a microsecond) and a process that sees it moved lists the fol
 
 Crashes: LMDB's copy-on-write pages mean a killed writer (``kill -9``) leaves the last committed
 transaction intact; ``sync=False`` only gives up durability of the last transactions on a power loss,
-which for a cache is a miss. A generation that cannot be opened or read (a corrupt file) is dropped and
-counted (``num_lost``), and every value also carries the codec's checksum (``ragcache.tiers.codec``), so a
-torn or altered value is a counted miss, never a wrong vector.
+which for a cache is a miss. A generation that cannot be opened or read (a damaged file, or one shorter than its
+meta page says, checked before any page is read: ``ragcache.storage.disk_files``) is dropped and counted
+(``num_lost``), and every value also carries the codec's checksum (``ragcache.tiers.codec``), so a torn or
+altered value is a counted miss, never a wrong vector.
+
+A full volume: LMDB maps its files, and a page the file system cannot back is a SIGBUS, not an error. Lock files
+are allocated before they are mapped; free space is checked before a generation is made and every
+``check_interval_s``; under ``min_free_bytes`` free, or after a write failed (EIO/ENOSPC: nothing is damaged, the
+transaction was aborted), the level is unavailable (``TierUnavailableError``: misses, counted, the level down in
+``/health``) until the space is back. Nothing is deleted for it.
 """
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import os
 import shutil
-import struct
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import lmdb
 
-from ragcache.errors import ConfigError
+from ragcache.errors import ConfigError, TierUnavailableError
+from ragcache.storage.disk_files import Availability, RotationLock, Watch, allocate_lock_file, free_bytes, lock_file_bytes
+from ragcache.storage.disk_generation import MAX_READERS, Generation, ShortFileError, open_generation, read_values, write_values
 
 __all__ = ["DiskStore", "DiskStoreFigures"]
 
@@ -48,16 +56,22 @@ log = logging.getLogger(__name__)
 
 _PREFIX = "gen-"
 _EPOCH = b"epoch"
-# Readers per environment across every process and thread of the host; a slot costs 64 bytes of lock file.
-_MAX_READERS = 2048
-# The smallest generation worth having: below it the B-tree's own pages are most of the file.
-_MIN_GENERATION_BYTES = 1 << 20
+# The smallest data file worth having: below it the B-tree's own pages are most of the file.
+_MIN_GENERATION_BYTES = 512 << 10
+# The meta environment: one key, its pages reused on every bump (a few of its 64 pages are ever used).
+_META_MAP_BYTES = 256 << 10
+_META_READERS = 126  # LMDB's default
+# Errors that say a generation's file is damaged: it is dropped and counted. Any other error of a write (EIO,
+# ENOSPC from a full volume) says nothing of the file: the level is unavailable, and the generation kept.
+_DAMAGED = (lmdb.CorruptedError, lmdb.PageNotFoundError, lmdb.InvalidError, lmdb.VersionMismatchError,
+            lmdb.BadChecksumError, lmdb.IncompatibleError, lmdb.PanicError)
 
 
 @dataclass(frozen=True)
 class DiskStoreFigures:
-    """The store's figures: bytes in the live generations' files against the budget, how many generations,
-    rotations and entries dropped with them (this process's count), and generations lost to corruption."""
+    """The store's figures: bytes of its files (lock files and meta included) against the budget, generations,
+    rotations and entries dropped with them (this process's count), generations lost to damage, and why the level
+    is unavailable now (None: it is not) with the calls refused while it was."""
 
     used_bytes: int
     capacity_bytes: int
@@ -65,58 +79,81 @@ class DiskStoreFigures:
     num_rotations: int
     num_evicted: int
     num_lost: int
-
-
-@dataclass(frozen=True)
-class _Generation:
-    """One LMDB environment with two databases: ``blobs`` (one value per write batch: its values end to end,
-    under an ascending batch number, appended, so pages fill whole) and ``index`` (key -> batch number, offset,
-    length). Why not one value per key: LMDB fits two 1.5 KB values in a 4 KB page at best, and random keys
-    split pages half-empty, so a 384-d float32 vector took ~4.5 KB on disk; a batch's blob takes its own size."""
-
-    seq: int
-    path: Path
-    env: lmdb.Environment
-    blobs: lmdb._Database
-    index: lmdb._Database
-
-    def num_entries(self) -> int:
-        with self.env.begin() as txn:
-            return int(txn.stat(self.index)["entries"])
+    unavailable: str | None = None
+    num_refused: int = 0
 
 
 class DiskStore:
     """Bytes by key in ``root``, bounded by ``capacity_bytes`` (see the module docstring). Thread-safe; one
-    instance per process and folder (LMDB must not open one environment twice in a process)."""
+    instance per process and folder (LMDB must not open one environment twice in a process).
 
-    def __init__(self, root: str | Path, *, capacity_bytes: int, num_generations: int = 4):
+    ``min_free_bytes``: below this much free space on the volume the level is unavailable (every call raises
+    ``TierUnavailableError``, a miss for the cache) until the space is back. ``check_interval_s``: how often a
+    thread checks the free space, the epoch (so an idle process closes generations dropped elsewhere) and the
+    generations' files; None: only when ``check`` is called. ``free_space``: the volume's free bytes (a test's fake).
+    """
+
+    def __init__(self, root: str | Path, *, capacity_bytes: int, num_generations: int = 4,
+                 min_free_bytes: int = 64 << 20, check_interval_s: float | None = 1.0,
+                 free_space: Callable[[Path], int] = free_bytes):
         if num_generations < 2:
             raise ConfigError("the disk level needs at least 2 generations (one to write, one to drop)")
         self.root = Path(root)
         self.capacity_bytes = capacity_bytes
         self.num_generations = num_generations
-        self.generation_bytes = capacity_bytes // num_generations
-        if self.generation_bytes < _MIN_GENERATION_BYTES:
+        self.min_free_bytes = min_free_bytes
+        # Every file counts against the budget: the meta environment, and each generation's lock file beside its
+        # data file, whose map (LMDB's own bound on it) is the rest of the generation's share.
+        self.generation_bytes = (capacity_bytes - _META_MAP_BYTES - lock_file_bytes(_META_READERS)) // num_generations
+        self.map_bytes = self.generation_bytes - lock_file_bytes(MAX_READERS)
+        if self.map_bytes < _MIN_GENERATION_BYTES:
             raise ConfigError(f"disk_max_bytes {capacity_bytes} is too small for {num_generations} generations "
-                              f"of at least {_MIN_GENERATION_BYTES} bytes")
+                              f"of at least {_MIN_GENERATION_BYTES + lock_file_bytes(MAX_READERS)} bytes")
         self.root.mkdir(parents=True, exist_ok=True)
         # The generation list and the counters change under it (and a rotation under the host's flock too).
         self._lock = threading.Lock()
-        self._meta = lmdb.open(str(self.root / "meta"), map_size=1 << 20, max_dbs=0, sync=False)
-        self._gens: tuple[_Generation, ...] = ()  # oldest first; replaced whole, so readers take it without the lock
+        allocate_lock_file(self.root / "meta", _META_READERS, make_folder=True)
+        self._meta = lmdb.open(str(self.root / "meta"), map_size=_META_MAP_BYTES, max_dbs=0, max_readers=_META_READERS,
+                               sync=False)
+        self._gens: tuple[Generation, ...] = ()  # oldest first; replaced whole, so readers take it without the lock
         # Dropped generations stay open while a call that may have taken them is in flight: closing an environment
         # under another thread's read would free the map it reads from.
-        self._retired: list[_Generation] = []
+        self._retired: list[Generation] = []
         self._flight_lock = threading.Lock()
         self._num_in_flight = 0
         self._max_seq = -1  # the largest generation number seen: new ones only ever count up
         self._epoch = -1
         self.num_rotations = self.num_evicted = self.num_lost = 0
+        self._availability = Availability(self.root, min_free_bytes, free_space)
         self._closed = False
         with self._rotation_lock():
             self._rescan()
             if not self._gens:
-                self._add_generation()
+                self._try_add_generation()
+        self._watch = Watch(self.check, check_interval_s) if check_interval_s is not None else None
+
+    # ---- availability ---------------------------------------------------------------------------------------
+
+    @property
+    def unavailable(self) -> str | None:
+        """Why the level refuses calls now (a full volume, a failed write), or None while it is available."""
+        return self._availability.reason
+
+    def check(self) -> None:
+        """What the watch thread does each interval: the free space (the level unavailable under the margin,
+        available again above it), the generations listed again (those dropped by another process closed here,
+        though this one is idle) and their files checked against their meta pages (a short one dropped)."""
+        self._enter()
+        try:
+            with self._rotation_lock():
+                if self._availability.room_for(0):
+                    if not self._gens:
+                        self._try_add_generation()
+                    if self._gens:
+                        self._availability.clear()
+                self._rescan()
+        finally:
+            self._leave()
 
     # ---- reads ----------------------------------------------------------------------------------------------
 
@@ -132,7 +169,9 @@ class DiskStore:
             self._close_retired()
 
     def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
-        """The stored value of each key (None: absent), the newest generation first."""
+        """The stored value of each key (None: absent), the newest generation first. Raises
+        ``TierUnavailableError`` while the level is unavailable."""
+        self._availability.refuse_if_unavailable()
         self._enter()
         try:
             return self._get_many(keys)
@@ -147,7 +186,7 @@ class DiskStore:
             if not wanted:
                 break
             try:
-                found = _read(gen, [keys[i] for i in wanted])
+                found = read_values(gen, [keys[i] for i in wanted])
             except lmdb.Error as exc:
                 self._lose(gen, exc)
                 continue
@@ -164,6 +203,7 @@ class DiskStore:
 
     def delete(self, keys: Sequence[bytes]) -> None:
         """Remove ``keys`` from every generation (a corrupt value, so that it is not read and counted again)."""
+        self._availability.refuse_if_unavailable()
         self._enter()
         try:
             for gen in self._current():
@@ -171,17 +211,22 @@ class DiskStore:
                     with gen.env.begin(write=True) as txn:
                         for key in keys:
                             txn.delete(key, db=gen.index)
-                except lmdb.Error as exc:
+                except _DAMAGED as exc:
                     self._lose(gen, exc)
+                except lmdb.Error as exc:
+                    self._availability.set_unavailable(f"a delete failed: {exc}")
+                    raise TierUnavailableError("disk", str(exc)) from exc
         finally:
             self._leave()
 
     # ---- writes ---------------------------------------------------------------------------------------------
 
     def put_many(self, items: Sequence[tuple[bytes, bytes]]) -> None:
-        """Store ``items`` in the newest generation, one transaction; a full generation rotates first."""
+        """Store ``items`` in the newest generation, one transaction; a full generation rotates first. Raises
+        ``TierUnavailableError`` while the level is unavailable, or when this write finds it so (a full volume)."""
         if not items:
             return
+        self._availability.refuse_if_unavailable()
         self._enter()
         try:
             self._put_many(items)
@@ -192,13 +237,18 @@ class DiskStore:
         for _ in range(self.num_generations + 1):
             gen = self._current()[-1]
             try:
-                _write(gen, items)
+                write_values(gen, items)
                 return
             except lmdb.MapFullError:
                 if not self._rotate(gen):
                     break
-            except lmdb.Error as exc:
+            except _DAMAGED as exc:
                 self._lose(gen, exc)
+            except lmdb.Error as exc:
+                # EIO/ENOSPC: the volume is full (or failing); the transaction was aborted and the file is whole.
+                self._availability.set_unavailable(f"a write failed: {exc}")
+                raise TierUnavailableError("disk", str(exc)) from exc
+            self._availability.refuse_if_unavailable()  # a rotation found no room for a new generation
         # A batch larger than a whole generation: stored in halves (each fits, or is halved again).
         if len(items) > 1:
             middle = len(items) // 2
@@ -206,23 +256,23 @@ class DiskStore:
             self._put_many(items[middle:])
         else:
             log.warning("disk level: one value of %d bytes does not fit a generation of %d bytes", len(items[0][1]),
-                        self.generation_bytes)
+                        self.map_bytes)
 
-    def _rotate(self, full: _Generation) -> bool:
+    def _rotate(self, full: Generation) -> bool:
         """Make a new newest generation and drop the oldest beyond ``num_generations``; False when ``full``
         is a fresh generation already (the batch itself is too big for one)."""
         with self._rotation_lock():
             self._rescan()
-            if self._gens[-1].seq != full.seq:
+            if self._gens and self._gens[-1].seq != full.seq:
                 return True  # another thread or process rotated meanwhile: write into its new generation
             if full.num_entries() == 0:
                 return False
-            self._add_generation()
+            self._try_add_generation()
             return True
 
     # ---- generations ----------------------------------------------------------------------------------------
 
-    def _current(self) -> tuple[_Generation, ...]:
+    def _current(self) -> tuple[Generation, ...]:
         """The live generations, listed again when another process rotated (its epoch moved)."""
         with self._meta.begin() as txn:
             raw = txn.get(_EPOCH)
@@ -231,10 +281,14 @@ class DiskStore:
             with self._lock:
                 if epoch != self._epoch:
                     self._rescan()
+        if not self._gens:  # none could be made (a full volume): the level is unavailable until one is
+            self._availability.refuse_if_unavailable()
+            raise TierUnavailableError("disk", "no generation")
         return self._gens
 
     def _rescan(self) -> None:
-        """Open the generations on disk that are not open here, retire those gone (caller holds a lock)."""
+        """Open the generations on disk that are not open here, retire those gone and drop those whose file is
+        shorter than its meta page says (caller holds a lock)."""
         with self._meta.begin() as txn:
             raw = txn.get(_EPOCH)
         self._epoch = int(raw) if raw is not None else 0
@@ -242,34 +296,65 @@ class DiskStore:
         on_disk = sorted(int(path.name[len(_PREFIX):]) for path in self.root.glob(f"{_PREFIX}*") if path.name[len(_PREFIX):].isdigit())
         gens = []
         for seq in on_disk:
-            gen = open_now.pop(seq, None) or self._open(seq, create=False)
+            gen = open_now.pop(seq, None)
+            if gen is not None and self._cut_short(gen):
+                self._drop_lost(gen.path, f"data.mdb is {gen.missing_bytes()} bytes shorter than its meta page says")
+                open_now[seq] = gen  # retired below
+                continue
+            gen = gen or self._open(seq)
             if gen is not None:
                 gens.append(gen)
         self._max_seq = max([self._max_seq, *on_disk])
         self._gens = tuple(gens)
         self._retire(list(open_now.values()))
 
-    def _open(self, seq: int, *, create: bool) -> _Generation | None:
+    @staticmethod
+    def _cut_short(gen: Generation) -> bool:
+        try:
+            return gen.missing_bytes() > 0
+        except FileNotFoundError:
+            return False  # removed meanwhile: the next listing retires it
+
+    def _open(self, seq: int) -> Generation | None:
+        """An existing generation, or None: dropped and counted when it cannot be read (a short or damaged file)."""
         path = self.root / f"{_PREFIX}{seq:012d}"
         try:
-            env = lmdb.open(str(path), map_size=self.generation_bytes, max_dbs=2, max_readers=_MAX_READERS, sync=False,
-                            metasync=False, readahead=False, meminit=False, create=create)
-            blobs, index = env.open_db(b"blobs"), env.open_db(b"index")
-        except lmdb.Error as exc:
-            if not create and not (path / "data.mdb").exists():
-                return None  # being made by another process right now: the next epoch lists it
-            log.warning("disk level: generation %s cannot be opened, dropped: %s", path.name, exc)
-            self.num_lost += 1
-            shutil.rmtree(path, ignore_errors=True)
-            return None
-        return _Generation(seq, path, env, blobs, index)
+            return open_generation(seq, path, map_bytes=self.map_bytes)
+        except FileNotFoundError:
+            pass  # removed since the folder was listed
+        except (ShortFileError, *_DAMAGED) as exc:
+            self._drop_lost(path, str(exc))
+        except (OSError, lmdb.Error) as exc:  # no room for its lock file, an I/O error: the generation is kept
+            self._availability.set_unavailable(f"generation {path.name} cannot be opened: {exc}")
+        return None
 
-    def _add_generation(self) -> None:
-        """A new newest generation, then the oldest dropped beyond the count (caller holds the rotation lock)."""
+    def _drop_lost(self, path: Path, reason: str) -> None:
+        log.warning("disk level: generation %s cannot be read, dropped: %s", path.name, reason)
+        self.num_lost += 1
+        shutil.rmtree(path, ignore_errors=True)
+
+    def _try_add_generation(self) -> None:
+        """A new newest generation, then the oldest dropped beyond the count (caller holds the rotation lock); when
+        the volume has no room for one beyond the margin, nothing changes and the level becomes unavailable."""
+        if not self._availability.room_for(self.generation_bytes - self.map_bytes):
+            return
         # Sequence numbers only grow: a cleared folder's new generation never takes a name still mapped somewhere.
-        seq = self._max_seq = self._max_seq + 1
-        made = self._open(seq, create=True)
-        assert made is not None, "creating a generation either succeeds or raises"
+        seq = self._max_seq + 1
+        path = self.root / f"{_PREFIX}{seq:012d}"
+        # Made under another name and renamed into place: a process listing the folder meanwhile never opens a
+        # half-made generation (LMDB would make its files itself, the lock file sparse).
+        making = self.root / f".new-{seq:012d}"
+        shutil.rmtree(making, ignore_errors=True)
+        try:
+            making.mkdir()
+            made = open_generation(seq, making, map_bytes=self.map_bytes)
+        except (OSError, lmdb.Error, ShortFileError) as exc:
+            shutil.rmtree(making, ignore_errors=True)
+            self._availability.set_unavailable(f"a new generation cannot be made: {exc}")
+            return
+        os.rename(making, path)
+        made = Generation(seq, path, made.env, made.blobs, made.index, made.page_bytes)
+        self._max_seq = seq
         gens = [*self._gens, made]
         dropped = gens[: max(0, len(gens) - self.num_generations)]
         for gen in dropped:
@@ -283,11 +368,14 @@ class DiskStore:
         self._retire(dropped)
         if len(gens) > 1:
             self.num_rotations += 1
+        self._bump_epoch()
+
+    def _bump_epoch(self) -> None:
         with self._meta.begin(write=True) as txn:
             self._epoch += 1
             txn.put(_EPOCH, str(self._epoch).encode())
 
-    def _retire(self, gens: list[_Generation]) -> None:
+    def _retire(self, gens: list[Generation]) -> None:
         """Close ``gens`` (no longer in ``self._gens``) once no call that may have taken them is in flight."""
         with self._flight_lock:
             self._retired.extend(gens)
@@ -301,23 +389,19 @@ class DiskStore:
         for gen in retired:
             gen.env.close()
 
-    def _lose(self, gen: _Generation, exc: Exception) -> None:
+    def _lose(self, gen: Generation, exc: Exception) -> None:
         """A generation whose file fails to read: dropped from the host, counted; its keys become misses."""
-        log.warning("disk level: generation %s is unreadable, dropped: %s", gen.path.name, exc)
         with self._rotation_lock():
             self._rescan()
             if any(live.seq == gen.seq for live in self._gens):
-                shutil.rmtree(gen.path, ignore_errors=True)
-                self.num_lost += 1
+                self._drop_lost(gen.path, str(exc))
                 self._rescan()
                 if not self._gens:
-                    self._add_generation()
-                with self._meta.begin(write=True) as txn:
-                    self._epoch += 1
-                    txn.put(_EPOCH, str(self._epoch).encode())
+                    self._try_add_generation()
+                self._bump_epoch()
 
     def _rotation_lock(self):
-        return _RotationLock(self._lock, self.root / "rotate.lock")
+        return RotationLock(self._lock, self.root / "rotate.lock")
 
     def clear(self) -> None:
         """Drop every generation (the host's whole disk level) and start an empty one."""
@@ -327,21 +411,24 @@ class DiskStore:
             for gen in cleared:
                 shutil.rmtree(gen.path, ignore_errors=True)
             self._retire(cleared)
-            self._add_generation()
+            self._try_add_generation()
 
     # ---- figures --------------------------------------------------------------------------------------------
 
     def figures(self) -> DiskStoreFigures:
-        gens = self._current()
         used = 0
-        for gen in gens:
-            try:
-                used += (gen.path / "data.mdb").stat().st_size
-            except OSError:
-                pass
-        return DiskStoreFigures(used, self.capacity_bytes, len(gens), self.num_rotations, self.num_evicted, self.num_lost)
+        for folder in [self.root / "meta", *(gen.path for gen in self._gens)]:
+            for name in ("data.mdb", "lock.mdb"):
+                try:
+                    used += (folder / name).stat().st_size
+                except OSError:
+                    pass
+        return DiskStoreFigures(used, self.capacity_bytes, len(self._gens), self.num_rotations, self.num_evicted,
+                                self.num_lost, self.unavailable, self._availability.num_refused)
 
     def close(self) -> None:
+        if self._watch is not None:
+            self._watch.stop()
         with self._lock:
             if self._closed:
                 return
@@ -350,66 +437,3 @@ class DiskStore:
                 gen.env.close()
             self._gens, self._retired = (), []
             self._meta.close()
-
-
-_LOCATION = struct.Struct("<QII")  # batch number, offset, length of a value inside its batch's blob
-
-
-def _write(gen: _Generation, items: Sequence[tuple[bytes, bytes]]) -> None:
-    """One transaction: the batch's values as one blob under the next batch number, and each key's location."""
-    with gen.env.begin(write=True) as txn:
-        cursor = txn.cursor(db=gen.blobs)
-        batch = int.from_bytes(cursor.key(), "big") + 1 if cursor.last() else 0
-        locations, offset = [], 0
-        for key, value in items:
-            locations.append((key, _LOCATION.pack(batch, offset, len(value))))
-            offset += len(value)
-        txn.put(batch.to_bytes(8, "big"), b"".join(value for _, value in items), db=gen.blobs, append=True)
-        txn.cursor(db=gen.index).putmulti(locations)
-
-
-def _read(gen: _Generation, keys: list[bytes]) -> dict[bytes, bytes]:
-    """The values of those ``keys`` the generation holds, in one read transaction. A location that points outside
-    its blob (a damaged file) reads as an empty value: the codec counts it corrupt."""
-    found: dict[bytes, bytes] = {}
-    # Copies, not buffers: a blob is read once per batch it holds (tens of KB, one memcpy), and each value is then
-    # a slice of it, cheaper in Python than a buffer per key turned into bytes.
-    with gen.env.begin() as txn:
-        located = txn.cursor(db=gen.index).getmulti(keys)
-        if not located:
-            return found
-        blobs: dict[bytes, bytes | None] = {}
-        unpack, size = _LOCATION.unpack_from, _LOCATION.size
-        for key, raw in located:
-            batch_key = raw[:8]
-            blob = blobs.get(batch_key, b"")
-            if blob == b"":
-                blob = blobs[batch_key] = txn.get(int.from_bytes(batch_key, "little").to_bytes(8, "big"), db=gen.blobs)
-            _, offset, length = unpack(raw) if len(raw) == size else (0, 0, -1)
-            found[key] = blob[offset : offset + length] if blob is not None and 0 <= length and offset + length <= len(blob) else b""
-    return found
-
-
-class _RotationLock:
-    """This process's lock, then the host's (``flock`` on a file in the folder): one rotation at a time."""
-
-    def __init__(self, lock: threading.Lock, path: Path):
-        self._lock, self._path = lock, path
-        self._fd = -1
-
-    def __enter__(self) -> _RotationLock:
-        self._lock.acquire()
-        try:
-            self._fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o600)
-            fcntl.flock(self._fd, fcntl.LOCK_EX)
-        except BaseException:
-            self._lock.release()
-            raise
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        try:
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
-            os.close(self._fd)
-        finally:
-            self._lock.release()
