@@ -1,5 +1,6 @@
-"""What the library shows of itself: spans (``tracing``), progress bars on stderr (``progress``) and the masking
-that keeps secrets out of every log line, error and repr (``redact``).
+"""What the library shows of itself: spans (``tracing``), progress bars on stderr (``progress``), the masking
+that keeps secrets out of every log line, error and repr (``redact``) and the filter that keeps a repeated warning
+from flooding the log (``logs``).
 
 Kept import-light, the HTTP client uses it: each name is imported on first use (``progress`` pulls in tqdm).
 """
@@ -14,11 +15,13 @@ _EXPORTS = {
     ".tracing": ("Tracing", "span"),
     ".progress": ("progress_bar",),
     ".redact": ("redact_text", "redact_url"),
+    ".logs": ("RepeatedWarnings",),
 }
 
 __all__, __getattr__ = lazy_exports(__name__, _EXPORTS)
 
 if TYPE_CHECKING:
+    from ragcache.observe.logs import RepeatedWarnings
     from ragcache.observe.progress import progress_bar
     from ragcache.observe.redact import redact_text, redact_url
     from ragcache.observe.tracing import Tracing, span

@@ -25,6 +25,7 @@ from typing import Protocol
 
 import redis
 
+from ragcache.observe.logs import RepeatedWarnings
 from ragcache.storage.redis_client import REDIS_ERRORS
 
 from .policy import WarmBudget
@@ -32,6 +33,8 @@ from .policy import WarmBudget
 __all__ = ["WarmGate", "TenantBudgets", "LocalWarmGate", "RedisWarmGate"]
 
 log = logging.getLogger(__name__)
+# A store or target that is down would otherwise be named once a tick (109 lines in 45 s): once, then once a minute.
+log.addFilter(RepeatedWarnings())
 
 
 class WarmGate(Protocol):

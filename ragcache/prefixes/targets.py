@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 from ragcache.core.health import TierHealth
 from ragcache.engines import CompletionUsage, PrefixCacheCounters, TargetUnavailableError, VLLMClient
+from ragcache.observe.logs import RepeatedWarnings
 
 from .config import PrefixRegistryConfig
 from .model import PromptForm, Target, TargetStats
@@ -16,6 +17,8 @@ from .model import PromptForm, Target, TargetStats
 __all__ = ["Targets"]
 
 log = logging.getLogger(__name__)
+# A store or target that is down would otherwise be named once a tick (109 lines in 45 s): once, then once a minute.
+log.addFilter(RepeatedWarnings())
 
 
 class Targets:

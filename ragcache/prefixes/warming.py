@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 from ragcache.engines import PrefixCacheCounters, TargetUnavailableError, VLLMClient
 from ragcache.errors import InvalidInputError, TierUnavailableError
+from ragcache.observe.logs import RepeatedWarnings
 from ragcache.outbound import canonical_url
 from ragcache.retrieval.names import tenant_of
 
@@ -33,6 +34,8 @@ from .text import template_head
 __all__ = ["KeepWarm"]
 
 log = logging.getLogger(__name__)
+# A store or target that is down would otherwise be named once a tick (109 lines in 45 s): once, then once a minute.
+log.addFilter(RepeatedWarnings())
 
 # The outcomes of a warm that vLLM answered: each one moves the schedule.
 ANSWERED = (WarmOutcome.PRIME, WarmOutcome.RESIDENT, WarmOutcome.EVICTED)
