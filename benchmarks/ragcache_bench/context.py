@@ -215,7 +215,7 @@ class RecordingEncoder:
         self.batch_sizes: list[int] = []
         self.num_texts = 0
 
-    def encode(self, texts: Sequence[str]) -> torch.Tensor:
+    def encode(self, texts: Sequence[str], *, prompt: str | None = None) -> torch.Tensor:  # takes no prompt (none declared)
         self.batch_sizes.append(len(texts))
         self.num_texts += len(texts)
         return torch.from_numpy(self._context.vectors(list(texts)))
@@ -241,7 +241,7 @@ class CountingEncoder:
         self.batch_sizes: list[int] = []
         self._lock = threading.Lock()
 
-    def encode(self, texts: Sequence[str]) -> torch.Tensor:
+    def encode(self, texts: Sequence[str], *, prompt: str | None = None) -> torch.Tensor:  # takes no prompt (none declared)
         with self._lock:
             self.texts_handed.extend(texts)
             self.batch_sizes.append(len(texts))

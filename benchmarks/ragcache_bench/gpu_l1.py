@@ -51,7 +51,7 @@ class _NoModel:
     def __init__(self, space: EmbeddingSpace):
         self.space = space
 
-    def encode(self, texts: Sequence[str]) -> torch.Tensor:
+    def encode(self, texts: Sequence[str], *, prompt: str | None = None) -> torch.Tensor:  # takes no prompt (none declared)
         raise AssertionError(f"the model was asked for {len(texts)} texts: L1 should have served them all")
 
     def stats(self):

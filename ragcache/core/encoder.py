@@ -42,6 +42,10 @@ class Capabilities:
     max_batch: int | None = None  # most texts the cache's batcher hands it at once; None: RAGCACHE_COMPUTE_BATCH_SIZE
     takes_prompt: bool = False  # encode(texts, prompt=text) applies a named prompt itself (else the text is prefixed)
     prompts: Mapping[str, str] = field(default_factory=dict)  # its own named prompts (sentence-transformers' config)
+    counts_tokens: bool = False  # count_tokens / check_lengths (``ragcache.core.tokens.TokenCounter``)
+    tokenizes: bool = False  # tokenize / decode with its own vocabulary (``ragcache.core.tokens.Tokenizer``)
+    passes_caller_key: bool = False  # caller_key(texts, api_key): a caller's provider key for its misses
+    remote: bool = False  # computed by a remote API: what a hit saves is upstream tokens, billed to a key
 
 
 NO_CAPABILITIES = Capabilities()
@@ -52,7 +56,10 @@ class Encoder(Protocol):
 
     space: EmbeddingSpace
 
-    def encode(self, texts: Sequence[str]) -> torch.Tensor: ...
+    def encode(self, texts: Sequence[str], *, prompt: str | None = None) -> torch.Tensor:
+        """Vectors for ``texts``; ``prompt`` (a named prompt's text) is given only to a model whose capabilities
+        say ``takes_prompt``: any other gets each text with the prompt put before it instead."""
+        ...
 
     def stats(self) -> EncoderStats: ...
 

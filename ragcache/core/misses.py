@@ -81,7 +81,7 @@ class MissResolver:
         out need that); any other (a remote provider) gets it put before each text, which is what
         sentence-transformers itself sends through the model."""
         if prompt is not None and self._takes_prompt:
-            return self._encoder.encode(texts, prompt=prompt)  # type: ignore[call-arg]
+            return self._encoder.encode(texts, prompt=prompt)
         return self._encoder.encode(self.model_inputs(texts, prompt))
 
     def _compute(self, vectors: torch.Tensor, served: np.ndarray, positions: np.ndarray, unique_keys: KeyList,

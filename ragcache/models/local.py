@@ -125,7 +125,7 @@ class ModelEncoder:
         """It takes a named prompt's text apart (``encode(prompt=...)``, applied by sentence-transformers) and has the
         named prompts of its sentence-transformers config."""
         own = getattr(self.model, "prompts", None) or {}  # sentence-transformers' attribute (absent in old versions)
-        return Capabilities(takes_prompt=True, prompts=dict(own))
+        return Capabilities(takes_prompt=True, prompts=dict(own), counts_tokens=True, tokenizes=True)
 
     def encode(self, texts: Sequence[str], *, prompt: str | None = None) -> torch.Tensor:
         """Vectors for ``texts`` (already ``prepare``d by the space), on the model's device, in the space's dtype.

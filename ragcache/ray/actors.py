@@ -18,9 +18,9 @@ from typing import Any
 import numpy as np
 
 from ragcache.core.cache import EmbeddingCache, EmbedResult
+from ragcache.core.encoder import capabilities_of
 from ragcache.deployment import Deployment
 from ragcache.errors import ConfigError
-from ragcache.models.remote import RemoteEncoder
 from ragcache.retrieval.documents import Document
 from ragcache.settings import Settings
 from ragcache.storage.stores import Stores
@@ -72,7 +72,7 @@ class CachedEmbedder:
         self.text_column = text_column
         self.output_column = output_column
         self.cache, self._stores = open_model_cache(settings, model)
-        self._remote = isinstance(self.cache.encoder, RemoteEncoder)  # a local model has no upstream to save tokens of
+        self._remote = capabilities_of(self.cache.encoder).remote  # a local model has no upstream to save tokens of
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         texts = [str(text) for text in batch[self.text_column]]

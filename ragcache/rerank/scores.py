@@ -45,7 +45,7 @@ class PairEncoder:
         self._compute_s = 0.0
         self._batch_sizes: list[int] = []
 
-    def encode(self, texts: Sequence[str]) -> torch.Tensor:
+    def encode(self, texts: Sequence[str], *, prompt: str | None = None) -> torch.Tensor:  # takes no prompt (none declared)
         pairs = [tuple(json.loads(text)[:2]) for text in texts]
         started = time.perf_counter()
         scores = self.reranker.score(pairs)

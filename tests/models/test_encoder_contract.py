@@ -21,7 +21,8 @@ import pytest
 import torch
 
 from ragcache.core.cache import EmbeddingCache
-from ragcache.core.tokens import TokenCounter
+from ragcache.core.encoder import capabilities_of
+from ragcache.core.tokens import TokenCounter, Tokenizer
 from ragcache.errors import InvalidInputError, InvalidTextError
 from ragcache.models.local import PACKAGED_MODEL, TORCH_DTYPES, EncoderStats, ModelEncoder
 from ragcache.models.remote import RemoteEncoder, RemoteModel, UpstreamStats, open_remote_encoder
@@ -102,6 +103,17 @@ def test_it_offers_what_the_cache_and_the_service_call(subject):
     assert isinstance(encoder.stats(), EncoderStats)
     assert isinstance(encoder.device, torch.device)
     assert isinstance(encoder, TokenCounter)  # EmbeddingCache.tokenizer's check
+
+
+def test_its_capabilities_declare_what_it_can_do_beyond_encoding(subject):
+    # What the service and Ray read instead of asking which class an encoder is (issue 41.5).
+    capabilities = capabilities_of(subject.encoder)
+    remote = isinstance(subject.encoder, RemoteEncoder)
+    assert capabilities.counts_tokens
+    assert capabilities.remote == remote
+    assert capabilities.tokenizes == (not remote) == isinstance(subject.encoder, Tokenizer)
+    assert capabilities.takes_prompt == (not remote)
+    assert not capabilities.passes_caller_key  # no model here passes its callers' keys through
 
 
 def test_the_space_describes_the_vectors_it_returns(subject):

@@ -90,7 +90,8 @@ class RemoteEncoder:
         self.device = torch.device("cpu")
         # The cache's batcher hands over up to this many texts at once: enough for every slot to be busy. A remote
         # model takes no prompt apart (the prompt is put before each text) and names none of its own.
-        self.capabilities = Capabilities(max_batch=model.max_inputs * model.concurrency)
+        self.capabilities = Capabilities(max_batch=model.max_inputs * model.concurrency, counts_tokens=True,
+                                         passes_caller_key=model.pass_through_auth, remote=True)
         self._api_key = api_key
         self._dtype = TORCH_DTYPES[model.dtype]
         self._url = model.base_url.rstrip("/") + self.path
@@ -122,10 +123,11 @@ class RemoteEncoder:
 
     # ---- the Encoder protocol ---------------------------------------------------------------------------
 
-    def encode(self, texts: Sequence[str]) -> torch.Tensor:
+    def encode(self, texts: Sequence[str], *, prompt: str | None = None) -> torch.Tensor:
         """Vectors for ``texts`` (already ``prepare``d by the space), in the space's dtype, on the CPU; misses
-        of callers inside ``caller_key`` go with their keys."""
-        texts = list(texts)
+        of callers inside ``caller_key`` go with their keys. A provider takes no prompt apart: ``prompt`` is put
+        before each text (the cache does so itself, since ``takes_prompt`` is not declared)."""
+        texts = list(texts) if prompt is None else [prompt + text for text in texts]
         return self._encode(texts, self._by_key(texts))
 
     def encode_with_own_key(self, texts: Sequence[str]) -> torch.Tensor:
