@@ -252,6 +252,9 @@ class Service(_Section):
     body_timeout_s: float = Field(30.0, gt=0, description="a request body still not in after this gets 408")
     header_timeout_s: float = Field(
         10.0, gt=0, description="a connection's request line and headers must be in within this, or it is closed (slow clients)")
+    send_timeout_s: float = Field(
+        30.0, gt=0, description="an answer backed up in a connection's write buffer (a client not reading) must drain "
+        "within this, or the connection is closed (slow readers)")
     max_connections: int = Field(
         0, ge=0, description="most open connections, one beyond closed as it is accepted; 0: the descriptor limit less 128, "
         "at most 4096")
