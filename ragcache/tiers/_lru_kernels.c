@@ -5,14 +5,19 @@
  * (benchmarks/notes/r8.md). Here one call walks the same arrays, in place, with the same rules: open addressing
  * with linear probing (a slot's row is >= 0 for a key, -1 empty: the probe ends, -2 a tombstone: the probe goes
  * on), and recency stamped in order with one log entry per use. Everything else (inserts, evictions, rebuilds, compaction) stays in
- * numpy, whose batch form suits them. Arrays come as buffers, made by the index with the dtypes named below; only
- * their sizes are checked here.
+ * numpy, whose batch form suits them. Arrays come as buffers, made by the index with the dtypes named below; their
+ * sizes and their alignment are checked here (a misaligned int64 load is undefined behaviour in C), every bound
+ * written so that no sum of caller-given sizes can overflow.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <limits.h>
 #include <stdint.h>
 
 #define EMPTY (-1)
+
+/* Whether a buffer's memory is aligned for items of `size` bytes. */
+static int aligned(const Py_buffer *b, size_t size) { return ((uintptr_t)b->buf % size) == 0; }
 
 typedef struct {
     Py_buffer keys, hi, lo, slot_row;
@@ -31,9 +36,10 @@ static int check_table(Table *t, uint64_t mask) {
     t->num_keys = t->keys.len / 16;
     t->table_size = t->slot_row.len / 4;
     if (t->keys.len % 16 || t->hi.len != t->table_size * 8 || t->lo.len != t->table_size * 8
-        || (uint64_t)t->table_size != mask + 1 || t->table_size & (t->table_size - 1)) {
+        || (uint64_t)t->table_size != mask + 1 || t->table_size & (t->table_size - 1)
+        || !aligned(&t->keys, 8) || !aligned(&t->hi, 8) || !aligned(&t->lo, 8) || !aligned(&t->slot_row, 4)) {
         PyErr_SetString(PyExc_ValueError, "lru kernels: keys [n, 2] uint64, hi/lo uint64 and slot_row int32 of one "
-                                          "power-of-two size, mask = size - 1");
+                                          "power-of-two size, mask = size - 1, each aligned for its items");
         return -1;
     }
     return 0;
@@ -67,8 +73,8 @@ static PyObject *find(PyObject *self, PyObject *args) {
     PyObject *result = NULL;
     if (check_table(&t, mask) < 0)
         goto done;
-    if (rows_out.len < t.num_keys * 8) {
-        PyErr_SetString(PyExc_ValueError, "lru kernels: rows_out holds fewer int64 than there are keys");
+    if (rows_out.len / 8 < t.num_keys || !aligned(&rows_out, 8)) {
+        PyErr_SetString(PyExc_ValueError, "lru kernels: rows_out holds fewer int64 than there are keys, or is misaligned");
         goto done;
     }
     int64_t *rows = (int64_t *)rows_out.buf;
@@ -94,8 +100,9 @@ static PyObject *find_hits(PyObject *self, PyObject *args) {
     PyObject *result = NULL;
     if (check_table(&t, mask) < 0)
         goto done;
-    if (positions_out.len < t.num_keys * 8 || rows_out.len < t.num_keys * 8) {
-        PyErr_SetString(PyExc_ValueError, "lru kernels: an output holds fewer int64 than there are keys");
+    if (positions_out.len / 8 < t.num_keys || rows_out.len / 8 < t.num_keys || !aligned(&positions_out, 8)
+        || !aligned(&rows_out, 8)) {
+        PyErr_SetString(PyExc_ValueError, "lru kernels: an output holds fewer int64 than there are keys, or is misaligned");
         goto done;
     }
     int64_t *positions = (int64_t *)positions_out.buf, *rows = (int64_t *)rows_out.buf;
@@ -128,9 +135,13 @@ static PyObject *touch(PyObject *self, PyObject *args) {
         return NULL;
     PyObject *result = NULL;
     Py_ssize_t count = rows_in.len / 8, num_rows = stamp_buf.len / 8, capacity = log_rows_buf.len / 4;
-    if (rows_in.len % 8 || log_ticks_buf.len != capacity * 8 || tail < 0 || tail + count > capacity) {
+    /* tail comes from the caller: `tail + count > capacity` could overflow (undefined, and a wrapped sum passes),
+     * so the room left is computed instead, once tail is known to lie within the log; likewise the ticks handed out. */
+    if (rows_in.len % 8 || log_ticks_buf.len % 8 || log_ticks_buf.len / 8 != capacity || tail < 0 || tail > capacity
+        || count > capacity - tail || tick < 0 || (long long)count > LLONG_MAX - 1 - tick
+        || !aligned(&rows_in, 8) || !aligned(&stamp_buf, 8) || !aligned(&log_rows_buf, 4) || !aligned(&log_ticks_buf, 8)) {
         PyErr_SetString(PyExc_ValueError, "lru kernels: rows int64, a log of int32 rows and int64 ticks with room "
-                                          "for them at tail");
+                                          "for them at tail, each aligned for its items");
         goto done;
     }
     const int64_t *rows = (const int64_t *)rows_in.buf;
