@@ -1,11 +1,15 @@
-"""LlamaIndex over the ragcache service: a ``BaseEmbedding`` (embed through the cache) and a ``BaseRetriever``
-over ``/search``, so a LlamaIndex RAG pipeline embeds and retrieves through it.
+"""LlamaIndex over the ragcache service: a ``BaseEmbedding`` (embed through the cache), a ``BaseRetriever``
+over ``/search``, and a vector store over a collection (``RagCacheVectorStore``, from ``llamaindex_store``), so a
+LlamaIndex RAG pipeline embeds, stores and retrieves through it.
 
     >>> from ragcache.client import Client
-    >>> from ragcache.integrations.llamaindex import RagCacheEmbedding, RagCacheRetriever
+    >>> from ragcache.integrations.llamaindex import RagCacheEmbedding, RagCacheRetriever, RagCacheVectorStore
     >>> client = Client("http://127.0.0.1:8000", api_key="...")
     >>> embed_model = RagCacheEmbedding(client=client)          # e.g. VectorStoreIndex(nodes, embed_model=...)
     >>> nodes = RagCacheRetriever(client, "notes", top_k=3).retrieve("What is a KV cache?")
+
+Queries are embedded with the model's ``query`` prompt and texts (documents) with its ``document`` prompt, as
+``/search`` and ``/documents`` embed them (a model without prompts embeds the text as is).
 
 Everything goes through ``ragcache.client`` (``Client`` for the blocking methods, ``AsyncClient`` for the
 async ones; with only a ``Client`` the async methods run it in a worker thread), so API keys, retries and
@@ -19,6 +23,7 @@ import asyncio
 from typing import TYPE_CHECKING, Any
 
 from ragcache.errors import ConfigError
+from ragcache.integrations.llamaindex_store import RagCacheVectorStore
 from ragcache.retrieval.ranking import SearchOptions
 from ragcache.retrieval.results import SearchResult
 
@@ -35,7 +40,10 @@ except ImportError as exc:  # pragma: no cover - exercised only where llama-inde
 if TYPE_CHECKING:
     from ragcache.client import AsyncClient, Client
 
-__all__ = ["RagCacheEmbedding", "RagCacheRetriever"]
+__all__ = ["RagCacheEmbedding", "RagCacheRetriever", "RagCacheVectorStore"]
+
+# The service's input types: a query and a document of one model are embedded with different prompts.
+QUERY, DOCUMENT = "query", "document"
 
 
 class RagCacheEmbedding(BaseEmbedding):
@@ -58,30 +66,36 @@ class RagCacheEmbedding(BaseEmbedding):
         return "RagCacheEmbedding"
 
     def _get_query_embedding(self, query: str) -> list[float]:
-        return self._get_text_embeddings([query])[0]
+        return self._embed([query], QUERY)[0]
 
     def _get_text_embedding(self, text: str) -> list[float]:
-        return self._get_text_embeddings([text])[0]
+        return self._embed([text], DOCUMENT)[0]
 
     def _get_text_embeddings(self, texts: list[str]) -> list[list[float]]:
+        return self._embed(texts, DOCUMENT)
+
+    async def _aget_query_embedding(self, query: str) -> list[float]:
+        return (await self._aembed([query], QUERY))[0]
+
+    async def _aget_text_embedding(self, text: str) -> list[float]:
+        return (await self._aembed([text], DOCUMENT))[0]
+
+    async def _aget_text_embeddings(self, texts: list[str]) -> list[list[float]]:
+        return await self._aembed(texts, DOCUMENT)
+
+    def _embed(self, texts: list[str], input_type: str) -> list[list[float]]:
         if not texts:
             return []
         if self._client is None:
             raise ConfigError("this RagCacheEmbedding has only an AsyncClient: use the a* methods, or pass client=")
-        return self._client.embed(texts).tolist()
+        return self._client.embed(texts, input_type=input_type).tolist()
 
-    async def _aget_query_embedding(self, query: str) -> list[float]:
-        return (await self._aget_text_embeddings([query]))[0]
-
-    async def _aget_text_embedding(self, text: str) -> list[float]:
-        return (await self._aget_text_embeddings([text]))[0]
-
-    async def _aget_text_embeddings(self, texts: list[str]) -> list[list[float]]:
+    async def _aembed(self, texts: list[str], input_type: str) -> list[list[float]]:
         if not texts:
             return []
         if self._async_client is None:
-            return await asyncio.to_thread(self._get_text_embeddings, texts)
-        return (await self._async_client.embed(texts)).tolist()
+            return await asyncio.to_thread(self._embed, texts, input_type)
+        return (await self._async_client.embed(texts, input_type=input_type)).tolist()
 
 
 def _nodes(result: SearchResult) -> list[NodeWithScore]:

@@ -240,8 +240,10 @@ def test_statuses_map_to_the_library_errors_with_the_server_message(status, kind
         assert info.value.field == "top_k"
 
 
-@pytest.mark.parametrize("api_key, advice", [(None, "sent none: pass Client(api_key=...)"),
-                                             ("wrong-key", "refused this client's API key (401): check the key given as Client(api_key=...)")])
+@pytest.mark.parametrize("api_key, advice", [
+    (None, "sent none: pass Client(api_key=...)"),
+    ("wrong-key", "refused this client's API key (401): check the key given as Client(api_key=...)"),
+])
 def test_a_401_says_how_this_client_passes_a_key(api_key, advice):
     """The service's 401 advises an HTTP header, which a client user never writes: the client names its own way."""
     handler = Recorder(httpx.Response(401, json={"error": {"type": "unauthorized", "field": None,
