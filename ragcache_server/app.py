@@ -24,6 +24,7 @@ from ragcache_server.deps import blocking
 from ragcache_server.embedding import MAX_GROUP_TEXTS, EmbedFastPath, EmbedGroups, FastPathCounts
 from ragcache_server.errors import install_error_handlers
 from ragcache_server.limits import LimitsMiddleware, RateLimiter
+from ragcache_server.probes import LevelProbes
 from ragcache_server.schemas import ERROR_RESPONSES
 from ragcache_server.state import ServiceState, local_models
 from ragcache_server.tenants import TenantCaches
@@ -41,6 +42,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         any_local_model = bool(local_models(settings) or settings.rerank.rerank_models)
         with torch_threads(settings.service.torch_threads, any_local_model=any_local_model):
             state = await to_thread.run_sync(ServiceState.open, settings)
+            # Each level probed before the first request and every few seconds after: /health says what is (probes.py).
+            probes = await to_thread.run_sync(LevelProbes(lambda: state.caches.values()).start)
             app.state.ragcache = state
             app.state.prefixes = state.prefixes
             app.state.tenant_caches = TenantCaches(state, enabled=settings.access.tenant_cache_namespaces)
@@ -63,6 +66,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 yield
             finally:
                 gc.unfreeze()
+                await to_thread.run_sync(probes.stop)
                 # Graceful shutdown: writes still queued for L2/L3 are flushed before the stores close.
                 await to_thread.run_sync(state.close)
 

@@ -107,10 +107,12 @@ async def metrics(request: Request) -> Response:
     return Response(generate_latest(metrics_registry_of(request)), media_type=CONTENT_TYPE_LATEST)
 
 
-@router.get("/health", summary="ok, or degraded while a level is down (the service still answers)")
+@router.get("/health", summary="ok, or degraded while a level is down (the service still answers); each level's state "
+            "as last probed")
 async def health(request: Request) -> JSONResponse:
     state = state_of(request)
-    down = sorted({level for cache in state.caches.values() for level, s in cache.level_states().items() if not s["up"]})
+    levels = _level_health(state)
+    down = sorted(name for name, level in levels.items() if not level["up"])
     # Per model: stable, changed (the model behind the name changed and a new space generation is served;
     # the service is fine), or check_failing (the canaries could not be checked; the last generation stays).
     # No error text: /health is open, and an error may name a host (/stats, admin only, has it).
@@ -119,7 +121,20 @@ async def health(request: Request) -> JSONResponse:
                "last_drift_at": s.last_drift_at}
         for name, s in _drift_states(state).items()
     }
-    return JSONResponse({"status": "degraded" if down else "ok", "levels_down": down, "drift": drift})
+    return JSONResponse({"status": "degraded" if down else "ok", "levels_down": down, "levels": levels, "drift": drift})
+
+
+def _level_health(state: ServiceState) -> dict[str, dict]:
+    """Each level by name, over every model's cache (the stores are shared): up only if up for all, and how long ago
+    it was last probed (the service probes every level at start and every few seconds: ragcache_server/probes.py)."""
+    levels: dict[str, dict] = {}
+    for cache in state.caches.values():
+        for name, s in cache.level_states().items():
+            level = levels.setdefault(name, {"up": True, "probed_s_ago": s.get("probed_s_ago")})
+            level["up"] = level["up"] and s["up"]
+            if s.get("probed_s_ago") is not None and (level["probed_s_ago"] or 0) < s["probed_s_ago"]:
+                level["probed_s_ago"] = s["probed_s_ago"]
+    return levels
 
 
 def _drift_states(state: ServiceState) -> dict[str, DriftState]:

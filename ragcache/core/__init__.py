@@ -19,7 +19,7 @@ _EXPORTS = {
     ".batching": ("CALLER_GONE",),
     ".flight": ("RedisFlight",),
     ".tier": ("Tier", "TierHits"),
-    ".health": ("TierHealth",),
+    ".health": ("TierHealth", "probe_levels"),
     ".keys": ("DTYPES", "EmbeddingSpace", "Generation", "key_digests", "text_hash", "text_hashes"),
     ".scope": ("Prompt", "Scope", "UNSCOPED"),
     ".stats": ("CacheStats", "LatencyHistogram", "LevelStats"),
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from ragcache.core.cache import EmbeddingCache, EmbedResult
     from ragcache.core.encoder import Capabilities, Encoder, EncoderStats, capabilities_of
     from ragcache.core.flight import RedisFlight
-    from ragcache.core.health import TierHealth
+    from ragcache.core.health import TierHealth, probe_levels
     from ragcache.core.keys import DTYPES, EmbeddingSpace, Generation, key_digests, text_hash, text_hashes
     from ragcache.core.probe import Probe
     from ragcache.core.scope import UNSCOPED, Prompt, Scope

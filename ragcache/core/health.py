@@ -8,8 +8,18 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
-__all__ = ["TierHealth"]
+__all__ = ["PROBE_TEXT", "TierHealth", "probe_levels"]
+
+# The text whose key probes a cache's levels (``probe_levels``): looked up, never embedded or stored.
+PROBE_TEXT = "\x00ragcache level probe"
+
+
+def probe_levels(cache: Any) -> None:
+    """Probe every level of ``cache`` (an ``EmbeddingCache``) now: each is asked for the key of a text nobody embeds,
+    whatever its breaker says, and the outcome becomes its state (``Levels.probe``)."""
+    cache.levels.probe(cache.space.keys([PROBE_TEXT]))
 
 
 @dataclass
@@ -33,6 +43,7 @@ class TierHealth:
     num_outages: int = 0
     retry_at: float = 0.0
     down_since: float | None = None  # clock() when the current outage started
+    probed_at: float | None = None  # clock() of the last probe (record_probe): what /health's state is as of
     last_error: str | None = None
     _backoff_s: float = field(default=0.0, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
@@ -45,6 +56,17 @@ class TierHealth:
         """Seconds since the current outage began (None while up)."""
         since = self.down_since
         return None if since is None else round(self.clock() - since, 3)
+
+    def probed_s_ago(self) -> float | None:
+        """Seconds since the last probe (None: never probed)."""
+        probed = self.probed_at
+        return None if probed is None else round(self.clock() - probed, 3)
+
+    def record_probe(self, error: Exception | None) -> bool:
+        """Note the outcome of a probe, a call made to learn the state rather than for a caller (None: it worked);
+        True when the state changed."""
+        self.probed_at = self.clock()
+        return self.record_success() if error is None else self.record_failure(error)
 
     def may_try(self) -> bool:
         """Whether a call would be let through now (up, or the back-off has run out), without claiming the

@@ -281,6 +281,23 @@ class Levels:
         else:
             self._note_success(position)
 
+    def probe(self, keys: Sequence[str]) -> None:
+        """Ask every level for ``keys`` (a text nobody stores: a real round trip to each store) whatever its breaker
+        says, and note each outcome as the level's state: what a health check shows before the first request, and
+        while no request comes to find a level down or back."""
+        for position, tier in enumerate(self.tiers):
+            try:
+                tier.get_many(keys)
+            except TierUnavailableError as exc:
+                error: TierUnavailableError | None = exc
+            else:
+                error = None
+            if self._health[position].record_probe(error):
+                if error is None:
+                    log.warning("%s is back", self.names[position])
+                else:
+                    log.warning("%s is down, serving without it and retrying with back-off: %s", self.names[position], error)
+
     def _note_failure(self, position: int, exc: TierUnavailableError) -> None:
         if self._health[position].record_failure(exc):
             log.warning("%s is down, serving without it and retrying with back-off: %s", self.names[position], exc)
@@ -301,6 +318,7 @@ class Levels:
                 "num_outages": health.num_outages,
                 "num_failures": health.num_failures,  # failed tries in the current outage (probes, not skips)
                 "down_for_s": health.down_for_s(),
+                "probed_s_ago": health.probed_s_ago(),
                 **{name: getattr(tier, name) for name in _TIER_FIGURES if hasattr(tier, name)},
                 **self._admission_of(position),
             }

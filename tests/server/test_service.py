@@ -191,7 +191,9 @@ def test_stats_metrics_health_info(http):
     assert entry["recent"]["period"] == "recent"
     metrics = http.get("/metrics").text
     assert 'ragcache_hits_total{level="L1"' in metrics and "ragcache_hit_ratio" in metrics
-    assert http.get("/health").json() == {"status": "ok", "levels_down": [], "drift": STABLE}
+    health = http.get("/health").json()
+    assert health == {"status": "ok", "levels_down": [], "levels": health["levels"], "drift": STABLE}
+    assert list(health["levels"]) == ["L1", "L2", "L3"] and all(level["up"] for level in health["levels"].values())
     info = http.get("/info").json()
     assert info["models"][0]["dim"] == 384 and info["versions"]["torch"].startswith("2.13")
     openapi = http.get("/openapi.json").json()
@@ -228,7 +230,8 @@ def test_redis_failure_makes_the_service_slower_not_broken(tmp_path, encoder):
         redis_server.stop()
         response = httpx.post(live.url + "/embed", json={"inputs": fresh(2), "normalize": False}, timeout=30)
         assert response.status_code == 200
-        assert httpx.get(live.url + "/health").json() == {"status": "degraded", "levels_down": ["L2"], "drift": STABLE}
+        health = httpx.get(live.url + "/health").json()
+        assert health == {"status": "degraded", "levels_down": ["L2"], "levels": health["levels"], "drift": STABLE}
 
 
 def test_graceful_shutdown_flushes_queued_writes(redis_url, tmp_path):
