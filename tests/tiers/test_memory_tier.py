@@ -1,4 +1,7 @@
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import pytest
 import torch
@@ -105,3 +108,27 @@ def test_device_auto_is_cuda_when_present_else_cpu():
             resolve_device("cuda")
     with pytest.raises(ConfigError, match="unknown device"):
         resolve_device("tpu9")
+
+
+def test_close_drops_the_arrays_without_touching_pages_never_used():
+    # In a child, to read its resident memory alone. The map of a 1.5 GB L1 has ~64 MB of arrays that nothing has
+    # written yet (numpy's zeros are untouched pages); clearing them at close faulted every page in (issue 38:
+    # 3.3 -> 8.1 GB at one service's shutdown). Dropped, they cost nothing and come back to the system.
+    code = f"""
+import os, sys; sys.path.insert(0, {str(Path(__file__).parents[2])!r})
+import torch
+from ragcache.tiers.memory import MemoryTier
+def rss(): return int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+tier = MemoryTier(1536 << 20, 384, torch.float32)
+tier.put_many(["a", "b"], torch.ones(2, 384))
+before = rss()
+tier.close()
+print(rss() - before, len(tier.get_many(["a"]).index))
+tier.put_many(["c"], torch.ones(1, 384))  # stored nowhere, no error
+print(len(tier.get_many(["c"]).index))
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    grown, hits, hits_after = (int(word) for word in done.stdout.split())
+    assert grown < 8 << 20, f"close faulted in {grown >> 20} MiB"
+    assert hits == 0 and hits_after == 0  # a closed L1 holds nothing
