@@ -41,6 +41,13 @@ def pytest_runtest_makereport(item, call):
             return
 
 
+@pytest.fixture(params=["compiled", "python"])
+def implementation(request) -> str:
+    """Which implementation of a compiled pair a test runs (``ragcache.observe.compiled``): a test that takes this
+    fixture runs over both, through ``PAIR.of(implementation)``."""
+    return request.param
+
+
 @pytest.fixture(scope="session")
 def redis_server():
     """The session's own redis-server (stopped at the end), unless one is given by URL."""
