@@ -1,9 +1,9 @@
 """A/B in one run: ragcache at an older commit (plain uvicorn, as its `ragcache serve` ran it) against this checkout
 (uvicorn with ragcache_server/serving.py) and the bare app (ragcache_testing/bare_app.py), all on uvicorn, in
-alternating blocks; CPU ms per 32-text L1-hit request of each server's process tree (BENCHMARKS.md, issue 29).
+alternating blocks; CPU ms per 32-text L1-hit request of each server's process tree (benchmarks/notes/issue-29-http-floor.md).
 
     git archive 51aeee0 | (mkdir -p /tmp/old && tar -x -C /tmp/old)
-    .venv/bin/python scripts/http_floor_ab.py            # BLOCKS=5 N=400; writes /tmp/http_floor_ab.json
+    .venv/bin/python benchmarks/scripts/http_floor_ab.py            # BLOCKS=5 N=400; writes /tmp/http_floor_ab.json
 """
 import json
 import os
