@@ -16,8 +16,9 @@ together with numpy gathers, whose independent loads the CPU overlaps, so the co
   compacted (stale entries dropped, order kept) when it fills up.
 - The per-request loops (``find``, ``find_hits``, ``touch``) run compiled where ``pip install`` could build
   ``_lru_kernels`` (a C compiler on the machine): one call instead of some fifteen numpy calls of about a
-  microsecond each. Without it, the same loops run as numpy batch operations; both give the same rows and the same
-  order (tests/tiers/test_lru_index.py runs every test on both).
+  microsecond each. Without it, their twin ``_lru_loops`` runs the same loops as numpy batch operations, chosen once
+  at import (``LRU_KERNELS``, ``ragcache.observe.compiled``); both give the same rows and the same order
+  (tests/tiers/test_lru_index.py runs every test on both).
 """
 
 from __future__ import annotations
@@ -26,15 +27,14 @@ from types import ModuleType
 
 import numpy as np
 
-compiled_kernels: ModuleType | None
-try:
-    import ragcache.tiers._lru_kernels as _built
+from ragcache.observe.compiled import choose
+from ragcache.tiers import _lru_loops
 
-    compiled_kernels = _built
-except ImportError:  # built by `pip install` where a C compiler is; numpy does the same work otherwise
-    compiled_kernels = None
+# Built by `pip install` where a C compiler is; numpy does the same work otherwise (a warning says so at import).
+LRU_KERNELS = choose("lru_kernels", "ragcache.tiers._lru_kernels", _lru_loops)
+compiled_kernels = LRU_KERNELS.compiled
 
-__all__ = ["LruIndex", "compiled_kernels"]
+__all__ = ["LRU_KERNELS", "LruIndex", "compiled_kernels"]
 
 EMPTY = -1
 DELETED = -2
@@ -47,9 +47,9 @@ class LruIndex:
     Not thread-safe: the owner (``MemoryTier``) holds one lock around every call.
     """
 
-    def __init__(self, num_rows: int, *, kernels: ModuleType | None = compiled_kernels):
+    def __init__(self, num_rows: int, *, kernels: ModuleType = LRU_KERNELS.serving):
         self.num_rows = num_rows
-        self._kernels = kernels  # None: numpy's batch operations
+        self._kernels = kernels  # _lru_kernels or its twin _lru_loops: the same functions
         # Live keys fill at most half the table and live plus deleted slots at most 3/4 of it, so a rebuild
         # comes at most once per num_rows / 2 evictions.
         size = 64
@@ -76,44 +76,16 @@ class LruIndex:
 
     def find(self, keys: np.ndarray) -> np.ndarray:
         """The row of each digest in ``keys`` (``[n, 2]``), or -1 where it is not resident."""
-        if self._kernels is None:
-            rows, _ = self._probe(keys)
-            return rows
         rows = np.empty(len(keys), dtype=np.int64)
         self._kernels.find(np.ascontiguousarray(keys, dtype=np.uint64), self._hi, self._lo, self._slot_row, self._mask_int, rows)
         return rows
 
     def find_hits(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The positions in ``keys`` of the resident ones, and their rows, in order."""
-        if self._kernels is None:
-            rows = self.find(keys)
-            positions = np.flatnonzero(rows >= 0)
-            return positions, rows[positions]
         positions, rows = np.empty(len(keys), dtype=np.int64), np.empty(len(keys), dtype=np.int64)
         num_hits = self._kernels.find_hits(np.ascontiguousarray(keys, dtype=np.uint64), self._hi, self._lo, self._slot_row,
                                            self._mask_int, positions, rows)
         return positions[:num_hits], rows[:num_hits]
-
-    def _probe(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Rows and table slots of ``keys`` (-1 and the empty slot that ended the probe where absent)."""
-        n = len(keys)
-        rows = np.full(n, EMPTY, dtype=np.int64)
-        slots = (keys[:, 1] & self._mask).astype(np.int64)
-        # The first round over the whole batch (most keys end there), without indexing by ``pending``.
-        row = self._slot_row[slots]
-        hit = (row >= 0) & (self._lo[slots] == keys[:, 1]) & (self._hi[slots] == keys[:, 0])
-        rows[hit] = row[hit]
-        pending = np.flatnonzero(~hit & (row != EMPTY))
-        slots[pending] = (slots[pending] + 1) & self._mask_int
-        while len(pending):
-            at = slots[pending]
-            row = self._slot_row[at]
-            hit = (row >= 0) & (self._lo[at] == keys[pending, 1]) & (self._hi[at] == keys[pending, 0])
-            rows[pending[hit]] = row[hit]
-            # Past a slot of another key or a tombstone the probe goes on; an empty slot ends it.
-            pending = pending[~hit & (row != EMPTY)]
-            slots[pending] = (slots[pending] + 1) & self._mask_int
-        return rows, slots
 
     # ---- recency -----------------------------------------------------------------------------------------
 
@@ -122,25 +94,18 @@ class LruIndex:
         count = len(rows)
         if not count:
             return
-        if self._kernels is not None and self._tail + count <= len(self._log_rows):
-            # In order, one log entry per use: a row used twice keeps its later tick and its first entry is stale.
-            self._kernels.touch(np.ascontiguousarray(rows, dtype=np.int64), self._stamp, self._log_rows, self._log_ticks,
-                                self._tail, self._tick)
-            self._tail += count
-            self._tick += count
-            return
-        if len(set(rows.tolist())) != count:  # one entry per row, at its last use (numpy's order for a
-            reversed_first = np.unique(rows[::-1], return_index=True)[1]  # repeated index is not promised)
-            rows = rows[np.sort(count - 1 - reversed_first)]
-            count = len(rows)
         if self._tail + count > len(self._log_rows):
-            self._compact_log()
-        ticks = np.arange(self._tick + 1, self._tick + 1 + count, dtype=np.int64)
-        self._tick += count
-        self._stamp[rows] = ticks  # a row twice in ``rows`` keeps its later tick: numpy assigns in order
-        self._log_rows[self._tail : self._tail + count] = rows
-        self._log_ticks[self._tail : self._tail + count] = ticks
+            if len(set(rows.tolist())) != count:  # one entry per row, at its last use: at most num_rows entries
+                reversed_first = np.unique(rows[::-1], return_index=True)[1]
+                rows = rows[np.sort(count - 1 - reversed_first)]
+                count = len(rows)
+            if self._tail + count > len(self._log_rows):
+                self._compact_log()  # leaves at most num_rows entries in a log of 2 * num_rows + 64
+        # In order, one log entry per use: a row used twice keeps its later tick and its first entry is stale.
+        self._kernels.touch(np.ascontiguousarray(rows, dtype=np.int64), self._stamp, self._log_rows, self._log_ticks,
+                            self._tail, self._tick)
         self._tail += count
+        self._tick += count
 
     def lru_rows(self) -> np.ndarray:
         """Resident rows from least to most recently used."""

@@ -9,14 +9,13 @@ import numpy as np
 import pytest
 
 from ragcache.core.keys import key_digests
-from ragcache.tiers.lru_index import LruIndex, compiled_kernels
-
-KERNELS = {"compiled": compiled_kernels, "numpy": None}
+from ragcache.tiers.lru_index import LRU_KERNELS, LruIndex, compiled_kernels
 
 
-@pytest.fixture(params=list(KERNELS))
-def kernels(request):
-    return KERNELS[request.param]
+@pytest.fixture
+def kernels(implementation):
+    """The compiled loops and their numpy twin (tests/conftest.py's ``implementation``): every test runs on both."""
+    return LRU_KERNELS.of(implementation)
 
 
 def test_the_compiled_loops_are_built():
@@ -88,3 +87,31 @@ def test_a_row_used_twice_in_one_touch_keeps_its_last_use(kernels):
     for _ in range(5):  # many more uses than the log holds entries: it is compacted, the order kept
         index.touch(np.repeat(rows[[1, 3]], 7))
     assert index.lru_rows().tolist() == [rows[0], rows[2], rows[1], rows[3]]
+
+
+def test_without_the_compiled_loops_the_twin_serves_and_a_warning_says_so():
+    # In a child where the extension cannot be imported (an install without a C compiler).
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = f"""
+import sys; sys.path.insert(0, {str(Path(__file__).parents[2])!r})
+sys.modules["ragcache.tiers._lru_kernels"] = None  # import fails as if it was never built
+from ragcache.observe.compiled import implementations
+from ragcache.tiers.lru_index import LRU_KERNELS, LruIndex
+from ragcache.core.keys import key_digests
+index = LruIndex(4)
+rows = index.insert(key_digests(["a", "b"]))
+print(implementations()["lru_kernels"], LRU_KERNELS.serving.__name__, index.find(key_digests(["b", "c"])).tolist() == [rows[1], -1])
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["python", "ragcache.tiers._lru_loops", "True"]
+    assert "the compiled lru_kernels (ragcache.tiers._lru_kernels) is not built" in done.stderr
+
+
+def test_the_choice_is_visible():
+    from ragcache.observe.compiled import implementations
+
+    assert implementations()["lru_kernels"] == "compiled"  # built by `make install` here
