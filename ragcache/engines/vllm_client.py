@@ -10,7 +10,9 @@ registry's own, one per target (it schedules warms by its back-off), so the help
 
 from __future__ import annotations
 
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -35,6 +37,9 @@ __all__ = ["TargetUnavailableError", "TargetBadResponseError", "CompletionUsage"
 # The largest answer read from vLLM or LMCache: /tokenize of the longest prefix, or a /metrics exposition.
 MAX_ANSWER_BYTES = 16 * 1024 * 1024
 DEFAULT_TIMEOUT_S = 30.0
+DEFAULT_READ_TIMEOUT_S = 5.0
+# Endpoints whose connections are kept at once (each has two upstreams: reads and completions).
+MAX_ENDPOINTS = 256
 
 
 class TargetUnavailableError(RagCacheError):
@@ -76,19 +81,44 @@ class PrefixCacheCounters:
 
 
 class VLLMClient:
-    """Talks to vLLM's OpenAI-compatible server: one-token completions, /tokenize, /metrics."""
+    """Talks to vLLM's OpenAI-compatible server: one-token completions, /tokenize, /metrics.
+
+    Each endpoint (base URL) has its own ``Upstream``s, so its own connections and call slots: an endpoint that hangs
+    (a frozen replica accepts connections and never answers) holds only its own slots, never another endpoint's. Reads
+    (``/metrics``, ``/tokenize``) have a short deadline of their own (``read_timeout_s``); a completion, which may wait
+    for a prefill behind the engine's users, has ``timeout_s``.
+    """
 
     def __init__(self, http: httpx.Client | None = None, clock: Callable[[], float] = time.perf_counter, *,
-                 timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
-        self._upstream = Upstream("vLLM", CallLimits(timeout_s=timeout_s, connect_timeout_s=min(5.0, timeout_s)), transport=http)
+                 timeout_s: float = DEFAULT_TIMEOUT_S, read_timeout_s: float = DEFAULT_READ_TIMEOUT_S) -> None:
+        self._http = http
+        self._limits = {kind: CallLimits(timeout_s=limit, connect_timeout_s=min(5.0, limit))
+                        for kind, limit in (("warm", timeout_s), ("read", min(read_timeout_s, timeout_s)))}
+        self._upstreams: OrderedDict[tuple[str, str], Upstream] = OrderedDict()
+        self._lock = threading.Lock()
         self._clock = clock
 
-    def _call(self, url: str, body: dict[str, Any] | None, parse: Callable[[bytes], Any]) -> Any:
-        """POST ``body`` (GET when None) through the outbound helper; its errors as this module's."""
+    def _upstream(self, base_url: str, kind: str) -> Upstream:
+        """``base_url``'s own upstream for calls of ``kind`` (the least recently used past ``MAX_ENDPOINTS`` closed)."""
+        with self._lock:
+            upstream = self._upstreams.get((base_url, kind))
+            if upstream is None:
+                upstream = self._upstreams[(base_url, kind)] = Upstream("vLLM", self._limits[kind], transport=self._http)
+                if len(self._upstreams) > 2 * MAX_ENDPOINTS:
+                    self._upstreams.popitem(last=False)[1].close()
+            self._upstreams.move_to_end((base_url, kind))
+            return upstream
+
+    def _call(self, base_url: str, path: str, body: dict[str, Any] | None, parse: Callable[[bytes], Any], *,
+              kind: str = "read") -> Any:
+        """POST ``body`` (GET when None) to ``base_url + path`` through the outbound helper; its errors as this
+        module's."""
+        url = f"{base_url}{path}"
+        upstream = self._upstream(base_url, kind)
         try:
             if body is None:
-                return self._upstream.get(url, parse=parse, max_bytes=MAX_ANSWER_BYTES)
-            return self._upstream.post(url, body, parse=parse, max_bytes=MAX_ANSWER_BYTES)
+                return upstream.get(url, parse=parse, max_bytes=MAX_ANSWER_BYTES)
+            return upstream.post(url, body, parse=parse, max_bytes=MAX_ANSWER_BYTES)
         except UpstreamError as exc:
             # The upstream's own words (a body excerpt, a parse error quoting its values) never travel on: the
             # message reaches a tenant's key (a warm's result, /stats) and the log, and a URL that answers with
@@ -108,13 +138,14 @@ class VLLMClient:
         if priority is not None:
             body["priority"] = priority
         if form is PromptForm.CHAT:
-            url = f"{target.base_url}/v1/chat/completions"
+            path = "/v1/chat/completions"
             body["messages"] = [{"role": "system", "content": text}]
         else:
-            url = f"{target.base_url}/v1/completions"
+            path = "/v1/completions"
             body["prompt"] = text
+        url = f"{target.base_url}{path}"
         start = self._clock()
-        usage = self._call(url, body, parse=_usage)
+        usage = self._call(target.base_url, path, body, parse=_usage, kind="warm")
         latency_s = self._clock() - start
         details = usage.get("prompt_tokens_details") or {}
         if not isinstance(details, dict):
@@ -130,23 +161,32 @@ class VLLMClient:
 
     def count_tokens(self, target: Target, text: str) -> int:
         """Token count of ``text`` by the target's own tokenizer, through vLLM's ``/tokenize``."""
-        return self._call(f"{target.base_url}/tokenize", {"model": target.model, "prompt": text}, parse=_token_count)
+        return self._call(target.base_url, "/tokenize", {"model": target.model, "prompt": text}, parse=_token_count)
 
     def tokenize(self, target: Target, text: str) -> list[int]:
-        """Token ids of ``text`` (what LMCache's pin API is keyed by)."""
-        return self._call(f"{target.base_url}/tokenize", {"model": target.model, "prompt": text}, parse=_token_ids)
+        """Token ids of ``text`` as a completion prompt (BOS included, as vLLM's completions see it)."""
+        return self._call(target.base_url, "/tokenize", {"model": target.model, "prompt": text}, parse=_token_ids)
+
+    def tokenize_messages(self, target: Target, messages: list[dict[str, str]]) -> list[int]:
+        """Token ids of a chat as vLLM's chat completions see it: the model's chat template applied (with the
+        generation prompt, as a chat completion adds it) by vLLM's own ``/tokenize``."""
+        body = {"model": target.model, "messages": messages, "add_generation_prompt": True}
+        return self._call(target.base_url, "/tokenize", body, parse=_token_ids)
 
     def prefix_cache_counters(self, base_url: str) -> PrefixCacheCounters:
         """Scrape ``/metrics`` for ``vllm:prefix_cache_{queries,hits}_total`` and the block size."""
-        return self._call(f"{base_url}/metrics", None, parse=lambda body: parse_prefix_cache_counters(body.decode("utf-8")))
+        return self._call(base_url, "/metrics", None, parse=lambda body: parse_prefix_cache_counters(body.decode("utf-8")))
 
     def lmcache_pin(self, controller_url: str, tokens: list[int], instance_id: str, location: str) -> int:
         """Ask an LMCache controller to pin the KV chunks of ``tokens``; returns the tokens it pinned."""
         body = {"tokens": tokens, "instance_id": instance_id, "location": location}
-        return self._call(f"{controller_url.rstrip('/')}/pin", body, parse=_pinned_tokens)
+        return self._call(controller_url.rstrip("/"), "/pin", body, parse=_pinned_tokens, kind="warm")
 
     def close(self) -> None:
-        self._upstream.close()
+        with self._lock:
+            upstreams, self._upstreams = list(self._upstreams.values()), OrderedDict()
+        for upstream in upstreams:
+            upstream.close()
 
 
 def _classified(exc: UpstreamError) -> str:

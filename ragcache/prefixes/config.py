@@ -39,7 +39,10 @@ class PrefixRegistryConfig:
     metrics_interval_s: float = 5.0
     # How often the loop re-reads the shared store (to pick up other replicas' registrations).
     store_refresh_interval_s: float = 2.0
+    # A warm's deadline (its prefill may wait behind the engine's users), and a read's (/metrics, /tokenize). Each
+    # endpoint's calls run in its own thread with its own connections: a hung replica costs only its own prefixes.
     request_timeout_s: float = 30.0
+    read_timeout_s: float = 5.0
     # Used to judge residency until a target's /metrics has told us its real block size.
     default_block_size: int = 16
     # Local JSON file that holds the registry when no Redis client is given.
@@ -92,6 +95,15 @@ class PrefixRegistryConfig:
     # A route that sent a prefix where it was not resident counts as placing it there for this long, or until the
     # events show its blocks: the requests routed meanwhile follow the first instead of loading it somewhere else too.
     route_pending_s: float = 5.0
+    # An eviction the events show wakes the loop at once (the warm goes out within one warm's time), not at its next
+    # tick. Off only for tests that drive the loop tick by tick.
+    warm_on_event: bool = True
+    # What the events claim is checked by real warms (:mod:`.trust`): one goes out on an endpoint verify_interval_s
+    # after its last warm even while its events show the prefix whole; events that claim blocks untrust_after such
+    # warms in a row did not find are ignored for untrusted_s.
+    verify_interval_s: float = 10.0
+    untrust_after: int = 2
+    untrusted_s: float = 600.0
 
     def __post_init__(self) -> None:
         if not 0 < self.min_rewarm_interval_s <= self.max_rewarm_interval_s:
@@ -118,5 +130,7 @@ class PrefixRegistryConfig:
         except InvalidInputError as exc:
             raise ConfigError(f"kv_events: every key must be a plain http(s) base URL ({exc})") from None
         object.__setattr__(self, "kv_events", events)
+        if min(self.request_timeout_s, self.read_timeout_s, self.verify_interval_s) <= 0 or self.untrust_after < 1:
+            raise ConfigError("request_timeout_s, read_timeout_s and verify_interval_s must be positive, untrust_after >= 1")
         if self.tick_interval_s <= 0 or self.default_block_size < 1:
             raise ConfigError("tick_interval_s and default_block_size must be positive")

@@ -91,8 +91,28 @@ class PrefixMetricsCollector(Collector):
         avoided = CounterMetricFamily("ragcache_prefix_warms_avoided",
                                       "Due timer warms not sent: the engine's KV events showed the prefix whole")
         avoided.add_metric([], stats.num_warms_avoided)
+        trusted = GaugeMetricFamily("ragcache_prefix_kv_events_trusted",
+                                    "0 while the endpoint's KV events are ignored: they claimed blocks warms did not find",
+                                    labels=["endpoint"])
+        synced = GaugeMetricFamily("ragcache_prefix_kv_events_synced",
+                                   "1 while the endpoint's KV events are synced and believed (its residency is exact)",
+                                   labels=["endpoint"])
+        checks = CounterMetricFamily("ragcache_prefix_kv_events_checks",
+                                     "Warms that checked what the endpoint's KV events claimed", labels=["endpoint"])
+        disagreements = CounterMetricFamily("ragcache_prefix_kv_events_disagreements",
+                                            "Warms that did not find blocks the endpoint's KV events claimed",
+                                            labels=["endpoint"])
+        new_streams = CounterMetricFamily("ragcache_prefix_kv_events_new_streams",
+                                          "Publishers back with another stream (an engine restarted): index cleared",
+                                          labels=["endpoint"])
+        for e in stats.events:
+            trusted.add_metric([e.base_url], 1.0 if e.trusted else 0.0)
+            synced.add_metric([e.base_url], 1.0 if e.state == "synced" else 0.0)
+            checks.add_metric([e.base_url], e.num_checks)
+            disagreements.add_metric([e.base_url], e.num_disagreements)
+            new_streams.add_metric([e.base_url], e.num_new_streams)
         yield from (tokens, warms, residency, interval, uses, resident, evictions, up, queries, hits, hit_rate, sent,
-                    deferred, held, blocks, full, keepable, avoided)
+                    deferred, held, blocks, full, keepable, avoided, trusted, synced, checks, disagreements, new_streams)
 
 
 def register_prefix_metrics(registry: PrefixRegistry, collector_registry: CollectorRegistry) -> PrefixMetricsCollector:

@@ -29,6 +29,7 @@ __all__ = [
     "PrefixStats",
     "TargetStats",
     "EndpointStats",
+    "EventsStats",
     "RegistryStats",
     "RegisterResult",
     "content_hash",
@@ -260,6 +261,20 @@ class TargetStats:
 
 
 @dataclass(frozen=True)
+class EventsStats:
+    """One endpoint's KV-event feed as this process sees it (:mod:`.trust`): ``state`` is ``synced``, ``syncing``,
+    ``out_of_sync`` or ``untrusted``; the warms that checked what its events claimed, those that did not find it, and
+    the publishers that came back with another stream (each clearing its index)."""
+
+    base_url: str
+    state: str
+    trusted: bool
+    num_checks: int
+    num_disagreements: int
+    num_new_streams: int
+
+
+@dataclass(frozen=True)
 class RegistryStats:
     """Everything `/stats` shows about prefixes."""
 
@@ -271,6 +286,8 @@ class RegistryStats:
     num_warms_held_busy: int = 0
     # Due timer warms not sent because the engine's KV events showed the prefix whole.
     num_warms_avoided: int = 0
+    # Each endpoint that publishes KV events.
+    events: tuple[EventsStats, ...] = ()
 
 
 @dataclass(frozen=True)

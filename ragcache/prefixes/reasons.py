@@ -39,6 +39,9 @@ def why_not_cached(head: str, num_tokens: int | None, block_size: int, counters:
     if state.not_keepable_until is not None and state.quickest_eviction_s is not None:
         reasons.append(f"churn evicts it within {state.quickest_eviction_s:.2f} s of a warm ({state.num_quick_evictions} "
                        "times in a row): not keepable, warms stopped for a while")
+    if view.events == "untrusted":
+        reasons.append("the endpoint's KV events claimed blocks that warms did not find: they are not believed for a "
+                       "while (untrusted; residency from warms meanwhile)")
     caching_on = counters is None or counters.prefix_caching is not False
     if caching_on and state.num_resident == 0 and state.num_evicted >= NUM_NEVER_REUSED and state.not_keepable_until is None:
         if view.fully_resident:  # the events say the engine holds every block: churn did not take them

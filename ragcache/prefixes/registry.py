@@ -118,7 +118,7 @@ class PrefixRegistry:
             gate = RedisWarmGate(redis_client, budget_per_minute=config.warm_budget_per_minute,
                                  budget_per_tenant_per_minute=config.warm_budget_per_tenant_per_minute,
                                  lease_ttl_s=config.lease_ttl_s, key_prefix=config.redis_key)
-        vllm = VLLMClient(http, timeout_s=config.request_timeout_s)
+        vllm = VLLMClient(http, timeout_s=config.request_timeout_s, read_timeout_s=config.read_timeout_s)
         return cls(store, vllm, config, token_counter=LocalTokenCounter(), gate=gate)
 
     # ----- registration -------------------------------------------------------------------------
@@ -288,14 +288,15 @@ class PrefixRegistry:
         load = None
         if counters is not None and counters.num_running is not None and counters.num_waiting is not None:
             load = counters.num_running + counters.num_waiting
-        subscriber = self._keep_warm.engines.subscriber(url)
-        synced = subscriber is not None and subscriber.synced
+        # Only a synced feed whose events are believed places anything: while an endpoint syncs (a restarted engine's
+        # index being rebuilt) or is untrusted, nothing there counts as resident, a recent placement included.
+        synced = view.events == "synced"
         return RouteCandidate(
             url, not self._targets.health_of(url).is_down, view.events, view.resident_blocks, view.num_blocks, load,
-            held_blocks=subscriber.index.num_blocks if subscriber is not None and synced else None,
+            held_blocks=self._keep_warm.engines.held_blocks(url),
             other_prefix_blocks=self._other_prefix_blocks(others, url, now) if synced else None,
             capacity_blocks=counters.num_gpu_blocks if counters is not None else None,
-            pending=self._placements.pending(prefix.name, url, now))
+            pending=synced and self._placements.pending(prefix.name, url, now))
 
     def _other_prefix_blocks(self, others: builtins.list[Prefix], url: str, now: float) -> int:
         """Blocks of the prefixes in ``others`` that ``url`` holds by its events, a pending placement counted whole."""
@@ -341,7 +342,7 @@ class PrefixRegistry:
         per_target = self._targets.stats({url for p in prefixes for url in self.endpoints_of(p)})
         keep_warm = self._keep_warm
         return RegistryStats(per_prefix, per_target, keep_warm.num_warms_sent, keep_warm.num_warms_deferred,
-                             keep_warm.num_warms_held_busy, keep_warm.num_warms_avoided)
+                             keep_warm.num_warms_held_busy, keep_warm.num_warms_avoided, keep_warm.engines.stats())
 
 
 def _validate(spec: PrefixSpec) -> str:

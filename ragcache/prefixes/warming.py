@@ -30,6 +30,7 @@ from .reasons import why_not_cached
 from .state import WarmState, summarize
 from .targets import Targets
 from .text import template_head
+from .workers import EndpointWorker
 
 __all__ = ["KeepWarm"]
 
@@ -61,7 +62,7 @@ class KeepWarm:
     ) -> None:
         self.config = config
         self._policy = policy or TargetPolicy(config)
-        self.engines = engines or EngineView(config.kv_events, vllm)
+        self.engines = engines or EngineView(config.kv_events, vllm, config, clock=clock)
         self._known = known
         self._targets = targets
         self._vllm = vllm  # for LMCache's pin API; the warms themselves go through the targets
@@ -78,7 +79,11 @@ class KeepWarm:
         self.num_warms_held_busy = 0
         self.num_warms_avoided = 0
         self._stop = threading.Event()
+        self._wake = threading.Event()  # an eviction the events show: the loop ticks at once, not at its next tick
         self._thread: threading.Thread | None = None
+        # Each endpoint's own thread (:mod:`.workers`): its reads and warms never wait for another endpoint's.
+        self._workers: dict[str, EndpointWorker[list[tuple[tuple[float, str, str], WarmResult]]]] = {}
+        self.engines.listen(self._on_events)
 
     def endpoints_of(self, prefix: Prefix) -> tuple[str, ...]:
         """The vLLM base URLs that keep ``prefix`` warm: its target first, then its replicas, then the
@@ -125,6 +130,7 @@ class KeepWarm:
         def skipped(error: str) -> WarmResult:
             return WarmResult(name.public, prefix.version, WarmOutcome.SKIPPED, error=error, endpoint=url)
 
+        claimed = self.engines.view(prefix, url)  # what the events say it holds: checked against what the warm finds
         with self._lock:
             state = self._state_for(prefix, url)
             if not self._targets.health_of(url).may_try():
@@ -147,6 +153,7 @@ class KeepWarm:
             self._reprime(url)
         if prefix.num_tokens is None and prefix.form is PromptForm.COMPLETION:
             self._fill_token_count(prefix, usage.num_prompt_tokens)
+        self.engines.check(url, claimed, usage.num_prompt_tokens, usage.num_cached_tokens)
         if primed:
             resident = judge_residency(usage.num_prompt_tokens, usage.num_cached_tokens, self._targets.block_size(target))
             outcome = WarmOutcome.RESIDENT if resident else WarmOutcome.EVICTED
@@ -246,50 +253,69 @@ class KeepWarm:
                 self._store_read_at = now
         return self._known.copies()
 
-    def tick(self) -> list[WarmResult]:
-        """One pass of the loop: scrape endpoints that are due, warm the (prefix, endpoint) pairs that are
-        due and that this replica holds the lease of."""
+    def tick(self, *, wait: bool = True) -> list[WarmResult]:
+        """One pass of the loop: re-read the store when due, then ask each endpoint's own thread for a pass (scrape it
+        when due, learn token ids, warm the pairs that are due and whose lease this replica holds). With ``wait``,
+        until every pass ended, returning their warms (longest-waiting first); the background loop does not wait, so
+        an endpoint that hangs holds only its own thread."""
         prefixes = self._refresh()
-        now = self._clock()
         urls = sorted({url for p in prefixes for url in self.endpoints_of(p)})
-        scraped = {url: self.scrape(url) for url in urls if self._targets.scrape_due(url, now)}
-        pairs = [(p, url) for p in prefixes if p.pinned for url in self.endpoints_of(p)]
-        # Every pair's lease is checked (and renewed) each tick, due or not: a holder that let its lease
-        # lapse between two warms would hand its schedule to another replica and both would warm.
-        held = [(p, url) for p, url in pairs if self._gate.holds(p.name, url)]
-        self._learn_tokens(prefixes)
-        self._follow_events(held)
+        passes = [self._worker(url).request() for url in urls]
+        if not wait:
+            return []
+        done = [item for one in passes for item in (one.wait() or ())]
+        return [result for _, result in sorted(done, key=lambda item: item[0])]
+
+    def _worker(self, url: str) -> EndpointWorker[list[tuple[tuple[float, str, str], WarmResult]]]:
+        with self._lock:
+            worker = self._workers.get(url)
+            if worker is None:
+                worker = self._workers[url] = EndpointWorker(url, lambda: self._endpoint_pass(url))
+            return worker
+
+    def _on_events(self, url: str) -> None:
+        """The events of ``url`` removed or cleared blocks: its pass runs now (warm on the eviction, not the tick)."""
+        if self.config.warm_on_event and self._thread is not None:
+            self._worker(url).request()
+
+    def _endpoint_pass(self, url: str) -> list[tuple[tuple[float, str, str], WarmResult]]:
+        """One endpoint's share of a tick, in its own thread: its /metrics when due, the token ids it lacks, then the
+        warms due there (each with its sort key: when it fell due, the prefix, the endpoint)."""
+        prefixes = [p for p in self._known.copies() if url in self.endpoints_of(p)]
+        scraped = self.scrape(url) if self._targets.scrape_due(url, self._clock()) else None
+        # Every pair's lease is checked (and renewed) each pass, due or not: a holder that let its lease lapse
+        # between two warms would hand its schedule to another replica and both would warm.
+        held = [p for p in prefixes if p.pinned and self._gate.holds(p.name, url)]
+        self._learn_tokens(prefixes, url)
+        self._follow_events(held, url)
         due: list[tuple[float, str, str]] = []
         with self._lock:
-            for prefix, url in held:
+            for prefix in held:
                 state = self._state_for(prefix, url)
                 if self._clock() >= state.next_due_at and self._targets.health_of(url).may_try() and \
                         self._wanted(prefix, url, state):
                     due.append((state.next_due_at, prefix.name, url))
-        due = self._not_held_busy(due, scraped)
-        # Longest-waiting first, so a spent budget delays every prefix fairly instead of starving
-        # the ones that sort last.
-        return [self.warm(PrefixName(name, name), url) for _, name, url in sorted(due)]
+        due = self._not_held_busy(due, url, scraped)
+        # Longest-waiting first, so a spent budget delays every prefix fairly instead of starving the ones that sort last.
+        return [(key, self.warm(PrefixName(key[1], key[1]), url)) for key in sorted(due)]
 
-    def _learn_tokens(self, prefixes: list[Prefix]) -> None:
-        """Every prefix's token ids (pinned or not: routing needs them too), once per version, on each endpoint that
-        publishes KV events and is not backing off (one /tokenize each; a failure is asked again next tick)."""
+    def _learn_tokens(self, prefixes: list[Prefix], url: str) -> None:
+        """Every prefix's token ids on ``url`` (pinned or not: routing needs them too), once per version, where it
+        publishes KV events and is not backing off (a failure is asked again next pass)."""
         for prefix in prefixes:
-            for url in self.endpoints_of(prefix):
-                if self.engines.needs_tokens(prefix, url) and self._targets.health_of(url).may_try():
-                    self.engines.learn_tokens(prefix, url, template_head(prefix.text, prefix.is_template))
+            if self.engines.needs_tokens(prefix, url) and self._targets.health_of(url).may_try():
+                self.engines.learn_tokens(prefix, url)
 
-    def _follow_events(self, held: list[tuple[Prefix, str]]) -> None:
+    def _follow_events(self, held: list[Prefix], url: str) -> None:
         """Where the engine publishes KV events: make due at once every prefix whose blocks the events show removed
-        since the last tick (warm on eviction), judging whether churn evicts it faster than it can be re-warmed."""
-        changed = self.engines.take_changed()
+        since the last pass (warm on eviction), judging whether churn evicts it faster than it can be re-warmed."""
+        if not self.engines.publishes(url) or not self.engines.take_changed(url):
+            return
         now = self._clock()
-        for prefix, url in held:
-            if not self.engines.publishes(url):
-                continue
+        for prefix in held:
             with self._lock:
                 state = self._state_for(prefix, url)
-            if url in changed and self.engines.view(prefix, url).evicted:
+            if self.engines.view(prefix, url).evicted:
                 with self._lock:
                     self._evicted(state, now)
 
@@ -321,6 +347,8 @@ class KeepWarm:
             # One more quick eviction is enough to stop again: churn that has not calmed costs one warm a retry.
             state.num_quick_evictions = self.config.unkeepable_after - 1
         if state.primed and self.engines.view(prefix, url).fully_resident:
+            if self.engines.check_due(url):
+                return True  # a real warm, now and then, checks what the events claim (:mod:`.trust`)
             state.num_warms_avoided += 1
             self.num_warms_avoided += 1
             state.next_due_at = now + self.config.max_rewarm_interval_s
@@ -341,20 +369,19 @@ class KeepWarm:
             out.append(EndpointResidency(url, view.events, view.resident_blocks, view.num_blocks, keepable))
         return tuple(out)
 
-    def _not_held_busy(self, due: list[tuple[float, str, str]],
-                       scraped: dict[str, PrefixCacheCounters | None]) -> list[tuple[float, str, str]]:
+    def _not_held_busy(self, due: list[tuple[float, str, str]], url: str,
+                       scraped: PrefixCacheCounters | None) -> list[tuple[float, str, str]]:
         """The due warms that may go out now: those whose endpoint is not busy with users by its own /metrics
-        (read fresh this tick, once per endpoint: ``scraped`` holds those the tick read already), or that have
-        waited ``warm_max_defer_s`` (see :func:`.policy.holds_warm`)."""
+        (``scraped`` when this pass read it, else read now), or that have waited ``warm_max_defer_s``
+        (see :func:`.policy.holds_warm`)."""
         if not due or (self.config.warm_max_waiting is None and self.config.warm_max_running is None):
             return due
-        load = {url: scraped[url] if url in scraped else self.scrape(url) for url in {url for _, _, url in due}}
+        counters = scraped if scraped is not None else self.scrape(url)
+        running, waiting = (counters.num_running, counters.num_waiting) if counters else (None, None)
         now = self._clock()
         ready = []
         with self._lock:
-            for due_at, name, url in due:
-                counters = load[url]
-                running, waiting = (counters.num_running, counters.num_waiting) if counters else (None, None)
+            for due_at, name, _ in due:
                 state = self._states.get((name, url))
                 if state is not None and holds_warm(running, waiting, now - due_at, self.config):
                     self.num_warms_held_busy += not state.held
@@ -364,9 +391,13 @@ class KeepWarm:
         return ready
 
     def _run(self) -> None:
-        while not self._stop.wait(self.config.tick_interval_s):
+        while not self._stop.is_set():
+            self._wake.wait(self.config.tick_interval_s)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
             try:
-                self.tick()
+                self.tick(wait=False)
             except Exception:  # the loop must survive anything; the next tick retries
                 log.exception("prefix keep-warm tick failed")
 
@@ -380,11 +411,16 @@ class KeepWarm:
         self._thread.start()
 
     def stop(self) -> None:
-        """Stop the loop and wait for it (a warm in flight finishes first)."""
+        """Stop the loop and every endpoint's thread (a warm in flight finishes first, within its deadline)."""
         self._stop.set()
+        self._wake.set()
         if self._thread is not None:
-            self._thread.join(timeout=self.config.request_timeout_s + 5)
+            self._thread.join(timeout=5)
             self._thread = None
+        with self._lock:
+            workers, self._workers = list(self._workers.values()), {}
+        for worker in workers:
+            worker.stop(timeout_s=self.config.request_timeout_s + 5)
         self.engines.stop()
 
     # ----- stats --------------------------------------------------------------------------------

@@ -51,7 +51,7 @@ def setup(publisher, tmp_path) -> Iterator[tuple[PrefixRegistry, FakeVLLM, FakeC
     clock, vllm = FakeClock(), FakeVLLM()
     config = PrefixRegistryConfig(initial_rewarm_interval_s=8.0, min_rewarm_interval_s=2.0, max_rewarm_interval_s=16.0,
                                   default_block_size=BLOCK, store_refresh_interval_s=0.0, metrics_interval_s=5.0,
-                                  tick_interval_s=3600.0,  # the loop thread never ticks by itself: the test does
+                                  tick_interval_s=3600.0, warm_on_event=False,  # the loop never ticks by itself: the test does
                                   kv_events={TARGET.base_url: EventsConfig(publisher.endpoint, publisher.replay_endpoint)})
     http = httpx.Client(transport=httpx.MockTransport(vllm.handler))
     registry = PrefixRegistry(FilePrefixStore(tmp_path / "p.json"), VLLMClient(http), config, clock=clock, wall_clock=clock)
@@ -255,9 +255,13 @@ def test_why_not_cached_names_a_cache_that_never_reuses(setup, publisher):
     for _ in range(3):
         vllm.evict_all()  # what the engine reuses: nothing
         assert registry.warm("sys").num_cached_tokens == 0
+    # Events that show blocks no warm finds are also what a forger's look like (issue 38, item 5): after two such warms
+    # the endpoint's events are not believed, and the reasons say both.
     assert endpoint(registry).why_not_cached == (
-        "every re-warm found nothing cached (3 of 3) while the engine's events show all 3 of its blocks held: the "
-        "engine does not reuse this model's cache (hybrid/Mamba models)",)
+        "the endpoint's KV events claimed blocks that warms did not find: they are not believed for a while (untrusted; "
+        "residency from warms meanwhile)",
+        "every re-warm found nothing cached (3 of 3): the engine does not reuse this model's cache (hybrid/Mamba "
+        "models), or evicts it at once")
 
 
 def test_route_keeps_two_prefixes_that_do_not_fit_together_on_two_replicas():
@@ -290,3 +294,48 @@ def test_a_route_places_the_prefix_and_the_next_request_follows(setup, publisher
     assert wait_until(lambda: registry.view("sys").residency[0].resident_blocks == 3)
     settled = registry.route("sys").candidates[0]
     assert (settled.resident_blocks, settled.pending) == (3, False)  # the events show it whole: placed
+
+
+def test_events_that_claim_blocks_warms_do_not_find_are_no_longer_believed(setup, publisher):
+    """Issue 38, item 5: whoever binds the event address could forge BlockStored events, and a prefix read resident
+    while the engine held nothing (no warm in 35 s, routes sent there). Now a real warm checks the claim now and then
+    (verify_interval_s after the endpoint's last warm), and two that find nothing of what the events claim make the
+    endpoint untrusted: its events ignored, warms back on the timer, and it says so in /prefixes and /metrics."""
+    registry, vllm, clock = setup
+    registry.register(PrefixSpec("sys", SYSTEM, TARGET))  # the prime
+    store_blocks(publisher, 10)  # the (forged) events: the prefix held
+    registry.tick()
+    assert wait_until(lambda: endpoint(registry).resident_blocks == 3)
+    for _ in range(2):
+        vllm.evict_all()  # what the engine really holds: nothing
+        clock.now += 11  # past verify_interval_s (10 s) and the re-warm interval: due, the events say whole
+        sent = len(vllm.prompts)
+        registry.tick()
+        assert len(vllm.prompts) == sent + 1  # sent to check the claim, not avoided
+    assert registry.view("sys").residency[0].events == "untrusted" and endpoint(registry).resident_blocks is None
+    events = registry.stats().events[0]
+    assert (events.state, events.trusted, events.num_checks, events.num_disagreements) == ("untrusted", False, 2, 2)
+    assert registry.route("sys").reason != "resident"  # no route by the events of an untrusted endpoint
+    metrics = CollectorRegistry()
+    register_prefix_metrics(registry, metrics)
+    exposition = generate_latest(metrics).decode()
+    assert 'ragcache_prefix_kv_events_trusted{endpoint="http://vllm.test"} 0.0' in exposition
+    assert 'ragcache_prefix_kv_events_disagreements_total{endpoint="http://vllm.test"} 2.0' in exposition
+    vllm.evict_all()
+    clock.now += 3
+    sent = len(vllm.prompts)
+    registry.tick()  # the timer again (the interval shrank to 2 s after the evictions): a warm, whatever events say
+    assert len(vllm.prompts) == sent + 1
+
+
+def test_honest_events_pass_the_checks(setup, publisher):
+    registry, vllm, clock = setup
+    registry.register(PrefixSpec("sys", SYSTEM, TARGET))
+    store_blocks(publisher, 10)
+    registry.tick()
+    assert wait_until(lambda: endpoint(registry).resident_blocks == 3)
+    for _ in range(3):
+        clock.now += 17  # the engine keeps the prefix: each check agrees with the events
+        registry.tick()
+    events = registry.stats().events[0]
+    assert (events.state, events.num_checks, events.num_disagreements) == ("synced", 3, 0)
