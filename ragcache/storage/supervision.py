@@ -97,6 +97,7 @@ class Supervisor:
 
 def write_shared_restarts(data_dir: Path, restarts: Mapping[str, int]) -> None:
     """Publish the parent's restart counts to its workers (replaced whole: a reader never sees half a file)."""
+    Path(data_dir).mkdir(mode=0o700, parents=True, exist_ok=True)
     path = Path(data_dir) / RESTARTS_FILE
     temporary = path.with_suffix(f".{os.getpid()}.tmp")
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)

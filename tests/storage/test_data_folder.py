@@ -5,6 +5,7 @@ holds fails before any server starts on its files."""
 from __future__ import annotations
 
 import os
+import signal
 import stat
 import subprocess
 import sys
@@ -15,6 +16,7 @@ import pytest
 from ragcache.errors import ConfigError, DataFolderInUseError
 from ragcache.settings import Settings
 from ragcache.storage.data_folder import LOCK_FILE, hold_data_folder, secure_data_dir
+from ragcache.storage.processes import poll_until
 from ragcache.storage.stores import Stores
 from tests.processes import processes_using
 
@@ -133,5 +135,17 @@ def test_the_stores_files_are_private(tmp_path):
         assert {path.name for path in files} >= {"appendonly.aof", "milvus.db", LOCK_FILE}
         assert {path.name: mode_of(path) for path in files} == dict.fromkeys((path.name for path in files), 0o600)
         assert mode_of(data_dir) == 0o700 and mode_of(data_dir / "redis") == 0o700
+    finally:
+        stores.close()
+
+
+def test_the_stores_count_their_redis_restarts(tmp_path):
+    # One worker: the service's own stores start the embedded Redis, supervised, and count its restarts for /stats.
+    stores = Stores.open(Settings(data_dir=tmp_path / "data", milvus_uri="off"))
+    try:
+        assert stores.server_restarts() == {"redis": 0}
+        os.kill(stores.embedded_redis.process.pid, signal.SIGKILL)  # type: ignore[union-attr]
+        assert poll_until(lambda: stores.server_restarts() == {"redis": 1}, timeout_s=120)
+        assert stores.redis.set("written", "after the restart")  # type: ignore[union-attr]
     finally:
         stores.close()
