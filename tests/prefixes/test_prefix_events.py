@@ -22,6 +22,7 @@ from ragcache.prefixes import (
     PrefixRegistry,
     PrefixRegistryConfig,
     PrefixSpec,
+    PromptForm,
     Target,
     VLLMClient,
     register_prefix_metrics,
@@ -31,7 +32,7 @@ from ragcache_server.prefixes_api import router
 from tests.live_server import transport_to
 from tests.prefixes.kv_publisher import KVPublisher, removed, stored
 from tests.prefixes.test_kv_events import wait_until
-from tests.prefixes.test_prefixes_unit import BLOCK, FakeClock, FakeVLLM
+from tests.prefixes.test_prefixes_unit import BLOCK, FakeClock, FakeVLLM, chat_tokens
 
 TARGET = Target("http://vllm.test", "m")
 # 12 words + BOS: 13 tokens, 3 full blocks of 4 (FakeVLLM: one token a word, tokens numbered 0..n-1).
@@ -339,3 +340,19 @@ def test_honest_events_pass_the_checks(setup, publisher):
         registry.tick()
     events = registry.stats().events[0]
     assert (events.state, events.num_checks, events.num_disagreements) == ("synced", 3, 0)
+
+
+def test_a_chat_prefix_is_found_by_the_tokens_of_the_chat_template(setup, publisher):
+    """Issue 42, item 1: a chat request starts with the chat template's tokens, not with the prefix's text tokenized as
+    a completion; the registry read 0 of 12 blocks while vLLM held 12 of 12, warmed it needlessly and never routed it
+    as resident. Its tokens are now asked of vLLM's /tokenize with ``messages`` (the template applied by the engine)."""
+    registry, vllm, _ = setup
+    registry.register(PrefixSpec("chat", SYSTEM, TARGET, form=PromptForm.CHAT))  # the prime: a chat completion
+    # What a chat on it starts with: BOS, the system turn (its role token, 14 words, its end token): 17 tokens.
+    shared = chat_tokens([{"role": "system", "content": SYSTEM}], add_generation_prompt=False)
+    assert len(shared) == 17
+    publisher.publish([stored([70, 71, 72, 73], None, shared[:16], BLOCK)])  # what the engine stored: 4 blocks
+    registry.tick()
+    assert wait_until(lambda: registry.view("chat").residency[0].resident_blocks == 4)
+    assert registry.view("chat").residency[0].num_blocks == 4  # the shared 17 tokens: 4 full blocks of 4
+    assert registry.route("chat").reason == "resident"

@@ -90,19 +90,35 @@ class FakeVLLM:
         if request.url.path == "/pin":  # an LMCache controller on the same fake host
             self.pins.append(data)
             return httpx.Response(200, json={"event_id": "e1", "num_tokens": len(data["tokens"])})
-        num_tokens = len(data["prompt"].split()) + 1
+        if "messages" in data:  # a chat: the model's template applied, as vLLM's /tokenize and chat completions do
+            tokens = chat_tokens(data["messages"], data.get("add_generation_prompt", True))
+            prompt = repr(data["messages"])
+        else:
+            tokens = list(range(len(data["prompt"].split()) + 1))
+            prompt = data["prompt"]
+        num_tokens = len(tokens)
         if request.url.path == "/tokenize":
-            return httpx.Response(200, json={"count": num_tokens, "tokens": list(range(num_tokens))})
+            return httpx.Response(200, json={"count": num_tokens, "tokens": tokens})
         if self.refuse_priority and data.get("priority", 0) != 0:
             return httpx.Response(400, json={"error": "Priority scheduling is not enabled."})
         self.bodies.append(data)
-        self.prompts.append(data["prompt"])
-        cached = (num_tokens - 1) // BLOCK * BLOCK if data["prompt"] in self.cached else 0
-        self.cached.add(data["prompt"])
+        self.prompts.append(prompt)
+        cached = (num_tokens - 1) // BLOCK * BLOCK if prompt in self.cached else 0
+        self.cached.add(prompt)
         self.queries += num_tokens
         self.hits += cached
         usage = {"prompt_tokens": num_tokens, "prompt_tokens_details": {"cached_tokens": cached}}
         return httpx.Response(200, json={"usage": usage})
+
+
+def chat_tokens(messages: list[dict[str, str]], add_generation_prompt: bool) -> list[int]:
+    """The stand-in's chat template: BOS, then per message a role token, one token per word and an end token, then
+    the assistant's role token (a word is its length plus 100, so two texts of the same shape share tokens)."""
+    roles = {"system": 1, "user": 2, "assistant": 3}
+    tokens = [0]
+    for message in messages:
+        tokens += [roles[message["role"]], *(100 + len(word) for word in message["content"].split()), 9]
+    return tokens + [3] * add_generation_prompt
 
 
 CONFIG = PrefixRegistryConfig(initial_rewarm_interval_s=8.0, min_rewarm_interval_s=2.0, max_rewarm_interval_s=16.0,
