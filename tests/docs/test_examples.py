@@ -16,16 +16,19 @@ JSON is an example that does not work); a Python block runs in a fresh interpret
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
 import subprocess
 import sys
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
+import yaml
 
 from ragcache.storage.processes import free_port, stop_process, wait_healthy
 
@@ -80,6 +83,20 @@ def test_every_fence_names_its_language_and_every_skip_says_why():
     unexplained = [block.id for block in ALL_BLOCKS if block.skip == ""]
     assert not unexplained, f"skip markers must say why, <!-- docs-test: skip (needs a GPU) -->: {unexplained}"
     assert len([block for block in RUNNABLE if block.skip is None]) >= 10  # the tour alone has more
+
+
+CONFIGURATION = [block for block in ALL_BLOCKS if block.lang in ("json", "toml", "yaml")]
+
+
+@pytest.mark.parametrize("block", CONFIGURATION, ids=[block.id for block in CONFIGURATION])
+def test_configuration_example_parses(block):
+    # A configuration file shown in the docs is one its reader can paste: it parses as the language it names.
+    if block.lang == "json":
+        json.loads(block.code)
+    elif block.lang == "toml":
+        tomllib.loads(block.code)
+    else:
+        yaml.safe_load(block.code)
 
 
 @pytest.fixture(scope="module")
