@@ -9,6 +9,8 @@ import pybase64
 from starlette.responses import Response
 
 from ragcache.core import EmbedResult
+from ragcache.observe.compiled import choose
+from ragcache_server import _base64_answer_py
 from ragcache_server.deps import served_count_headers
 from ragcache_server.embedding.plan import EmbedPlan
 from ragcache_server.responses import JSONResponse
@@ -47,22 +49,6 @@ def openai_base64_answer(vectors: np.ndarray, model: str, num_tokens: int) -> by
 
 
 _ANSWER_HEAD = b'{"object":"list","data":['
-# A row's item as orjson writes {"object", "embedding", "index"}: its opening, and what closes row i.
-_ROW_OPENING = b'{"object":"embedding","embedding":"'
-
-
-def _join_rows(encoded: bytes | memoryview, width: int, head: bytes, tail: bytes, /) -> bytes:
-    """``_base64_answer.join_rows`` in Python: ``head``, each ``width``-byte row of ``encoded`` as an item of OpenAI's
-    ``data``, ``tail``; the rows are views, copied once, by the join."""
-    view = memoryview(encoded)
-    parts: list[bytes | memoryview] = [head]
-    for index, start in enumerate(range(0, len(view), width)):
-        parts += (b"," + _ROW_OPENING if index else _ROW_OPENING, view[start : start + width], b'","index":%d}' % index)
-    parts.append(tail)
-    return b"".join(parts)
-
-
-try:
-    from ragcache_server._base64_answer import join_rows
-except ImportError:  # built by `pip install` where a C compiler is
-    join_rows = _join_rows
+# Compiled where `pip install` found a C compiler, else its Python twin (a warning at import says so).
+BASE64_ANSWER = choose("base64_answer", "ragcache_server._base64_answer", _base64_answer_py)
+join_rows = BASE64_ANSWER.serving.join_rows

@@ -16,6 +16,7 @@ import pytest
 from ragcache.settings import Settings
 from ragcache_server.embedding import wire
 from ragcache_server.embedding.wire import openai_base64_answer
+from tests.errors import error_of
 from tests.live_server import LiveServer
 
 KEYS = {"embedder": "embed-only-key-0123456789", "searcher": "search-only-key-0123456789",
@@ -75,22 +76,29 @@ def test_the_base64_answer_is_what_orjson_writes_for_openais_shape():
         {"object": "list", "data": [], "model": "m", "usage": {"prompt_tokens": 0, "total_tokens": 0}})
 
 
-def test_the_compiled_answer_assembly_is_built_and_writes_what_the_python_one_does():
-    assert wire.join_rows is not wire._join_rows  # built by `make install`: the served path uses it
+def test_the_compiled_answer_assembly_is_built_and_serves():
+    assert wire.BASE64_ANSWER.implementation == "compiled"  # built by `make install`: the served path uses it
+    assert wire.join_rows is wire.BASE64_ANSWER.compiled.join_rows
+
+
+def test_both_answer_assemblies_write_the_same_bytes(implementation):
+    join_rows = wire.BASE64_ANSWER.of(implementation).join_rows  # tests/conftest.py: compiled, then python
     encoded = bytes(range(48, 48 + 64)) * 24
     for width in (64, 96, 1536):
         for head, tail in ((b"{[", b"]}"), (b"", b"")):
-            assert wire.join_rows(encoded, width, head, tail) == wire._join_rows(encoded, width, head, tail)
-    assert wire.join_rows(b"", 4, b"[", b"]") == wire._join_rows(b"", 4, b"[", b"]") == b"[]"
+            rows = [encoded[start : start + width] for start in range(0, len(encoded), width)]
+            items = [b'{"object":"embedding","embedding":"%b","index":%d}' % (row, i) for i, row in enumerate(rows)]
+            assert join_rows(encoded, width, head, tail) == head + b",".join(items) + tail
+    assert join_rows(b"", 4, b"[", b"]") == b"[]"
     with pytest.raises(ValueError, match="whole rows"):
-        wire.join_rows(b"abc", 2, b"", b"")
+        join_rows(b"abc", 2, b"", b"")
 
 
 def test_a_key_without_the_embed_scope_is_refused_before_the_fast_path_on_every_route(server):
     served = counts(server).num_served
     for path, body in (("/embed", {"inputs": TEXTS}), ("/", {"inputs": TEXTS}), ("/v1/embeddings", {"input": TEXTS})):
         refused = post(server, path, body, key="searcher")
-        assert refused.status_code == 403 and "embed" in refused.json()["error"]["message"], refused.text
+        assert refused.status_code == 403 and "embed" in error_of(refused)["message"], refused.text
         no_key = httpx.post(server.url + path, json=body, timeout=60)
         assert no_key.status_code == 401
     assert counts(server).num_served == served
@@ -103,11 +111,11 @@ def test_a_key_over_its_rate_is_refused_before_the_fast_path(server):
 
 def test_errors_on_the_fast_path_read_as_on_every_route(server):
     too_many = post(server, "/embed", {"inputs": [f"t{i}" for i in range(9)]})
-    assert too_many.status_code == 413 and too_many.json()["error"]["field"] == "inputs"
+    assert too_many.status_code == 413 and error_of(too_many)["field"] == "inputs"
     unknown = post(server, "/v1/embeddings", {"input": "x", "model": "no-such-model"})
-    assert unknown.status_code in (400, 404, 422) and "no-such-model" in unknown.json()["error"]["message"]
+    assert unknown.status_code in (400, 404, 422) and "no-such-model" in error_of(unknown)["message"]
     dims = post(server, "/v1/embeddings", {"input": "x", "dimensions": 3})
-    assert dims.status_code == 422 and dims.json()["error"]["field"] == "dimensions"
+    assert dims.status_code == 422 and error_of(dims)["field"] == "dimensions"
 
 
 def test_a_body_that_does_not_validate_is_handed_to_fastapi_and_gets_its_422(server):
@@ -116,7 +124,7 @@ def test_a_body_that_does_not_validate_is_handed_to_fastapi_and_gets_its_422(ser
         path = "/v1/embeddings" if isinstance(body, dict) and "input" in body else "/embed"
         answer = post(server, path, body)
         expected = (400, "invalid_json") if isinstance(body, bytes) else (422, "invalid_request")  # as every route answers
-        assert (answer.status_code, answer.json()["error"]["type"]) == expected, answer.text
+        assert (answer.status_code, error_of(answer)["type"]) == expected, answer.text
     assert counts(server).num_handed_over == handed + 4
     # Not JSON at all: FastAPI's path, untouched.
     served = counts(server).num_served
