@@ -109,7 +109,10 @@ def _error_details(response: httpx.Response) -> tuple[str, str | None]:
         return (response.text.strip()[:1000] or fallback), None
     error = payload.get("error") if isinstance(payload, dict) else None
     if isinstance(error, dict) and error.get("message"):
-        return str(error["message"]), error.get("field")
+        # The service's shape, and OpenAI's on /v1/* (``param`` where the service's has ``field``).
+        return str(error["message"]), error.get("field") or error.get("param")
+    if isinstance(error, str) and error:
+        return error, None  # TEI's shape on TEI's routes: {"error": "<message>", "error_type": ...}
     detail = payload.get("detail") if isinstance(payload, dict) else None
     if isinstance(detail, str):
         return detail, None

@@ -272,6 +272,18 @@ def test_embed_sends_the_input_type_only_when_asked():
     assert bodies[0]["input_type"] == "query" and "input_type" not in bodies[1] and "prompt_name" not in bodies[1]
 
 
+@pytest.mark.parametrize("body, field", [
+    ({"error": {"message": "the server's words", "type": "invalid_request_error", "param": "input", "code": None}}, "input"),
+    ({"error": {"message": "the server's words", "type": "invalid_request_error", "param": "input", "field": "input"}}, "input"),
+    ({"error": "the server's words", "error_type": "Validation"}, None),
+])
+def test_openai_and_tei_error_bodies_keep_the_message_and_field(body, field):
+    handler = Recorder(httpx.Response(400, json=body))
+    with client_for(handler) as client, pytest.raises(InvalidInputError) as info:
+        client.embed(["a"])
+    assert str(info.value) == "the server's words" and info.value.field == field
+
+
 def test_fastapi_validation_detail_names_the_field():
     detail = [{"loc": ["body", "top_k"], "msg": "Input should be less than or equal to 1000", "type": "x"}]
     handler = Recorder(httpx.Response(422, json={"detail": detail}))
