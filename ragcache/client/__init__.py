@@ -22,9 +22,9 @@ Errors are the library's own tree, carrying the server's message and a ``status_
 
     RagCacheError
     ├── InvalidInputError        400, 413, 422 (``field`` as the server named it)
-    ├── NotFoundError            404
+    ├── NotFoundError            404 (``field``: ``collection`` or ``model``, as the server named what is missing)
     ├── ConflictError            409
-    ├── AuthenticationError      401, 403                                          (defined here)
+    ├── AuthenticationError      401 (saying to pass ``Client(api_key=...)``), 403   (defined here)
     ├── ServiceUnavailableError  cannot connect, timed out, 429 or 502/503/504       (defined here)
     └── ServiceError             any other failed answer, or one that is not the expected JSON (defined here)
 
