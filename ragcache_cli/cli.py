@@ -372,7 +372,18 @@ def run_config(args) -> int:
     else:
         settings = Settings.load(args.config)  # a value that does not parse: a one-line ConfigError
         print("\n".join(effective_env_lines(settings)))
+        print(_compiled_line())
     return 0
+
+
+def _compiled_line() -> str:
+    """Which implementation of each C/Python pair serves in this install (``ragcache.observe.compiled``), as a
+    comment line, so the output stays a settings file. Importing a pair's module is what chooses it."""
+    import ragcache.tiers.lru_index  # noqa: F401
+    import ragcache_server.embedding.wire  # noqa: F401
+    from ragcache.observe.compiled import implementations
+
+    return "# compiled loops: " + ", ".join(f"{name}={kind}" for name, kind in implementations().items())
 
 
 if __name__ == "__main__":

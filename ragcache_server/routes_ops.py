@@ -14,6 +14,7 @@ import ragcache
 from ragcache.core import Scope
 from ragcache.models import DriftState, upstream_figures
 from ragcache.observe import redact_url
+from ragcache.observe.compiled import implementations
 from ragcache.retrieval import own_named
 from ragcache_server.auth import principal_of
 from ragcache_server.deps import metrics_registry_of, state_of
@@ -187,6 +188,8 @@ def _admin_info(state: ServiceState, models: list[dict]) -> dict:
             # Redacted: a URI may carry a user and password (ragcache.observe.redact).
             "milvus": redact_url(uri) if (uri := state.settings.levels.resolved_milvus_uri) else "off",
         },
+        # Which implementation of each C/Python pair serves: "python" means an install without a C compiler.
+        "implementations": implementations(),
         "versions": {
             "ragcache": ragcache.__version__,
             "python": platform.python_version(),
