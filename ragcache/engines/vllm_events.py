@@ -158,6 +158,7 @@ class KVEventSubscriber:
         self._unproved = True
         self.last_seq: int | None = None
         self._last_digest: bytes | None = None  # of the payload at last_seq: the proof that a stream goes on
+        self._rebuilt = False  # the index was cleared for another stream: the registry hears of it once synced
         self.num_batches = 0
         self.num_events = 0
         self.num_failures = 0
@@ -187,6 +188,14 @@ class KVEventSubscriber:
                 self._state, self._sync_at = "synced", None
             else:
                 self._state, self._sync_at = "syncing", self.last_seq
+                return
+        self._synced_now()
+
+    def _synced_now(self) -> None:
+        # A rebuilt index (another stream: the engine's cache is new) is news to the registry once it can be read.
+        if self._rebuilt:
+            self._rebuilt = False
+            self._changed()
 
     # ----- the threads --------------------------------------------------------------------------------------------
 
@@ -313,7 +322,7 @@ class KVEventSubscriber:
         self.num_new_streams += 1
         log.info("KV events of %s: another stream (%s); the index starts over", self.base_url, why)
         self._forget_stream()
-        self._changed()
+        self._rebuilt = True
 
     def _receive(self, frames: list[bytes]) -> None:
         if self._unproved:
@@ -438,8 +447,11 @@ class KVEventSubscriber:
                 self._rebuild.set()
                 continue
             with self._lock:
-                if self._sync_at is not None and seq >= self._sync_at:
+                synced_now = self._sync_at is not None and seq >= self._sync_at
+                if synced_now:
                     self._state, self._sync_at = "synced", None
+            if synced_now:
+                self._synced_now()
             if changed:
                 self._changed()
 

@@ -37,6 +37,7 @@ from .allow import TargetPolicy
 from .config import PrefixRegistryConfig
 from .known import KnownPrefixes
 from .lease import LocalWarmGate, RedisWarmGate, TenantBudgets, WarmGate
+from .loop import KeepWarmLoop
 from .model import (
     MAX_USES_PER_REPORT,
     Prefix,
@@ -56,7 +57,6 @@ from .store import PrefixStore, make_store
 from .targets import Targets
 from .text import find_volatile, render_messages, render_text, template_head
 from .tokens import LocalTokenCounter
-from .warming import KeepWarm
 
 __all__ = ["PrefixRegistry"]
 
@@ -98,7 +98,7 @@ class PrefixRegistry:
         gate = gate or LocalWarmGate(TenantBudgets(self.config.warm_budget_per_minute,
                                                    self.config.warm_budget_per_tenant_per_minute, clock))
         self._targets = Targets(vllm, self.config, clock=clock)
-        self._keep_warm = KeepWarm(self._known, self._targets, vllm, self.config, gate=gate, clock=clock,
+        self._keep_warm = KeepWarmLoop(self._known, self._targets, vllm, self.config, gate=gate, clock=clock,
                                    wall_clock=wall_clock, policy=self._policy)
 
     @classmethod

@@ -165,7 +165,8 @@ def test_decoding_refuses_what_vllm_never_sends():
 def test_an_engine_restarted_with_a_new_stream_is_never_reported_holding_the_dead_ones_blocks(publisher):
     """Issue 42, item 2: a publisher back with a new stream (its sequence from 0 again, the last batch applied here
     not in its buffer, or another batch under that number) clears the index before the endpoint counts as synced."""
-    subscriber = subscriber_of(publisher)
+    changes: list[str] = []
+    subscriber = subscriber_of(publisher, changes)
     states: list[str] = []
     try:
         store_prefix(publisher)
@@ -181,6 +182,7 @@ def test_an_engine_restarted_with_a_new_stream_is_never_reported_holding_the_dea
                 states.append(f"{subscriber.state}:{resident(subscriber)}")
                 time.sleep(0.001)
             assert resident(subscriber) == 0 and subscriber.index.num_blocks == 2 and subscriber.num_new_streams == 1
+            assert wait_until(lambda: changes == ["http://vllm.test"])  # the registry hears of the new cache once synced
         finally:
             restarted.close()
     finally:
