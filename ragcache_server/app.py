@@ -18,7 +18,7 @@ from ragcache.app.metrics import ServerRestartsCollector
 from ragcache.models import UpstreamCollector
 from ragcache.prefixes import register_prefix_metrics
 from ragcache.settings import Settings
-from ragcache_server import embedding, prefixes_api, routes_docs, routes_ops, routes_rerank, routes_retrieval, routes_ui
+from ragcache_server import embedding, prefixes_api, routes_docs, routes_ops, routes_rerank, routes_retrieval, routes_ui, start_logs
 from ragcache_server.auth import OPEN_PATHS, AccessMiddleware, KeyRing
 from ragcache_server.deps import blocking
 from ragcache_server.embedding import MAX_GROUP_TEXTS, EmbedFastPath, EmbedGroups, FastPathCounts
@@ -37,6 +37,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
+        start_logs.install()  # a start-up error in one line, dependencies' harmless warnings quiet (start_logs.py)
         retain_freed_memory(settings.service.malloc_retain_bytes)  # before the model loads: its allocations too
         # Before any worker thread: each takes torch's thread count when it first runs an operation.
         any_local_model = bool(local_models(settings) or settings.rerank.rerank_models)

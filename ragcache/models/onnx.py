@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import uuid
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -62,11 +63,18 @@ def export_transformer(st_model, folder: Path, *, quantize: bool) -> Path:
         sample = st_model.preprocess(["an example text to trace the model with", "short"])
         names = tuple(name for name in _INPUT_NAMES if name in sample)
         axes = {name: {0: "batch", 1: "sequence"} for name in (*names, "last_hidden_state")}
-        _atomic(fp32, lambda tmp: torch.onnx.export(
-            _Transformer(module.model, names).eval(), tuple(sample[name] for name in names), str(tmp),
-            dynamo=False, input_names=list(names), output_names=["last_hidden_state"], dynamic_axes=axes,
-            opset_version=OPSET,
-        ))
+        with warnings.catch_warnings():
+            # The tracer's notes on transformers' Python-level checks (a padding length and an is_causal flag, both
+            # the same for every input of an encoder: the traced graph is compared with torch's vectors in
+            # tests/models) and the exporter's note that advanced indexing takes several ONNX operators: nothing a
+            # user can act on, printed at the first start with the ONNX backend.
+            warnings.simplefilter("ignore", torch.jit.TracerWarning)
+            warnings.filterwarnings("ignore", message="Exporting aten::index operator of advanced indexing")
+            _atomic(fp32, lambda tmp: torch.onnx.export(
+                _Transformer(module.model, names).eval(), tuple(sample[name] for name in names), str(tmp),
+                dynamo=False, input_names=list(names), output_names=["last_hidden_state"], dynamic_axes=axes,
+                opset_version=OPSET,
+            ))
     if not quantize:
         return fp32
     int8 = folder / "model.int8.onnx"

@@ -15,13 +15,13 @@ _EXPORTS = {
     ".tracing": ("Tracing", "span"),
     ".progress": ("progress_bar",),
     ".redact": ("redact_text", "redact_url"),
-    ".logs": ("RepeatedWarnings",),
+    ".logs": ("DropMessages", "RepeatedWarnings"),
 }
 
 __all__, __getattr__ = lazy_exports(__name__, _EXPORTS)
 
 if TYPE_CHECKING:
-    from ragcache.observe.logs import RepeatedWarnings
+    from ragcache.observe.logs import DropMessages, RepeatedWarnings
     from ragcache.observe.progress import progress_bar
     from ragcache.observe.redact import redact_text, redact_url
     from ragcache.observe.tracing import Tracing, span

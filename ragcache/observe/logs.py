@@ -17,7 +17,19 @@ import threading
 import time
 from collections.abc import Callable
 
-__all__ = ["RepeatedWarnings"]
+__all__ = ["DropMessages", "RepeatedWarnings"]
+
+
+class DropMessages(logging.Filter):
+    """A logger filter that drops records whose message starts with one of ``prefixes``: for a dependency's line that
+    says nothing a reader can act on (each use says why, where it installs one)."""
+
+    def __init__(self, *prefixes: str) -> None:
+        super().__init__()
+        self.prefixes = prefixes
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (isinstance(record.msg, str) and record.msg.startswith(self.prefixes))
 
 
 class RepeatedWarnings(logging.Filter):

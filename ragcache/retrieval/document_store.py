@@ -6,6 +6,7 @@ Every write invalidates the collection's cached search results (``ResultCache``)
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -13,6 +14,7 @@ import numpy as np
 
 from ragcache.core.cache import EmbeddingCache
 from ragcache.errors import InvalidInputError, TierUnavailableError
+from ragcache.observe.logs import DropMessages
 from ragcache.retrieval.catalog import Catalog, CollectionRecord
 from ragcache.retrieval.documents import (
     Document,
@@ -25,6 +27,11 @@ from ragcache.retrieval.names import CollectionName
 from ragcache.retrieval.result_cache import ResultCache
 from ragcache.retrieval.results import IngestResult
 from ragcache.retrieval.sync import MAX_LISTED_IDS, SyncOptions, source_expression, sources_of
+
+# pymilvus' query_iterator (listing a collection's ids) asks the server for a snapshot timestamp; Milvus Lite has none
+# to give, and pymilvus then warns at every listing that it uses the client's clock instead. Harmless: the listing
+# reads what was written before it either way (Milvus Lite has one writer, and a server's answer is the same snapshot).
+logging.getLogger("pymilvus.orm.iterator").addFilter(DropMessages("failed to get mvccTs from milvus server"))
 
 __all__ = ["BATCH_ROWS", "DocumentStore", "in_order_asked"]
 

@@ -85,7 +85,7 @@ class MilvusConnection:
     def _open(self) -> MilvusClient:
         shown = redact_url(self.uri)
         try:
-            client = self._client_factory(self.uri, timeout=self.timeout_s, **self._credentials)
+            client = self._client_factory(self.uri, timeout=self.timeout_s, **self._credentials, **_grpc_options_for(self.uri))
         except milvus_failures as exc:
             message = redact_text(str(exc), self.uri, *self._credentials.values())
             raise TierUnavailableError("Milvus", f"cannot reach the server at {shown}: {message}") from exc
@@ -108,6 +108,16 @@ class MilvusConnection:
                 self._closed = True
                 if self.uri.endswith(".db"):
                     _release_milvus_lite(self.uri)
+
+
+# pymilvus pings its server every 10 s even when idle (gRPC keepalive), which a server may answer with GOAWAY
+# "too_many_pings" and a logged error. To Milvus Lite (a .db file's child process, or our MilvusLiteServer on a unix
+# socket) the pings find out nothing that its exit would not: off there; a remote server keeps pymilvus' defaults.
+_LOCAL_GRPC_OPTIONS = {"grpc.keepalive_time_ms": 2**31 - 1, "grpc.keepalive_permit_without_calls": False}
+
+
+def _grpc_options_for(uri: str) -> dict:
+    return {"grpc_options": dict(_LOCAL_GRPC_OPTIONS)} if uri.endswith(".db") or uri.startswith("unix:") else {}
 
 
 # Milvus Lite (a .db path): pymilvus starts one `milvus` server process per database path and keeps it until this

@@ -55,6 +55,14 @@ def test_every_call_that_reaches_milvus_gets_the_deadline():
     assert [kwargs["timeout"] for _, kwargs in client.calls] == [2.5] * 12 + [9.0]
 
 
+def test_a_local_milvus_lite_is_not_pinged_and_a_server_keeps_the_defaults():
+    """pymilvus' idle keepalive pings (every 10 s) can draw a GOAWAY "too_many_pings"; a local socket needs none."""
+    local = MilvusConnection("unix:/tmp/rc-milvus-x/milvus.sock", client_factory=RecordingClient)._connected()
+    assert local.options["grpc_options"] == {"grpc.keepalive_time_ms": 2**31 - 1, "grpc.keepalive_permit_without_calls": False}
+    remote = MilvusConnection("http://10.0.0.1:19530", client_factory=RecordingClient)._connected()
+    assert "grpc_options" not in remote.options
+
+
 def test_credentials_and_the_uri_password_never_show_in_the_repr():
     connection = MilvusConnection("http://root:hunter2@10.0.0.1:19530", password="pw-apart", client_factory=RecordingClient)
     assert repr(connection) == "MilvusConnection('http://***@10.0.0.1:19530', timeout_s=5.0)"
