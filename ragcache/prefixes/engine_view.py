@@ -16,7 +16,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from ragcache.engines import EventsConfig, KVEventSubscriber, PromptForm, Target, TargetUnavailableError, VLLMClient, prefix_digests
-from ragcache.errors import ConfigError
 
 from .config import PrefixRegistryConfig
 from .model import EventsStats, Prefix
@@ -55,11 +54,6 @@ class EngineView:
         self._vllm = vllm
         self._config = registry_config or PrefixRegistryConfig()
         self._clock = clock
-        if events:
-            try:
-                import zmq  # noqa: F401 - pyzmq: the subscribers' transport, needed only where an endpoint publishes
-            except ImportError:
-                raise ConfigError("RAGCACHE_PREFIX_KV_EVENTS needs pyzmq (pip install pyzmq)") from None
         # The subscribers keep real time (socket deadlines, their breakers' back-off), whatever clock the registry has.
         self._subscribers = {url: KVEventSubscriber(url, config, on_change=self._changed) for url, config in events.items()}
         # The first check falls due verify_interval_s after the start, as every later one after the last warm.

@@ -9,7 +9,7 @@ from typing import Any, Protocol
 
 from ragcache.errors import InvalidInputError
 
-from .model import Prefix, PromptForm, VolatileSpan
+from .model import Prefix, VolatileSpan
 
 __all__ = ["Chunk", "assemble_prompt", "template_head", "template_slots", "render_text", "render_messages",
            "find_volatile"]
@@ -132,11 +132,3 @@ def find_volatile(text: str) -> tuple[VolatileSpan, ...]:
             claimed.append((m.start(), m.end()))
             spans.append(VolatileSpan(kind, m.start(), m.end(), m.group()))
     return tuple(sorted(spans, key=lambda s: s.start))
-
-
-def form_of(value: str | PromptForm) -> PromptForm:
-    """Parse a prompt form, converting a bad value into the library's error."""
-    try:
-        return PromptForm(value)
-    except ValueError as exc:
-        raise InvalidInputError(f"unknown prompt form {value!r}", field="form") from exc
