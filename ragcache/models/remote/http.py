@@ -17,7 +17,9 @@ How one ``encode`` call goes:
    once, except one probe per back-off, until a probe succeeds. A refusal of a caller's own key
    (pass-through: 4xx, 429 included) fails that caller only, is not retried and leaves the breaker closed;
    any other failure met with a caller's key opens that key's own breaker, never the model's;
-5. a failure fails only the texts of that request (``PartialEncodeError`` keeps the others' vectors).
+5. a failure fails only the texts of that request (``PartialEncodeError`` keeps the others' vectors); a request the
+   upstream refused for something in its texts (400, 413, 422) is isolated here: each of its texts is sent again
+   alone, once, and only the refused ones fail (marked isolated, so the batcher does not send them again).
 """
 
 from __future__ import annotations
@@ -142,32 +144,49 @@ class RemoteEncoder:
         sent = [self.model.prompt + text for text in texts] if self.model.prompt else texts
         counts = self._tokens.count(sent)
         requests = [
-            (positions, caller_key, run)
+            (positions[run.start : run.stop], caller_key)
             for positions, caller_key in by_key
             for run in plan_requests([counts[i] for i in positions], self.model.max_inputs, self.model.max_tokens)
         ]
-
-        def call(positions: list[int], caller_key: ApiKey | None, run: range) -> np.ndarray | UpstreamError:
-            chosen = positions[run.start : run.stop]
-            return self._call_catching([sent[i] for i in chosen], sum(counts[i] for i in chosen), caller_key)
-
-        if len(requests) == 1:
-            outcomes: list[np.ndarray | UpstreamError] = [call(*requests[0])]
-        else:
-            outcomes = [future.result() for future in [self._pool.submit(call, *request) for request in requests]]
+        outcomes = self._send(requests, sent, counts)
+        refused = [index for index, ((chosen, _), outcome) in enumerate(zip(requests, outcomes))
+                   if len(chosen) > 1 and isinstance(outcome, UpstreamError) and outcome.per_text]
+        if refused:
+            # The upstream refused something in a request's texts (400, 413, 422) without saying which: each of its
+            # texts goes again alone, once. Halving the request instead (the batcher's isolation) sent its texts
+            # about twice more (its halves, their halves, ...), and a group's members walked alone after that sent
+            # the refused one once more: 1.66x a group's texts for one refused text.
+            alone = [([position], requests[index][1]) for index in refused for position in requests[index][0]]
+            kept = [index for index in range(len(requests)) if index not in set(refused)]
+            requests = [requests[index] for index in kept] + alone
+            outcomes = [outcomes[index] for index in kept] + self._send(alone, sent, counts)
+        for (chosen, _), outcome in zip(requests, outcomes):
+            if len(chosen) == 1 and isinstance(outcome, UpstreamError) and outcome.per_text:
+                # Refused alone: the text's own refusal, isolated already; the batcher must not send it again.
+                outcome.per_text = False
         failed = [outcome for outcome in outcomes if isinstance(outcome, UpstreamError)]
         if len(failed) == len(outcomes):
             raise failed[0]
         if len(requests) == 1:  # the common case: the decoded answer is the result, no rows split and stacked again
-            return torch.from_numpy(outcomes[0]).to(self._dtype)
+            return torch.from_numpy(outcomes[0]).to(self._dtype)  # type: ignore[arg-type]
         per_text: list = [None] * len(texts)
-        for (positions, _, run), outcome in zip(requests, outcomes):
-            rows = [outcome] * len(run) if isinstance(outcome, UpstreamError) else list(torch.from_numpy(outcome).to(self._dtype))
-            for position, row in zip(positions[run.start : run.stop], rows):
+        for (chosen, _), outcome in zip(requests, outcomes):
+            rows = [outcome] * len(chosen) if isinstance(outcome, UpstreamError) else list(torch.from_numpy(outcome).to(self._dtype))
+            for position, row in zip(chosen, rows):
                 per_text[position] = row
         if failed:
             raise PartialEncodeError(per_text)
         return torch.stack(per_text)
+
+    def _send(self, requests: list[tuple[list[int], ApiKey | None]], sent: list[str], counts: list[int]) -> list[np.ndarray | UpstreamError]:
+        """Each request's vectors or error, the requests in parallel (at most ``concurrency`` in flight)."""
+
+        def call(chosen: list[int], caller_key: ApiKey | None) -> np.ndarray | UpstreamError:
+            return self._call_catching([sent[i] for i in chosen], sum(counts[i] for i in chosen), caller_key)
+
+        if len(requests) == 1:
+            return [call(*requests[0])]
+        return [future.result() for future in [self._pool.submit(call, *request) for request in requests]]
 
     def _by_key(self, texts: list[str]) -> list[tuple[list[int], ApiKey | None]]:
         """Positions of ``texts`` per caller key they go upstream with (pass-through; None: the model's own
