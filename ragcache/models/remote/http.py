@@ -178,7 +178,8 @@ class RemoteEncoder:
             raise PartialEncodeError(per_text)
         return torch.stack(per_text)
 
-    def _send(self, requests: list[tuple[list[int], ApiKey | None]], sent: list[str], counts: list[int]) -> list[np.ndarray | UpstreamError]:
+    def _send(self, requests: list[tuple[list[int], ApiKey | None]], sent: list[str],
+              counts: list[int]) -> list[np.ndarray | UpstreamError]:
         """Each request's vectors or error, the requests in parallel (at most ``concurrency`` in flight)."""
 
         def call(chosen: list[int], caller_key: ApiKey | None) -> np.ndarray | UpstreamError:
