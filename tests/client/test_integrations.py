@@ -4,8 +4,6 @@ service with real Redis, Milvus Lite and the model."""
 
 from __future__ import annotations
 
-import json
-
 import httpx
 import numpy as np
 import pytest
@@ -20,11 +18,9 @@ from ragcache.integrations.langchain import RagCacheRetriever, RagCacheVectorSto
 from ragcache.integrations.llamaindex import RagCacheEmbedding
 from ragcache.integrations.llamaindex import RagCacheRetriever as LlamaRetriever
 from ragcache.retrieval.ranking import SearchOptions
-from ragcache.settings import Settings
 from ragcache.storage.processes import free_port
-from tests.live_server import LiveServer
+from tests.client.conftest import KEY
 
-KEY = "integrations-key-0123456789"
 DOCUMENTS = [
     {"id": "kv", "text": "A KV cache keeps attention keys and values so a prefix is not computed again.", "metadata": {"topic": "llm"}},
     {"id": "milvus", "text": "Milvus is a database for vector similarity search.", "metadata": {"topic": "db"}},
@@ -35,12 +31,10 @@ QUERY = "which entry does an LRU cache evict?"
 
 
 @pytest.fixture(scope="module")
-def server(redis_server, tmp_path_factory):
-    keys = json.dumps({"keys": [{"name": "app", "key": KEY, "scopes": "*"}]})
-    with LiveServer(Settings(redis_url=redis_server, data_dir=tmp_path_factory.mktemp("integrations"), api_keys=keys)) as live:
-        with Client(live.url, api_key=KEY, timeout=120) as client:
-            client.add_documents("notes", DOCUMENTS)
-        yield live
+def server(keyed_service):
+    with Client(keyed_service.url, api_key=KEY, timeout=120) as client:
+        client.add_documents("notes", DOCUMENTS)
+    return keyed_service
 
 
 @pytest.fixture

@@ -9,7 +9,6 @@ store per test, and a collection never written is one.
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -21,10 +20,9 @@ from langchain_tests.unit_tests import EmbeddingsUnitTests
 from ragcache.client import AsyncClient, Client
 from ragcache.errors import NotFoundError
 from ragcache.integrations.langchain import RagCacheEmbeddings, RagCacheRetriever, RagCacheVectorStore
-from ragcache.settings import Settings
+from tests.client.conftest import KEY
 from tests.live_server import LiveServer
 
-KEY = "langchain-standard-key-0123456789"
 RETRIEVER_COLLECTION = "lc_retriever"
 RETRIEVER_TEXTS = [
     "A KV cache keeps attention keys and values so a prefix is not computed again.",
@@ -36,13 +34,10 @@ RETRIEVER_TEXTS = [
 
 
 @pytest.fixture(scope="module")
-def service(redis_server, tmp_path_factory) -> Iterator[LiveServer]:
-    keys = json.dumps({"keys": [{"name": "app", "key": KEY, "scopes": "*"}]})
-    settings = Settings(redis_url=redis_server, data_dir=tmp_path_factory.mktemp("langchain-standard"), api_keys=keys)
-    with LiveServer(settings) as live:
-        with Client(live.url, api_key=KEY, timeout=120) as client:
-            client.add_documents(RETRIEVER_COLLECTION, [{"id": f"r{i}", "text": text} for i, text in enumerate(RETRIEVER_TEXTS)])
-        yield live
+def service(keyed_service) -> LiveServer:
+    with Client(keyed_service.url, api_key=KEY, timeout=120) as client:
+        client.add_documents(RETRIEVER_COLLECTION, [{"id": f"r{i}", "text": text} for i, text in enumerate(RETRIEVER_TEXTS)])
+    return keyed_service
 
 
 @pytest.fixture

@@ -5,7 +5,6 @@ queries with metadata filters, deletes by source document. Each test writes a co
 
 from __future__ import annotations
 
-import json
 import uuid
 
 import pytest
@@ -26,13 +25,11 @@ from ragcache.client import AsyncClient, Client
 from ragcache.errors import InvalidInputError, NotFoundError
 from ragcache.integrations.llamaindex import RagCacheEmbedding, RagCacheVectorStore
 from ragcache.integrations.llamaindex_store import filter_expression
-from ragcache.settings import Settings
-from tests.live_server import LiveServer
+from tests.client.conftest import KEY
 
 Filter = MetadataFilter
 SOURCE = NodeRelationship.SOURCE
 
-KEY = "llamaindex-store-key-0123456789"
 DOCUMENTS = [
     LlamaDocument(text="A KV cache keeps attention keys and values so a prefix is not computed again.", id_="kv",
                   metadata={"topic": "llm", "year": 2023}),
@@ -46,10 +43,8 @@ QUERY = "which entry does an LRU cache evict?"
 
 
 @pytest.fixture(scope="module")
-def service(redis_server, tmp_path_factory):
-    keys = json.dumps({"keys": [{"name": "app", "key": KEY, "scopes": "*"}]})
-    with LiveServer(Settings(redis_url=redis_server, data_dir=tmp_path_factory.mktemp("llamaindex-store"), api_keys=keys)) as live:
-        yield live
+def service(keyed_service):
+    return keyed_service
 
 
 @pytest.fixture
@@ -66,7 +61,9 @@ async def async_client(service):
 
 @pytest.fixture
 def store(client):
-    return RagCacheVectorStore(client, f"li_{uuid.uuid4().hex}")
+    made = RagCacheVectorStore(client, f"li_{uuid.uuid4().hex}")
+    yield made
+    made.clear()  # the shared service keeps no test's collection
 
 
 def index_over(store: RagCacheVectorStore, client: Client) -> VectorStoreIndex:
@@ -173,3 +170,4 @@ async def test_the_async_methods_use_the_async_client(client, async_client):
     assert (await store.aquery(VectorStoreQuery(query_str="ice cream", similarity_top_k=2))).ids == ["bread"]
     index = VectorStoreIndex.from_vector_store(store, embed_model=RagCacheEmbedding(client=client, async_client=async_client))
     assert [node.node.node_id for node in await index.as_retriever(similarity_top_k=1).aretrieve("oven")] == ["bread"]
+    client.drop_collection(store.collection)
