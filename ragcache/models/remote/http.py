@@ -168,7 +168,7 @@ class RemoteEncoder:
         if len(failed) == len(outcomes):
             raise failed[0]
         if len(requests) == 1:  # the common case: the decoded answer is the result, no rows split and stacked again
-            return torch.from_numpy(outcomes[0]).to(self._dtype)  # type: ignore[arg-type]
+            return torch.from_numpy(outcomes[0]).to(self._dtype)
         per_text: list = [None] * len(texts)
         for (chosen, _), outcome in zip(requests, outcomes):
             rows = [outcome] * len(chosen) if isinstance(outcome, UpstreamError) else list(torch.from_numpy(outcome).to(self._dtype))
