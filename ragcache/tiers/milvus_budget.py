@@ -87,5 +87,7 @@ class BudgetKeeper:
 
     def _count(self, before_ms: int | None) -> int:
         expression = "" if before_ms is None else f"{WRITTEN_AT} < {before_ms}"
-        rows = self.client.query(self.collection, filter=expression, output_fields=["count(*)"])
+        # Strong: the count sees the write that triggered the check and the delete before it (the collection's own
+        # level, Bounded by default, may answer from a view a moment old on a server).
+        rows = self.client.query(self.collection, filter=expression, output_fields=["count(*)"], consistency_level="Strong")
         return int(rows[0]["count(*)"])
