@@ -22,6 +22,7 @@ from ragcache_server import embedding, prefixes_api, routes_docs, routes_ops, ro
 from ragcache_server.auth import OPEN_PATHS, AccessMiddleware, KeyRing
 from ragcache_server.deps import blocking
 from ragcache_server.embedding import MAX_GROUP_TEXTS, EmbedFastPath, EmbedGroups, FastPathCounts
+from ragcache_server.error_shapes import ErrorShapes
 from ragcache_server.errors import install_error_handlers
 from ragcache_server.limits import LimitsMiddleware, RateLimiter
 from ragcache_server.probes import LevelProbes
@@ -90,7 +91,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     routers = [module.router for module in (embedding, routes_retrieval, routes_rerank, prefixes_api, routes_ops, routes_ui,
                                                  routes_docs)]
     for router in routers:
-        app.include_router(router, responses=ERROR_RESPONSES)  # type: ignore[arg-type]
+        # The embedding routes name their own error bodies, OpenAI's and TEI's (ragcache_server/error_shapes.py).
+        app.include_router(router, responses=None if router is embedding.router else ERROR_RESPONSES)
     # The last added runs first: keys and rate limits are checked before a body is read (docs/SECURITY.md).
     app.state.workers = WorkerPool(settings.service.max_worker_threads)
     # Innermost: the embedding routes' fast path answers inside every check below (embedding/fast_path.py).
@@ -107,6 +109,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # gets its scope, or admin when unlisted, instead of being open to any key.
     routes = [(method, route.path) for router in routers for route in router.routes for method in route.methods]
     app.add_middleware(AccessMiddleware, keys=KeyRing.from_settings(settings), limiter=limiter, routes=routes)
+    # Outside every check that answers an error: OpenAI's and TEI's routes answer theirs in their shapes.
+    app.add_middleware(ErrorShapes)
     # Outermost: a request's span (RAGCACHE_TRACING) covers the refusals above as well.
     app.add_middleware(TracingMiddleware)
     return app

@@ -8,7 +8,7 @@ from ragcache.rerank import RerankCache, RerankResult
 from ragcache_server.deps import blocking, check_count, check_text_size, rerank_scope, served_count_headers, state_of
 from ragcache_server.errors import HTTPError
 from ragcache_server.responses import JSONResponse
-from ragcache_server.schemas import RerankRequest
+from ragcache_server.schemas import RERANK_ERROR_RESPONSES, RerankRequest
 
 router = APIRouter(tags=["reranking"])
 
@@ -27,7 +27,8 @@ def check_lengths(reranker: RerankCache, query: str, texts: list[str], field: st
             raise HTTPError(413, message, field=f"{field}[{index}]")
 
 
-@router.post("/rerank", summary="Score texts against a query, best first (text-embeddings-inference and Cohere compatible)")
+@router.post("/rerank", summary="Score texts against a query, best first (text-embeddings-inference and Cohere compatible)",
+             responses=RERANK_ERROR_RESPONSES)
 async def rerank(body: RerankRequest, request: Request) -> JSONResponse:
     """TEI's answer ``[{index, score}]`` for ``texts``; Cohere's ``{"results": [{index, relevance_score}]}`` for
     ``documents``. Headers ``X-Cache-*`` tell how many scores each level served."""

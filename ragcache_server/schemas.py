@@ -41,6 +41,10 @@ def count_ids(value: object, field: str) -> object:
     return value
 
 
+# TEI's truncation directions, in any case (huggingface_hub sends "left"; TEI's enum says "Left").
+_LEFT, _RIGHT = "[Ll][Ee][Ff][Tt]", "[Rr][Ii][Gg][Hh][Tt]"
+
+
 class Body(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -52,7 +56,10 @@ class EmbedRequest(Body):
                                             "of ids or a list of lists, read with the model's tokenizer")
     normalize: StrictBool = Field(True, description="L2-normalise the vectors (TEI's default)")
     truncate: StrictBool | None = Field(None, description="truncate over-long texts; default: the server setting")
-    truncation_direction: Literal["Right", "right"] = "Right"
+    truncation_direction: StrictStr = Field(
+        "Right", pattern=f"^({_LEFT}|{_RIGHT})$",
+        description="Left or Right, in any case (TEI's enum; huggingface_hub sends it lowercase): which end of an "
+                    "over-long text is cut when truncating")
     prompt_name: StrictStr | None = Field(None, description="a named prompt of the model (GET /info lists them)")
     input_type: StrictStr | None = Field(None, description=INPUT_TYPE_HELP)
     model: StrictStr | None = Field(None, description="served model name; default: the server's model")
@@ -233,7 +240,8 @@ class RerankRequest(Body):
     return_text: StrictBool = Field(False, description="TEI: echo each text in its result")
     return_documents: StrictBool = Field(False, description="Cohere/Infinity: echo each document in its result")
     truncate: StrictBool | None = Field(None, description="truncate over-long pairs; default: the server setting")
-    truncation_direction: Literal["Right", "right"] = "Right"
+    truncation_direction: StrictStr = Field("Right", pattern=f"^{_RIGHT}$",
+                                            description="Right, in any case: pairs are cut at their end")
     raw_scores: Literal[False] = Field(False, description="scores are the model's sigmoid; raw logits are not served")
     top_n: StrictInt | None = Field(None, ge=1, description="return the best n only; default: all, sorted")
     model: StrictStr | None = Field(None, description="served reranker name; default: the first served")
@@ -255,24 +263,67 @@ class ErrorDetail(BaseModel):
 
 
 class ErrorResponse(BaseModel):
+    """ragcache's own error body (every route but OpenAI's and TEI's, ragcache_server/error_shapes.py)."""
+
     error: ErrorDetail
 
 
-# Every route can answer these; the OpenAPI schema names the one error body they all share.
-ERROR_RESPONSES = {
-    status: {"model": ErrorResponse, "description": description}
-    for status, description in [
-        (400, "the body is not valid JSON"),
-        (401, "missing or wrong API key (when the server has keys)"),
-        (403, "the API key lacks the scope this route needs, or an ingest would pass the tenant's collection quota"),
-        (404, "unknown model, collection or prefix"),
-        (408, "the body did not arrive within the server's body timeout"),
-        (409, "the collection belongs to another embedding space"),
-        (413, "too many texts, a text or body over the size limit, a text over the token limit with truncate=false, "
-              "or an answer over the answer limit"),
-        (422, "a field is missing, of the wrong type, or invalid; `field` names it"),
-        (429, "this key's rate limit is exhausted; Retry-After says when to retry"),
-        (503, "a store the request needs is down, or the model's queue is full (Retry-After says when to retry)"),
-        (504, "the request took longer than the server's request timeout"),
-    ]
+class TEIErrorResponse(BaseModel):
+    """text-embeddings-inference's error body (its routes: /embed, /, /tokenize, /decode, /rerank with ``texts``),
+    with ragcache's ``type`` and ``field`` beside it."""
+
+    error: str
+    error_type: Literal["Validation", "Tokenizer", "Overloaded", "Backend", "Unhealthy"]
+    type: str | None = None
+    field: str | None = None
+
+
+class OpenAIErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+    field: str | None = None
+
+
+class OpenAIErrorResponse(BaseModel):
+    """OpenAI's error body (``/v1/*``), with ragcache's ``field`` beside ``param``."""
+
+    error: OpenAIErrorDetail
+
+
+ERROR_STATUSES = [
+    (400, "the body is not valid JSON"),
+    (401, "missing or wrong API key (when the server has keys)"),
+    (403, "the API key lacks the scope this route needs, or an ingest would pass the tenant's collection quota"),
+    (404, "unknown model, collection or prefix"),
+    (408, "the body did not arrive within the server's body timeout"),
+    (409, "the collection belongs to another embedding space"),
+    (413, "too many texts, a text or body over the size limit, a text over the token limit with truncate=false, "
+          "or an answer over the answer limit"),
+    (422, "a field is missing, of the wrong type, or invalid; `field` names it"),
+    (429, "this key's rate limit is exhausted; Retry-After says when to retry"),
+    (503, "a store the request needs is down, or the model's queue is full (Retry-After says when to retry)"),
+    (504, "the request took longer than the server's request timeout"),
+]
+# Every route can answer these; the OpenAPI schema names the error body of each route family.
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorResponse, "description": description} for status, description in ERROR_STATUSES
+}
+TEI_ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    status: {"model": TEIErrorResponse, "description": description} for status, description in ERROR_STATUSES
+}
+# OpenAI answers an invalid request 400, whatever made it invalid (ragcache's 413s and 422s).
+OPENAI_ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    status: {"model": OpenAIErrorResponse, "description": description}
+    for status, description in [(400, "an invalid request: not JSON, a field missing, wrong or over a limit; `param` "
+                                      "names it"), *((status, text) for status, text in ERROR_STATUSES
+                                                     if status not in (400, 413, 422))]
+}
+# Every 4xx in OpenAI's shape: FastAPI's own 422 entry (a shape never answered here) is left out for it.
+OPENAI_ERROR_RESPONSES["4XX"] = {"model": OpenAIErrorResponse, "description": "any other refusal, in OpenAI's shape"}
+# /rerank answers TEI's body for TEI's request (``texts``) and ragcache's for the Cohere/Infinity one (``documents``).
+RERANK_ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    status: {"model": TEIErrorResponse | ErrorResponse, "description": description}
+    for status, description in ERROR_STATUSES
 }

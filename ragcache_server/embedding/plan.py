@@ -49,13 +49,14 @@ class EmbedCall:
     truncate: bool | None  # None: the server's setting
     encoding: Literal["json", "float", "base64"]  # json: TEI's list of lists; float/base64: OpenAI's encoding_format
     dimensions: int | None
+    truncate_left: bool = False  # TEI's truncation_direction Left: an over-long text loses its beginning, not its end
 
 
 def call_of(body: BaseModel) -> EmbedCall:
     """The ``EmbedCall`` of a validated body of either route."""
     if isinstance(body, EmbedRequest):
         return EmbedCall("tei", body.inputs, "inputs", body.model, body.prompt_name, body.input_type, body.normalize,
-                         body.truncate, "json", None)
+                         body.truncate, "json", None, truncate_left=body.truncation_direction.lower() == "left")
     assert isinstance(body, OpenAIEmbeddingsRequest)
     return EmbedCall("openai", body.input, "input", body.model, body.prompt_name, body.input_type, False, None,
                      body.encoding_format, body.dimensions)
@@ -89,11 +90,14 @@ async def plan_of(call: EmbedCall, request: Request) -> EmbedPlan:
     cache = cache_of(request, call.model, prompt_name_of(call.prompt_name, call.input_type), optional=call.prompt_name is None)
     if token_ids:
         texts = await _decoded(call, cache, service.max_batch)
+    truncate = service.truncate if call.truncate is None else call.truncate
+    if call.truncate_left and truncate:
+        texts = await _cut_on_the_left(texts, cache)
     if call.dimensions is not None and call.dimensions != cache.space.dim:  # OpenAI's: only the model's own is served
         raise InvalidInputError(f"dimensions={call.dimensions} is not available: {cache.space.model} gives "
                                 f"{cache.space.dim} dimensions only", field="dimensions")
     token_counts = token_counts_of(request, cache) if call.shape == "openai" else None
-    return EmbedPlan(call, texts, cache, truncate=service.truncate if call.truncate is None else call.truncate,
+    return EmbedPlan(call, texts, cache, truncate=truncate,
                      model=call.model or cache.space.model, token_counts=token_counts,
                      known_tokens=token_counts.known_total(texts) if token_counts is not None else None,
                      caller_scope=caller_scope(request, cache))
@@ -144,3 +148,27 @@ async def _decoded(call: EmbedCall, cache: EmbeddingCache, max_batch: int) -> li
         row, column = found.groups()
         field = f"{call.field}[{column}]" if one_text else f"{call.field}[{row}][{column}]"
         raise HTTPError(422, f"{field}: {exc}; {TOKEN_ID_ADVICE}", field=field, type="tokenizer") from exc
+
+
+async def _cut_on_the_left(texts: list[str], cache: EmbeddingCache) -> list[str]:
+    """``texts`` with each over-long one cut at its beginning to what the model keeps of it: the model then truncates
+    nothing, and the cut text is its own key (a text short enough is unchanged, so are its key and vector)."""
+    tokenizer = tokenizer_of(cache, "truncation_direction")
+    limit = cache.space.max_seq_length
+
+    def cut() -> list[str]:
+        counts = tokenizer.count_tokens(texts)  # special tokens included, as the model counts
+        long = [index for index, count in enumerate(counts) if count > limit]
+        if not long:
+            return texts
+        cut_texts = list(texts)
+        for index, tokens in zip(long, tokenizer.tokenize([texts[index] for index in long], add_special_tokens=False)):
+            kept = tokens[len(tokens) - (limit - (counts[index] - len(tokens))):]  # the special tokens need room too
+            text = texts[index]
+            # From the first kept token that begins a word: a cut inside a word would tokenize differently.
+            first = next((token.start for token in kept if token.start is not None
+                          and (token.start == 0 or not text[token.start - 1].isalnum())), None)
+            cut_texts[index] = text[first:] if first is not None else ""
+        return cut_texts
+
+    return await blocking(cut)

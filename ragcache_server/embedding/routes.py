@@ -19,7 +19,14 @@ from ragcache_server.embedding.walk import vectors_of
 from ragcache_server.embedding.wire import answer_of
 from ragcache_server.errors import HTTPError
 from ragcache_server.responses import JSONResponse
-from ragcache_server.schemas import DecodeRequest, EmbedRequest, OpenAIEmbeddingsRequest, TokenizeRequest
+from ragcache_server.schemas import (
+    OPENAI_ERROR_RESPONSES,
+    TEI_ERROR_RESPONSES,
+    DecodeRequest,
+    EmbedRequest,
+    OpenAIEmbeddingsRequest,
+    TokenizeRequest,
+)
 
 __all__ = ["answer", "router"]
 
@@ -28,14 +35,14 @@ router = APIRouter(tags=["embeddings"])
 
 # "/" is text-embeddings-inference's route for the model's own task: for an embedding model, /embed. The most
 # used TEI client, huggingface_hub's InferenceClient(model=<url>).feature_extraction(...), posts there.
-@router.post("/", summary="Embed texts (text-embeddings-inference's root route, as /embed)")
-@router.post("/embed", summary="Embed texts (text-embeddings-inference compatible)")
+@router.post("/", summary="Embed texts (text-embeddings-inference's root route, as /embed)", responses=TEI_ERROR_RESPONSES)
+@router.post("/embed", summary="Embed texts (text-embeddings-inference compatible)", responses=TEI_ERROR_RESPONSES)
 async def embed(body: EmbedRequest, request: Request) -> Response:
     """A JSON list of vectors, one per input; response headers ``X-Cache-*`` tell which level served them."""
     return await answer(call_of(body), request)
 
 
-@router.post("/v1/embeddings", summary="Embed texts (OpenAI compatible)")
+@router.post("/v1/embeddings", summary="Embed texts (OpenAI compatible)", responses=OPENAI_ERROR_RESPONSES)
 async def openai_embeddings(body: OpenAIEmbeddingsRequest, request: Request) -> Response:
     """OpenAI's response shape; ``encoding_format=base64`` carries raw little-endian float32."""
     return await answer(call_of(body), request)
@@ -52,7 +59,7 @@ async def answer(call: EmbedCall, request: Request) -> Response:
     return answer_of(plan, result, num_tokens)
 
 
-@router.post("/tokenize", summary="The tokens of texts (text-embeddings-inference compatible)")
+@router.post("/tokenize", summary="The tokens of texts (text-embeddings-inference compatible)", responses=TEI_ERROR_RESPONSES)
 async def tokenize(body: TokenizeRequest, request: Request) -> JSONResponse:
     """Per input, its tokens: ``{id, text, special, start, stop}`` with character offsets into the input."""
     state = state_of(request)
@@ -64,7 +71,7 @@ async def tokenize(body: TokenizeRequest, request: Request) -> JSONResponse:
     return JSONResponse([[dataclasses.asdict(token) for token in tokens] for tokens in tokenized])
 
 
-@router.post("/decode", summary="The text of token ids (text-embeddings-inference compatible)")
+@router.post("/decode", summary="The text of token ids (text-embeddings-inference compatible)", responses=TEI_ERROR_RESPONSES)
 async def decode(body: DecodeRequest, request: Request) -> JSONResponse:
     """One text per list of ids (a single list of ids gives a list of one text)."""
     state = state_of(request)

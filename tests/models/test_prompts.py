@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from ragcache.core.cache import EmbeddingCache
+from ragcache.core.levels import Levels
 from ragcache.core.scope import Prompt, Scope
 from ragcache.errors import ConfigError, InvalidInputError
 from ragcache.models.local import PACKAGED_MODEL
@@ -17,6 +18,7 @@ from ragcache.models.prompts import known_prompts, prompt_name_of
 from ragcache.settings import Settings
 from ragcache.tiers import MemoryTier
 from ragcache_server.state import ServiceState
+from tests.errors import error_of
 from tests.live_server import LiveServer
 
 PROMPTS = {"query": "query: ", "document": "passage: "}
@@ -25,7 +27,8 @@ QUERY_SCOPE = Scope(prompt=Prompt("query", "query: "))
 
 
 def cache_over(encoder) -> EmbeddingCache:
-    return EmbeddingCache(encoder, [MemoryTier(1 << 20, encoder.space.dim, torch.float32)], write_behind=False)
+    return EmbeddingCache(encoder, Levels([MemoryTier(1 << 20, encoder.space.dim, torch.float32)], dim=encoder.space.dim,
+                                         dtype=torch.float32, write_behind=False))
 
 
 def test_a_prompted_scope_is_sentence_transformers_with_that_prompt(encoder):
@@ -115,7 +118,7 @@ def test_openai_route_takes_input_type_and_prompt_name(http, encoder):
 )
 def test_unknown_prompts_are_422_naming_the_field(http, path, body, field):
     response = http.post(path, json=body)
-    assert response.status_code == 422 and response.json()["error"]["field"] == field
+    assert response.status_code == (400 if path.startswith("/v1/") else 422) and error_of(response)["field"] == field
 
 
 def test_documents_use_the_document_prompt_and_search_the_query_prompt(http, encoder):

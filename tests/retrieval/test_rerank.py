@@ -14,6 +14,7 @@ import torch
 
 from ragcache.client import AsyncClient, Client
 from ragcache.core.cache import EmbeddingCache
+from ragcache.core.levels import Levels
 from ragcache.core.scope import Scope
 from ragcache.errors import InvalidInputError, UpstreamBadResponseError, UpstreamUnavailableError
 from ragcache.rerank.local import CrossEncoderReranker
@@ -24,6 +25,7 @@ from ragcache.settings import Settings
 from ragcache.storage.processes import free_port
 from ragcache.tiers.memory import MemoryTier
 from ragcache.tiers.redis import RedisTier
+from tests.errors import error_of
 from tests.live_server import LiveServer
 
 QUERY = "what does a cross-encoder score?"
@@ -39,7 +41,7 @@ def score_cache(reranker, redis_client=None) -> RerankCache:
     tiers = [MemoryTier(1 << 16, 1, torch.float32)]
     if redis_client is not None:
         tiers.append(RedisTier(redis_client, dim=1, dtype=torch.float32))
-    return RerankCache(reranker, EmbeddingCache(PairEncoder(reranker), tiers, write_behind=False))
+    return RerankCache(reranker, EmbeddingCache(PairEncoder(reranker), Levels(tiers, dim=1, dtype=torch.float32, write_behind=False)))
 
 
 def test_local_scores_are_the_cross_encoders_sorted_best_first(local, tiny_cross_encoder):
@@ -130,7 +132,7 @@ def test_rerank_route_answers_tei_and_cohere_shapes(rerank_server, local):
 def test_rerank_route_refuses_bad_input_naming_the_field(rerank_server, body, status, field):
     response = httpx.post(rerank_server.url + "/rerank", json=body)
     assert response.status_code == status, response.text
-    assert response.json()["error"]["field"] == field
+    assert error_of(response)["field"] == field
 
 
 def test_stats_count_rerank_hits(rerank_server):
@@ -247,7 +249,7 @@ def test_search_falls_back_to_search_order_when_the_reranker_is_down(rerank_serv
 def test_search_refuses_a_rerank_it_cannot_do(rerank_server, collection, extra, field):
     response = search(rerank_server, **extra)
     assert response.status_code == 422, response.text
-    assert response.json()["error"]["field"] == field
+    assert error_of(response)["field"] == field
 
 
 def test_python_clients_search_with_rerank(rerank_server, collection):

@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from ragcache.settings import Settings
+from tests.errors import error_of
 from tests.live_server import LiveServer
 from tests.models.remote.loopback import LoopbackServer, Received, Reply
 
@@ -82,14 +83,14 @@ def test_a_reranker_trickling_its_answer_fails_at_its_deadline_and_opens_the_bre
     response = rerank(service, TEXTS, query="dripping")
     elapsed = time.monotonic() - started
     assert response.status_code == 504, response.text
-    assert response.json()["error"]["type"] == "upstream_timeout" and repr(MODEL) in response.json()["error"]["message"]
+    assert error_of(response)["type"] == "upstream_timeout" and repr(MODEL) in error_of(response)["message"]
     assert elapsed < DEADLINE_S + 1.5  # its own deadline, not the request's (8 s) nor the upstream's pace
     assert remote_stats(service)["up"] is False
     # Later calls are refused at once by the open breaker, without reaching the upstream.
     num_received = len(upstream.received)
     started = time.monotonic()
     refused = rerank(service, TEXTS, query="while open")
-    assert refused.status_code == 503 and "skipped" in refused.json()["error"]["message"]
+    assert refused.status_code == 503 and "skipped" in error_of(refused)["message"]
     assert time.monotonic() - started < 0.5 and len(upstream.received) == num_received
     # Expected failures, each logged in one line: no traceback for a timeout or an open breaker.
     failures = [record for record in caplog.records if "POST /rerank failed" in record.getMessage()]
@@ -101,7 +102,7 @@ def test_an_oversized_rerank_answer_is_refused_at_the_cap(service, upstream):
     upstream.plan.faults = [Reply(200, good + b" " * (8 << 20))]  # valid JSON, padded to 8 MiB
     response = rerank(service, TEXTS, query="oversized")
     assert response.status_code == 502, response.text
-    assert f"over {MAX_ANSWER_BYTES} bytes" in response.json()["error"]["message"]
+    assert f"over {MAX_ANSWER_BYTES} bytes" in error_of(response)["message"]
     assert remote_stats(service)["up"] is False
 
 
@@ -116,7 +117,7 @@ def test_non_finite_scores_are_refused_and_never_cached(service, upstream, score
     upstream.plan.faults = [Reply(200, scores)]
     response = rerank(service, texts, query="non-finite")
     assert response.status_code == 502, response.text
-    assert response.json()["error"]["type"] == "upstream_bad_response"
+    assert error_of(response)["type"] == "upstream_bad_response"
     upstream.received.clear()
     deadline = time.monotonic() + 10
     while (again := rerank(service, texts, query="non-finite")).status_code != 200:  # the breaker's back-off
@@ -136,7 +137,7 @@ def test_a_401_echoing_the_key_never_shows_it(upstream, tmp_path, caplog, capfd)
         assert ingested.status_code == 200, ingested.text
         upstream.plan.faults = [Reply(401, echo)]
         response = rerank(server, TEXTS, query="leaky")
-        assert response.status_code == 502 and "refused the credentials" in response.json()["error"]["message"]
+        assert response.status_code == 502 and "refused the credentials" in error_of(response)["message"]
         stats = remote_stats(server)
         assert stats["up"] is False and "401" in stats["last_error"]
         time.sleep(1.2)  # the breaker's back-off: the search's rerank stage probes the upstream again

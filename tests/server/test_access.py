@@ -28,6 +28,7 @@ from ragcache_server.auth import (
 from ragcache_server.limits import RateLimiter
 from ragcache_server.routes_ui import HEADERS as UI_HEADERS
 from ragcache_server.serving import proxy_options
+from tests.errors import error_of
 from tests.live_server import LiveServer
 from tests.server.test_limits import Clock, asgi_messages
 
@@ -123,7 +124,7 @@ def test_a_missing_or_wrong_key_is_a_json_401(server, headers):
     response = httpx.post(server.url + "/embed", json={"inputs": "x"}, headers=headers)
     assert response.status_code == 401
     assert response.headers["www-authenticate"] == "Bearer"
-    error = response.json()["error"]
+    error = error_of(response)
     assert error["type"] == "unauthorized" and "Authorization: Bearer" in error["message"]
 
 
@@ -162,7 +163,7 @@ def test_open_paths_need_no_key(server):
 def test_a_key_without_the_scope_is_a_json_403(clients, method, path, body):
     response = clients["embedder"].request(method, path, json=body)
     assert response.status_code == 403, response.text
-    error = response.json()["error"]
+    error = error_of(response)
     assert error["type"] == "forbidden" and "embedder" in error["message"] and f"{method} {path}" in error["message"]
     assert KEYS["embedder"] not in response.text
 
@@ -202,7 +203,7 @@ def test_a_tenant_sees_and_searches_only_its_own_collections(clients):
     # Another tenant's collection does not exist for globex: 404, and the message names only what it sent.
     response = clients["globex"].post("/search", json={"collection": acme_only, "query": "rockets"})
     assert response.status_code == 404
-    assert "acme" not in response.json()["error"]["message"] and acme_only in response.json()["error"]["message"]
+    assert "acme" not in error_of(response)["message"] and acme_only in error_of(response)["message"]
     # The operator (no tenant) sees the stored names.
     stored = {c["name"] for c in clients["ops"].get("/collections").json()["collections"]}
     assert {f"acme--{name}", f"globex--{name}", f"acme--{acme_only}"} <= stored
@@ -237,7 +238,7 @@ def test_prefixes_are_per_tenant_and_their_uses_bounded(clients):
         assert clients[tenant].post("/search", json=body).json()["prompt"].startswith(texts[tenant])
     # Uses: at most 100,000 a report (a billion in one call was taken), counted for the tenant's prefix only.
     refused = acme.post("/prefixes/system/uses", json={"count": 10**9})
-    assert refused.status_code == 422 and refused.json()["error"]["field"] == "count"
+    assert refused.status_code == 422 and error_of(refused)["field"] == "count"
     assert acme.post("/prefixes/system/uses", json={"count": 100_000}).status_code == 204
     assert acme.get("/prefixes/system/stats").json()["num_uses"] == 100_001  # and the search's prompt
     assert clients["globex"].get("/prefixes/system/stats").json()["num_uses"] == 1
@@ -289,7 +290,7 @@ def test_a_tenants_prefix_is_never_named_by_its_stored_or_another_tenants_name(c
         assert response.status_code == status, (case, response.text)
     assert f"'{guide}' is not served by" in errors[(422, "endpoint")].text
     assert "at most 122 characters" in errors[(422, "name")].text
-    assert errors[(422, "invalid")].json()["error"]["field"] == "prompt_prefix"
+    assert error_of(errors[(422, "invalid")])["field"] == "prompt_prefix"
     for response in [*answers, *errors.values()]:
         text = response.text.replace(f"globex--{guide}", "")  # the one name acme itself sent
         assert "acme--" not in text and "globex" not in text.lower(), response.text
@@ -342,7 +343,7 @@ def test_a_filter_cannot_reach_another_tenants_documents(clients, expression):
         if response.status_code == 200:
             assert {hit["id"] for hit in response.json()["hits"]} <= {"g"}
         else:
-            assert response.json()["error"]["field"] == "filter"
+            assert error_of(response)["field"] == "filter"
 
 
 def test_tenant_cache_namespaces_keep_hits_apart(clients):
@@ -376,7 +377,7 @@ def test_a_tenants_admin_key_reads_its_own_figures_only(clients):
     assert model["since_start"]["texts"] >= 1
     assert "globex" not in answer.text and answer.json()["rerankers"] == {}
     refused = clients["acmeops"].get("/metrics")
-    assert refused.status_code == 403 and refused.json()["error"]["type"] == "forbidden"
+    assert refused.status_code == 403 and error_of(refused)["type"] == "forbidden"
     assert "ragcache_hits_total" in clients["ops"].get("/metrics").text  # the operator's key still reads them
 
 
@@ -386,7 +387,7 @@ def test_rate_limit_per_key_is_a_429_with_retry_after(clients):
     assert [r.status_code for r in statuses] == [200, 200, 429]
     refused = statuses[-1]
     assert 1 <= int(refused.headers["retry-after"]) <= 100
-    assert refused.json()["error"]["type"] == "rate_limited" and "metered" in refused.json()["error"]["message"]
+    assert error_of(refused)["type"] == "rate_limited" and "metered" in error_of(refused)["message"]
     assert clients["embedder"].post("/embed", json={"inputs": "x"}).status_code == 200  # other keys unaffected
 
 

@@ -11,6 +11,7 @@ import pytest
 from ragcache.settings import Settings
 from ragcache_server.auth import AccessMiddleware, KeyRing
 from ragcache_server.limits import LimitsMiddleware, RateLimiter
+from tests.errors import error_of
 from tests.live_server import LiveServer
 
 MAX_BODY = 256 * 1024
@@ -116,7 +117,7 @@ def http(server):
 
 def assert_error(response, status, field=None, words=""):
     assert response.status_code == status, response.text
-    error = response.json()["error"]
+    error = error_of(response)
     assert error["field"] == field and words in error["message"]
 
 
@@ -140,7 +141,7 @@ def test_a_streamed_body_is_cut_off_at_the_limit(http):
 
 def test_a_text_over_the_byte_limit_is_a_413_naming_it(http):
     assert_error(http.post("/embed", json={"inputs": ["ok", "é" * MAX_TEXT]}), 413, "inputs[1]", "RAGCACHE_MAX_TEXT_BYTES")
-    assert_error(http.post("/v1/embeddings", json={"input": "z" * (MAX_TEXT + 1)}), 413, "input")
+    assert_error(http.post("/v1/embeddings", json={"input": "z" * (MAX_TEXT + 1)}), 400, "input")  # OpenAI's 400
     assert http.post("/embed", json={"inputs": ["z" * MAX_TEXT]}).status_code == 200  # at the limit is fine
     assert http.post("/search", json={"collection": "c", "query": "q" * MAX_TEXT}).status_code == 404  # went on, to the lookup
     assert_error(http.post("/search", json={"collection": "c", "query": "q" * (MAX_TEXT + 1)}), 413, "query")

@@ -12,6 +12,7 @@ import pytest
 from ragcache.models.local import PACKAGED_MODEL
 from ragcache.settings import Settings
 from ragcache_testing.instant import InstantUpstream
+from tests.errors import error_of
 from tests.live_server import LiveServer
 
 LONE_SURROGATE_BODY = b'{"inputs": ["fine", "a lone surrogate \\ud800"], "truncate": false}'
@@ -32,7 +33,7 @@ def test_a_lone_surrogate_for_a_remote_model_is_a_422_and_never_sent(upstream, t
     with LiveServer(settings) as server, httpx.Client(base_url=server.url, timeout=60) as http:
         response = http.post("/embed", content=LONE_SURROGATE_BODY, headers={"Content-Type": "application/json"})
         assert response.status_code == 422, response.text
-        error = response.json()["error"]
+        error = error_of(response)
         assert error["field"] == "inputs[1]" and "surrogate" in error["message"]
         assert texts_computed(http, upstream.model) == 0  # nothing was sent upstream
         assert http.post("/embed", json={"inputs": ["fine"]}).status_code == 200

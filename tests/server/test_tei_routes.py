@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from ragcache.settings import Settings
+from tests.errors import error_of
 from tests.live_server import LiveServer
 
 KEY = "tei-clients-key-0123456789"
@@ -111,4 +112,4 @@ def test_bad_input_names_the_field(http, path, body, field):
     else:
         answer = http.post(path, json=body)
     assert answer.status_code == 422, answer.text
-    assert answer.json()["error"]["field"] == field
+    assert error_of(answer)["field"] == field

@@ -21,6 +21,7 @@ import xxhash
 from ragcache.settings import Settings
 from ragcache.storage.processes import free_port
 from ragcache_cli.cli import main
+from tests.errors import error_of
 from tests.live_server import LiveServer
 from tests.models.remote.loopback import LoopbackServer, Received, Reply
 
@@ -156,7 +157,7 @@ def cached_levels(service, texts: list[str], model: str = MODEL) -> dict[str, in
 def assert_refused(service, texts: list[str], status: int, error_type: str, model: str = MODEL) -> dict:
     response = post(service, texts, model)
     assert response.status_code == status, response.text
-    error = response.json()["error"]
+    error = error_of(response)
     assert error["type"] == error_type and repr(model) in error["message"]
     assert SECRET not in response.text
     assert cached_levels(service, texts, model) == {"L1": 0, "L2": 0}
@@ -273,7 +274,7 @@ def test_a_failed_upstream_request_fails_only_the_texts_it_carried(service, upst
 def test_a_text_the_upstream_refuses_is_isolated_from_its_batch(service, upstream):
     # "fine" and "TOOLONG" share one request, which gets a 400: the batch is split, "fine" gets its vector.
     response = post(service, ["fine", "TOOLONG here"])
-    assert response.status_code == 502 and "input too long" in response.json()["error"]["message"]
+    assert response.status_code == 502 and "input too long" in error_of(response)["message"]
     assert cached_levels(service, ["fine"]) == {"L1": 1, "L2": 1}
     assert service.state.cache_for(MODEL).encoder.stats().up  # a refused text does not open the breaker
 
@@ -342,14 +343,14 @@ def test_a_callers_key_pays_for_its_own_misses_under_a_named_prompt(service, ups
 
 def test_a_callers_refused_key_fails_that_caller_only(service, upstream):
     response = post(service, ["refused caller text"], BYOK, {"Authorization": "Bearer refused-key"})
-    assert response.status_code == 502 and "caller's own key" in response.json()["error"]["message"]
+    assert response.status_code == 502 and "caller's own key" in error_of(response)["message"]
     assert "refused-key" not in response.text
     assert cached_levels(service, ["refused caller text"], BYOK) == {"L1": 0, "L2": 0}
     # The breaker stays closed: another caller is served at once.
     assert post(service, ["another caller"], BYOK, {"Authorization": "Bearer key-of-z"}).status_code == 200
     assert service.state.cache_for(BYOK).encoder.stats().up
     bad = post(service, ["x"], BYOK, {"Authorization": "Basic abc"})
-    assert bad.status_code == 400 and bad.json()["error"]["field"] == "Authorization"
+    assert bad.status_code == 400 and error_of(bad)["field"] == "Authorization"
 
 
 def test_at_most_concurrency_requests_are_in_flight_to_the_upstream(service, upstream):
@@ -373,7 +374,7 @@ def test_a_callers_rate_limited_key_fails_that_caller_only_while_the_models_own_
     assert [response.status_code for response in served] == [200] * len(served)
     assert {response.status_code for response in refused} == {503}
     for response in refused:
-        message = response.json()["error"]["message"]
+        message = error_of(response)["message"]
         assert "caller's own key" in message and "rate limited" in message and "quota-less-key" not in response.text
     # Not retried (waiting gives the key no credit) and not counted against the model: the breaker stays closed.
     assert sum(r.headers["authorization"] == QUOTA_LESS for r in upstream.received) == len(attacks)
@@ -388,7 +389,7 @@ def test_a_callers_key_the_upstream_fails_or_hangs_for_opens_that_keys_breaker_o
     failing = {"Authorization": caller_key}
     response = post(service, ["fails for this key 0"], BYOK_OWN, failing)
     assert response.status_code == status, response.text
-    assert "caller's own key" in response.json()["error"]["message"] and "key-the-upstream" not in response.text
+    assert "caller's own key" in error_of(response)["message"] and "key-the-upstream" not in response.text
     assert service.state.cache_for(BYOK_OWN).encoder.stats().up  # the model's breaker stays closed
     served = [post(service, [f"served for others {caller_key} {k}"], BYOK_OWN) for k in range(3)]
     served.append(post(service, [f"served for another key {caller_key}"], BYOK_OWN, {"Authorization": "Bearer key-of-y"}))
@@ -396,7 +397,7 @@ def test_a_callers_key_the_upstream_fails_or_hangs_for_opens_that_keys_breaker_o
     # The failing key's own breaker is open: its next miss fails at once, without a request upstream.
     sent = sum(r.headers["authorization"] == caller_key for r in upstream.received)
     again = post(service, ["fails for this key 1"], BYOK_OWN, failing)
-    assert again.status_code == 503 and "skipped for it" in again.json()["error"]["message"]
+    assert again.status_code == 503 and "skipped for it" in error_of(again)["message"]
     assert sum(r.headers["authorization"] == caller_key for r in upstream.received) == sent
 
 
@@ -407,5 +408,5 @@ def test_a_non_ascii_byte_in_the_callers_key_header_is_a_400_naming_the_header(s
     for value in (b"Bearer k\xc3\xa9y-with-utf8", b"Bearer k\xffy"):  # (control bytes: the server refuses them itself)
         response = post(service, [f"non-ascii key {value!r}"], model, {header: value})  # type: ignore[dict-item]
         assert response.status_code == 400, response.text
-        assert response.json()["error"]["field"] == header and header in response.json()["error"]["message"]
+        assert error_of(response)["field"] == header and header in error_of(response)["message"]
     assert upstream.received == []
