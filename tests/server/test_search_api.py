@@ -118,7 +118,7 @@ def test_failing_keyword_index_falls_back_to_dense_with_header(redis_server, tmp
         assert http.post("/documents", json={"collection": "fb", "documents": DOCS}).status_code == 200
         state = live.state
         # The fault goes in through the knowledge base's constructor: its Milvus client fails sparse searches.
-        state.knowledge = KnowledgeBase(FailingKeywordMilvus(state.knowledge.milvus), redis=state.stores.redis)
+        state.deployment.knowledge = KnowledgeBase(FailingKeywordMilvus(state.knowledge.milvus), redis=state.stores.redis)
         response = http.post("/search", json={"collection": "fb", "query": "pump", "mode": "hybrid", "top_k": 2})
         assert response.status_code == 200
         assert response.headers["x-search-fallback"] == "dense" and response.headers["x-search-mode"] == "dense"
