@@ -82,6 +82,11 @@ class PrefixRegistryConfig:
     # Warms one tenant's prefixes may take in any minute, within warm_budget_per_minute (:mod:`.lease`): one tenant's
     # many prefixes spend its own share, never another tenant's. The keys without a tenant share one.
     warm_budget_per_tenant_per_minute: int = 60
+    # The budget follows use (issue 42, item 5): a prefix no request used (a use reported, a route asked) for
+    # idle_after_s is idle, and its warm goes out only while more than idle_budget_share of this minute's budget (the
+    # fleet's and its tenant's) is left; prefixes in use are warmed first and may spend it all.
+    idle_after_s: float = 60.0
+    idle_budget_share: float = 0.5
     # vLLM endpoints that publish KV events (--kv-events-config), by base URL: their prefixes' residency is read from
     # the engine (:mod:`.engine_view`), a warm goes out when the prefix's blocks are removed, and a due timer warm is
     # not sent while the events show the prefix whole. Other endpoints keep the warm-measured schedule.
@@ -130,6 +135,8 @@ class PrefixRegistryConfig:
         except InvalidInputError as exc:
             raise ConfigError(f"kv_events: every key must be a plain http(s) base URL ({exc})") from None
         object.__setattr__(self, "kv_events", events)
+        if self.idle_after_s <= 0 or not 0 <= self.idle_budget_share < 1:
+            raise ConfigError("need idle_after_s > 0 and 0 <= idle_budget_share < 1")
         if min(self.request_timeout_s, self.read_timeout_s, self.verify_interval_s) <= 0 or self.untrust_after < 1:
             raise ConfigError("request_timeout_s, read_timeout_s and verify_interval_s must be positive, untrust_after >= 1")
         if self.tick_interval_s <= 0 or self.default_block_size < 1:

@@ -44,9 +44,10 @@ class WarmGate(Protocol):
         """Whether this replica is the one that warms prefix ``name`` on ``base_url`` now (renewing its lease)."""
         ...
 
-    def try_spend(self, tenant: str | None = None) -> bool:
+    def try_spend(self, tenant: str | None = None, reserve: int = 0) -> bool:
         """Take one warm from the (fleet-wide) budget and from ``tenant``'s (the keys without a tenant share one);
-        False, spending nothing, when this minute's budget of either is spent."""
+        False, spending nothing, when this minute's budget of either is spent, or has no more than ``reserve`` warms
+        left (kept for prefixes in use: an idle one's warm goes out only while the budget has room)."""
         ...
 
 
@@ -60,12 +61,12 @@ class TenantBudgets:
         self._tenants: dict[str, WarmBudget] = {}  # bounded by the tenants of the API keys
         self._lock = threading.Lock()
 
-    def try_spend(self, tenant: str | None) -> bool:
+    def try_spend(self, tenant: str | None, reserve: int = 0) -> bool:
         with self._lock:
             own = self._tenants.get(tenant or "")
             if own is None:
                 own = self._tenants[tenant or ""] = WarmBudget(self._per_tenant_per_minute, self._clock)
-            if own.num_available < 1 or not self._total.try_acquire():
+            if own.num_available <= reserve or self._total.num_available <= reserve or not self._total.try_acquire():
                 return False
             return own.try_acquire()
 
@@ -79,8 +80,8 @@ class LocalWarmGate:
     def holds(self, name: str, base_url: str) -> bool:
         return True
 
-    def try_spend(self, tenant: str | None = None) -> bool:
-        return self._budgets.try_spend(tenant)
+    def try_spend(self, tenant: str | None = None, reserve: int = 0) -> bool:
+        return self._budgets.try_spend(tenant, reserve)
 
 
 # Take the lease when free, renew it when ours; one script so that no other replica can slip in between.
@@ -94,14 +95,16 @@ return 0
 """
 
 # Sliding logs of send times (Redis' own clock, so replicas' clocks never disagree): at most ARGV[1] warms in any
-# ARGV[3] seconds fleet-wide (KEYS[1]) and ARGV[2] for the warm's tenant (KEYS[2]); both logs or neither take it.
+# ARGV[3] seconds fleet-wide (KEYS[1]) and ARGV[2] for the warm's tenant (KEYS[2]), each keeping its last ARGV[5]
+# (for prefixes in use); both logs or neither take it.
 _SPEND = """
 local now = redis.call('TIME')
 local now_s = tonumber(now[1]) + tonumber(now[2]) / 1e6
 local window = tonumber(ARGV[3])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now_s - window)
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now_s - window)
-if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[1]) or redis.call('ZCARD', KEYS[2]) >= tonumber(ARGV[2]) then
+local reserve = tonumber(ARGV[5])
+if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[1]) - reserve or redis.call('ZCARD', KEYS[2]) >= tonumber(ARGV[2]) - reserve then
   return 0
 end
 for _, key in ipairs(KEYS) do
@@ -159,11 +162,11 @@ class RedisWarmGate:
         """The fleet's log and ``tenant``'s, in one hash slot ({...}: a script's keys must share one on a Cluster)."""
         return [f"{{{self._key_prefix}:warm-log}}", f"{{{self._key_prefix}:warm-log}}:tenant:{tenant or ''}"]
 
-    def try_spend(self, tenant: str | None = None) -> bool:
+    def try_spend(self, tenant: str | None = None, reserve: int = 0) -> bool:
         member = f"{self.replica_id}:{next(self._sequence)}"
         try:
-            return bool(self._spend(keys=self.log_keys(tenant),
-                                    args=[self._budget_per_minute, self._budget_per_tenant, WarmBudget.window_s, member]))
+            return bool(self._spend(keys=self.log_keys(tenant), args=[
+                self._budget_per_minute, self._budget_per_tenant, WarmBudget.window_s, member, reserve]))
         except REDIS_ERRORS as exc:
             log.warning("fleet warm budget unavailable (%s); using this replica's own", exc)
-            return self._fallback.try_spend(tenant)
+            return self._fallback.try_spend(tenant, reserve)

@@ -80,8 +80,12 @@ class KeepWarmLoop(KeepWarm):
                         self._wanted(prefix, url, state):
                     due.append((state.next_due_at, prefix.name, url))
         due = self._not_held_busy(due, url, scraped)
-        # Longest-waiting first, so a spent budget delays every prefix fairly instead of starving the ones that sort last.
-        return [(key, self.warm(PrefixName(key[1], key[1]), url)) for key in sorted(due)]
+        # Prefixes in use first (the budget follows use), then the longest-waiting first, so a spent budget delays
+        # every prefix fairly instead of starving the ones that sort last; an idle one leaves the budget's reserve.
+        idle = {name for _, name, _ in due if self.idle_s(name) is not None}
+        reserve = self.idle_reserve()
+        return [(key, self.warm(PrefixName(key[1], key[1]), url, reserve=reserve if key[1] in idle else 0))
+                for key in sorted(due, key=lambda key: (key[1] in idle, key))]
 
     def _learn_tokens(self, prefixes: list[Prefix], url: str) -> None:
         """Every prefix's token ids on ``url`` (pinned or not: routing needs them too), once per version, where it

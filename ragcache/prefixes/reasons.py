@@ -18,8 +18,9 @@ NUM_NEVER_REUSED = 3
 
 
 def why_not_cached(head: str, num_tokens: int | None, block_size: int, counters: PrefixCacheCounters | None,
-                   view: ResidencyView, state: WarmState) -> tuple[str, ...]:
-    """The reasons, most basic first; empty when nothing stands in the way."""
+                   view: ResidencyView, state: WarmState, idle_s: float | None = None) -> tuple[str, ...]:
+    """The reasons, most basic first; empty when nothing stands in the way. ``idle_s``: for how long no request used
+    the prefix (None while in use)."""
     reasons: list[str] = []
     if counters is not None and counters.prefix_caching is False:
         reasons.append("prefix caching is off on this endpoint (vllm:cache_config_info enable_prefix_caching=False)")
@@ -42,6 +43,9 @@ def why_not_cached(head: str, num_tokens: int | None, block_size: int, counters:
     if view.events == "untrusted":
         reasons.append("the endpoint's KV events claimed blocks that warms did not find: they are not believed for a "
                        "while (untrusted; residency from warms meanwhile)")
+    if idle_s is not None and state.idle_deferred:
+        reasons.append(f"no request used it for {idle_s:.0f} s: an idle prefix is kept warm only while the warm budget "
+                       f"has room ({state.num_idle_deferred} of its warms waited for room)")
     caching_on = counters is None or counters.prefix_caching is not False
     if caching_on and state.num_resident == 0 and state.num_evicted >= NUM_NEVER_REUSED and state.not_keepable_until is None:
         if view.fully_resident:  # the events say the engine holds every block: churn did not take them

@@ -266,6 +266,7 @@ class PrefixRegistry:
         they report, else by load, else in turn; the answer carries the caller's name."""
         name = PrefixName.of(name)
         prefix = self._known.get(name)
+        self._keep_warm.record_activity(prefix.name)
         now = self._clock()
         others = [p for p in self._known.copies() if p.name != prefix.name]
         candidates = [self._candidate(prefix, url, others, now) for url in self.endpoints_of(prefix)]

@@ -46,6 +46,10 @@ class WarmState:
     quickest_eviction_s: float | None = None
     not_keepable_until: float | None = None
     num_warms_avoided: int = 0  # due timer warms not sent: the events showed the prefix whole
+    # Warms held back while the prefix was idle and the budget had no room beyond what prefixes in use may need;
+    # idle_deferred until one goes out again.
+    num_idle_deferred: int = 0
+    idle_deferred: bool = False
 
     def count(self, outcome: WarmOutcome, wall_time: float) -> None:
         """Record one warm's outcome."""

@@ -73,6 +73,8 @@ class KeepWarm:
         # (prefix name, endpoint base URL) -> the warm state of the prefix's current version there.
         self._states: dict[tuple[str, str], WarmState] = {}
         self._uses: dict[str, int] = {}  # prefix name -> requests that used it (reported by clients)
+        # prefix name -> when a request last used it (a use reported, a route asked; monotonic), or it was first seen.
+        self._active_at: dict[str, float] = {}
         self._store_read_at = float("-inf")
         self.num_warms_sent = 0
         self.num_warms_deferred = 0
@@ -98,12 +100,32 @@ class KeepWarm:
         with self._lock:
             self._states = {key: state for key, state in self._states.items() if key[0] != name}
             self._uses.pop(name, None)
+            self._active_at.pop(name, None)
         self.engines.forget(name)
 
     def record_use(self, name: str, count: int) -> None:
         """Count ``count`` more requests that used prefix ``name``."""
         with self._lock:
             self._uses[name] = self._uses.get(name, 0) + count
+            if count:
+                self._active_at[name] = self._clock()
+
+    def record_activity(self, name: str) -> None:
+        """A request is about to use prefix ``name`` (a route was asked for it): it is not idle."""
+        with self._lock:
+            self._active_at[name] = self._clock()
+
+    def idle_s(self, name: str) -> float | None:
+        """For how long prefix ``name`` has been idle (no request used it for ``idle_after_s``); None while in use."""
+        now = self._clock()
+        with self._lock:
+            quiet_s = now - self._active_at.setdefault(name, now)
+        return quiet_s if quiet_s >= self.config.idle_after_s else None
+
+    def idle_reserve(self) -> int:
+        """Warms of each minute's budget an idle prefix's warm leaves to the prefixes in use."""
+        budget = min(self.config.warm_budget_per_minute, self.config.warm_budget_per_tenant_per_minute)
+        return int(budget * self.config.idle_budget_share)
 
     # ----- warming ------------------------------------------------------------------------------
 
@@ -112,9 +134,10 @@ class KeepWarm:
         prefix = self._known.get(name)
         return tuple(self.warm(name, url) for url in self.endpoints_of(prefix))
 
-    def warm(self, name: PrefixName, endpoint: str | None = None) -> WarmResult:
-        """Warm prefix ``name`` on ``endpoint`` (default: its target) now, within the budget and the
-        endpoint's back-off, and record the result (under the public name, as errors name it)."""
+    def warm(self, name: PrefixName, endpoint: str | None = None, *, reserve: int = 0) -> WarmResult:
+        """Warm prefix ``name`` on ``endpoint`` (default: its target) now, within the budget (leaving ``reserve`` of
+        it: an idle prefix's warm) and the endpoint's back-off, and record the result (under the public name, as errors
+        name it)."""
         prefix = self._known.get(name)
         url = prefix.target.base_url if endpoint is None else canonical_url(endpoint, "endpoint")
         if url not in self.endpoints_of(prefix):
@@ -129,9 +152,14 @@ class KeepWarm:
             state = self._state_for(prefix, url)
             if not self._targets.health_of(url).may_try():
                 return self._finish(state, skipped("target is backing off"))
-            if not self._gate.try_spend(tenant_of(prefix.name)):
+            if not self._gate.try_spend(tenant_of(prefix.name), reserve):
                 self.num_warms_deferred += 1
+                if reserve:
+                    state.num_idle_deferred += 1
+                    state.idle_deferred = True
+                    return self._finish(state, skipped("idle: kept warm only while the warm budget has room"))
                 return self._finish(state, skipped("warm budget for this minute (the fleet's or the tenant's) is spent"))
+            state.idle_deferred = False
             self.num_warms_sent += 1
             primed = state.primed
         head = template_head(prefix.text, prefix.is_template)
@@ -223,6 +251,7 @@ class KeepWarm:
     def _state_for(self, prefix: Prefix, url: str) -> WarmState:
         """The warm state of ``prefix``'s current version on ``url``; a new version starts afresh (caller locks)."""
         state = self._states.get((prefix.name, url))
+        self._active_at.setdefault(prefix.name, self._clock())  # first seen: idle from here on until a use
         if state is None or state.version != prefix.version:
             state = WarmState(version=prefix.version, base_url=url,
                               schedule=Schedule(self.config.initial_rewarm_interval_s), next_due_at=self._clock())
@@ -275,7 +304,7 @@ class KeepWarm:
         counters = self._targets.counters_of(state.base_url)
         block_size = self._targets.block_size(Target(state.base_url, prefix.target.model))
         reasons = why_not_cached(template_head(prefix.text, prefix.is_template), prefix.num_tokens, block_size, counters,
-                                 view, state)
+                                 view, state, self.idle_s(prefix.name))
         return dataclasses.replace(snapshot, events=view.events, resident_blocks=view.resident_blocks,
                                    num_blocks=view.num_blocks, keepable=state.not_keepable_until is None,
                                    num_warms_avoided=state.num_warms_avoided, why_not_cached=reasons)

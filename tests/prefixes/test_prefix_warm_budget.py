@@ -13,8 +13,9 @@ from ragcache.prefixes.lease import RedisWarmGate, TenantBudgets
 from tests.prefixes.test_prefixes_unit import FakeClock, FakeVLLM
 
 SYSTEM = "You are a support assistant. Answer from the context only, and say so when it does not know.\n"
+# No prefix here turns idle (idle_after_s): the tenants' shares are what these tests pin; the idle reserve has its own.
 CONFIG = PrefixRegistryConfig(warm_budget_per_minute=10, warm_budget_per_tenant_per_minute=6, default_block_size=4,
-                              store_refresh_interval_s=0.0)
+                              store_refresh_interval_s=0.0, idle_after_s=1e9)
 
 
 def registry_on(tmp_path, config: PrefixRegistryConfig = CONFIG) -> tuple[PrefixRegistry, FakeClock]:
@@ -72,3 +73,27 @@ def test_the_fleets_budget_is_per_tenant_in_redis_too(redis_url):
     assert acme == [True, True, True, False, False]
     assert [gates[1].try_spend("globex"), gates[0].try_spend("globex"), gates[1].try_spend("globex")] == [True, True, False]
     assert client.zcard(gates[0].log_keys("acme")[1]) == 3 and client.zcard(gates[0].log_keys(None)[0]) == 5
+
+
+def test_the_budget_follows_use_an_idle_prefix_leaves_room_for_one_in_use(tmp_path):
+    """Issue 42, item 5: with all users on one prefix, the budget deferred 15-21 of its warms because idle pinned
+    prefixes spent it. Now a prefix no request used for idle_after_s is warmed only while more than idle_budget_share
+    of the minute's budget is left, after the prefixes in use, and says so in why_not_cached."""
+    config = PrefixRegistryConfig(warm_budget_per_minute=100, warm_budget_per_tenant_per_minute=4, default_block_size=4,
+                                  store_refresh_interval_s=0.0, idle_after_s=30.0, idle_budget_share=0.5,
+                                  initial_rewarm_interval_s=5.0, min_rewarm_interval_s=2.0, max_rewarm_interval_s=5.0)
+    registry, clock = registry_on(tmp_path, config)
+    target = Target("http://vllm.test", "m")
+    for name in ("used", "quiet"):
+        assert registry.register(PrefixSpec(name, f"{SYSTEM}{name}.\n", target)).warm.outcome is WarmOutcome.PRIME
+    clock.now += 31  # 2 of the tenant's 4 warms this minute left; both due; "quiet" idle for 31 s
+    registry.record_use("used", 1)
+    outcomes = {r.name: (r.outcome, r.error) for r in registry.tick()}
+    assert outcomes == {"used": (WarmOutcome.RESIDENT, None),  # in use: warmed first, and may spend the budget's last
+                        "quiet": (WarmOutcome.SKIPPED, "idle: kept warm only while the warm budget has room")}
+    reasons = registry.prefix_stats("quiet").endpoints[0].why_not_cached
+    assert reasons == ("no request used it for 31 s: an idle prefix is kept warm only while the warm budget has room "
+                       "(1 of its warms waited for room)",)
+    clock.now += 30  # a new minute: room again, and the idle prefix is warmed
+    assert {r.name: r.outcome for r in registry.tick()}["quiet"] is WarmOutcome.RESIDENT
+    assert registry.prefix_stats("quiet").endpoints[0].why_not_cached == ()

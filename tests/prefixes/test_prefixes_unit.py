@@ -121,9 +121,12 @@ def chat_tokens(messages: list[dict[str, str]], add_generation_prompt: bool) -> 
     return tokens + [3] * add_generation_prompt
 
 
+# No prefix turns idle here (idle_after_s): the schedule and the budget are what these tests pin; the idle reserve has
+# its own test (test_prefix_warm_budget.py).
 CONFIG = PrefixRegistryConfig(initial_rewarm_interval_s=8.0, min_rewarm_interval_s=2.0, max_rewarm_interval_s=16.0,
                               warm_budget_per_minute=100, backoff_min_s=1.0, backoff_max_s=4.0,
-                              metrics_interval_s=5.0, store_refresh_interval_s=0.0, default_block_size=BLOCK)
+                              metrics_interval_s=5.0, store_refresh_interval_s=0.0, default_block_size=BLOCK,
+                              idle_after_s=1e9)
 SYSTEM = "You are a careful assistant who answers from the given context only and cites it."
 
 
