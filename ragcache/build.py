@@ -9,10 +9,11 @@ from typing import Any, Literal
 
 import torch
 
-from ragcache.core.cache import EmbeddingCache
+from ragcache.core.cache import ComputeConfig, EmbeddingCache
 from ragcache.core.encoder import capabilities_of
 from ragcache.core.flight import RedisFlight
 from ragcache.core.keys import EmbeddingSpace
+from ragcache.core.levels import Levels
 from ragcache.core.tier import Tier
 from ragcache.models.drift import DriftGuard, DriftMonitor
 from ragcache.models.fingerprints import Fingerprints
@@ -27,7 +28,7 @@ from ragcache.tiers.milvus_budget import L3Budget
 from ragcache.tiers.redis import RedisTier
 from ragcache.tiers.spaces import PerSpaceTier
 
-__all__ = ["LEVELS", "LevelRow", "build_cache", "drift_monitor", "load_encoder"]
+__all__ = ["LEVELS", "LevelRow", "build_cache", "build_levels", "drift_monitor", "load_encoder"]
 
 
 def load_encoder(settings: Settings, model: str | None = None) -> ModelEncoder:
@@ -59,7 +60,8 @@ class LevelRow:
     publishes in the first fleet level below L1), ``make`` (its tier for one model, or None when the settings and
     stores leave it off), ``write_linger_ms`` (how long its write-behind gathers writes into one call) and
     ``on_reuse`` (whether it stores only vectors that proved reuse, ``ragcache.core.levels``). The cache knows a
-    level by these columns, never by its place in the walk."""
+    level by these columns, never by its place in the walk; the row's name is the level's, whatever its tier's
+    own default (``Tier.name``)."""
 
     name: str
     reach: Literal["process", "host", "fleet"]
@@ -120,28 +122,33 @@ def build_cache(
     """The levels of ``LEVELS`` that the settings and stores turn on, then the encoder's model: one cache per
     model, serving every scope (tenant, prompt: ``ragcache.core.scope``); keys differ by space, so one L1
     budget serves them all."""
-    rows: list[LevelRow] = []
-    tiers: list[Tier] = []
-    for row in LEVELS:
-        tier = row.make(settings, stores, encoder.space, encoder.device)
-        if tier is not None:
-            rows.append(row)
-            tiers.append(tier)
-    return EmbeddingCache(
-        encoder,
-        tiers,
-        write_behind=settings.levels.write_behind,
-        write_linger_s={row.name: row.write_linger_ms(settings) / 1000 for row in rows[1:] if row.write_linger_ms(settings)},
-        admit_on_reuse=[row.name for row in rows[1:] if row.on_reuse(settings)],
-        fleet_levels=[row.name for row in rows if row.reach == "fleet"],
+    compute = ComputeConfig(
         # A remote model takes as many texts as fill its upstream requests in parallel (max_inputs x concurrency).
-        compute_max_batch=capabilities_of(encoder).max_batch or settings.compute.compute_batch_size,
-        compute_max_wait_s=settings.compute.compute_max_wait_ms / 1000,
-        compute_max_pending=settings.compute.compute_max_pending,
+        max_batch=capabilities_of(encoder).max_batch or settings.compute.compute_batch_size,
+        max_wait_s=settings.compute.compute_max_wait_ms / 1000,
+        max_pending=settings.compute.compute_max_pending,
+    )
+    levels = build_levels(settings, stores, encoder.space, encoder.device)
+    return EmbeddingCache(encoder, levels, compute=compute, device=encoder.device, on_close=on_close,
+                          flight=_flight(settings, stores))
+
+
+def build_levels(settings: Settings, stores: Stores, space: EmbeddingSpace, device: torch.device,
+                 rows: tuple[LevelRow, ...] = LEVELS) -> Levels:
+    """The ``Levels`` of ``rows`` that the settings and stores turn on, for vectors of ``space`` on ``device``:
+    each level's name, linger, admission and reach from its row."""
+    built = [(row, tier) for row in rows if (tier := row.make(settings, stores, space, device)) is not None]
+    below_first = [row for row, _ in built[1:]]  # L1 is written at once and stores every vector
+    return Levels(
+        [tier for _, tier in built],
+        names=[row.name for row, _ in built],
+        dim=space.dim,
+        dtype=TORCH_DTYPES[space.dtype],
+        write_behind=settings.levels.write_behind,
+        write_linger_s={row.name: row.write_linger_ms(settings) / 1000 for row in below_first if row.write_linger_ms(settings)},
+        admit_on_reuse=[row.name for row in below_first if row.on_reuse(settings)],
+        fleet_levels=[row.name for row, _ in built if row.reach == "fleet"],
         window_s=settings.service.stats_window_s,
-        device=encoder.device,
-        on_close=on_close,
-        flight=_flight(settings, stores),
         tracer=stores.tracing.tracer,
     )
 

@@ -26,6 +26,7 @@ import torch
 
 from ragcache.core.cache import EmbeddingCache
 from ragcache.core.keys import EmbeddingSpace
+from ragcache.core.levels import Levels
 from ragcache.tiers.memory import MemoryTier, resolve_device
 from ragcache_bench import add_gpu_l1_arguments
 from ragcache_bench.report import write_json
@@ -120,7 +121,7 @@ def check_handoff(dtype_name: str, device: torch.device, num_keys: int = 1_000, 
     vectors = torch.randn(num_keys, dim, generator=torch.Generator().manual_seed(1)).to(dtype)
     tier = MemoryTier(num_keys * dim * vectors.element_size(), dim, dtype, device=device)
     tier.put_many(space.keys(texts), vectors.to(device))
-    with EmbeddingCache(_NoModel(space), [tier], write_behind=False, device=device) as cache:
+    with EmbeddingCache(_NoModel(space), Levels([tier], dim=dim, dtype=dtype, write_behind=False), device=device) as cache:
         cache.embed_detailed(texts[:8], as_tensor=True)  # warm-up: first CUDA calls initialise kernels
         results = []
         copies = _count_device_to_host_copies(lambda: results.append(cache.embed_detailed(texts, as_tensor=True)), device)

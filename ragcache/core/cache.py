@@ -13,9 +13,8 @@ import copy
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -26,7 +25,7 @@ from ragcache.core.encoder import Encoder
 from ragcache.core.flight import Flight
 from ragcache.core.keys import EmbeddingSpace, Generation, KeyMemo
 from ragcache.core.levels import Found, Levels
-from ragcache.core.misses import MissResolver
+from ragcache.core.misses import ComputeConfig, MissResolver
 from ragcache.core.probe import Probe, first_of_unique, joined_probe
 from ragcache.core.scope import UNSCOPED, Scope, ScopeRecorders, ScopeStats
 from ragcache.core.stats import CacheStats, LatencyHistogram, LevelRecorder
@@ -34,14 +33,12 @@ from ragcache.core.tier import Tier
 from ragcache.core.tokens import TokenCounter
 from ragcache.errors import ConfigError, InvalidInputError
 
-if TYPE_CHECKING:
-    from opentelemetry.trace import Tracer
-
-__all__ = ["EmbeddingCache", "EmbedResult", "Encoder", "Probe"]
+__all__ = ["ComputeConfig", "EmbeddingCache", "EmbedResult", "Encoder", "Probe"]
 
 log = logging.getLogger(__name__)
 
 COMPUTE = "compute"
+_COMPUTE_DEFAULTS = ComputeConfig()  # a frozen value: one default shared by every cache
 
 
 @dataclass(frozen=True)
@@ -62,9 +59,14 @@ class EmbedResult:
 class EmbeddingCache:
     """One embedding space, its levels (ordered, fastest first) and its model.
 
+    ``levels``: built by the table of levels (``ragcache.build``: names, lingers, admission, reach), or plain
+    tiers, taken with ``Levels``' defaults (each tier's own name, written behind). The cache's clock, stats window
+    and tracer are the levels'. ``compute``: how misses are batched for the model.
+
     The first level is written synchronously (a caller sees its own writes at once); the others are written
-    behind, by a worker thread per level, unless ``write_behind=False``. A level that raises ``TierUnavailableError``
-    is a miss for that call, counted and logged once per outage, and skipped until its back-off passes.
+    behind, by a worker thread per level, unless the levels say ``write_behind=False``. A level that raises
+    ``TierUnavailableError`` is a miss for that call, counted and logged once per outage, and skipped until its
+    back-off passes.
 
     ``generation``: the model's current generation (``ragcache.models.drift``), shared by every view (``scoped``);
     the space in use is the encoder's at that generation, and each request takes it once, at its start.
@@ -73,35 +75,29 @@ class EmbeddingCache:
     def __init__(
         self,
         encoder: Encoder,
-        tiers: Sequence[Tier],
+        levels: Levels | Sequence[Tier],
         *,
-        write_behind: bool = True,
-        compute_max_batch: int = 64,
-        compute_max_wait_s: float = 0.002,
-        compute_max_pending: int = 4096,
-        window_s: float = 300.0,
+        compute: ComputeConfig = _COMPUTE_DEFAULTS,
         device: torch.device | str = "cpu",
-        clock: Callable[[], float] = time.perf_counter,
         on_close: Callable[[], None] | None = None,
         flight: Flight | None = None,
-        tracer: Tracer | None = None,
-        write_linger_s: Mapping[str, float] | None = None,
-        admit_on_reuse: Sequence[str] = (),
-        fleet_levels: Sequence[str] = (),
         miss_ledger_entries: int = 100_000,
     ):
         self.encoder = encoder
         self.generation = Generation()  # the drift check (ragcache.models.drift) moves it
         self.device = torch.device(device)
         self.dtype = getattr(torch, encoder.space.dtype)
-        self.levels = Levels(tiers, dim=encoder.space.dim, dtype=self.dtype, write_behind=write_behind,
-                             write_linger_s=write_linger_s, admit_on_reuse=admit_on_reuse, fleet_levels=fleet_levels,
-                             window_s=window_s, clock=clock, tracer=tracer)
+        if not isinstance(levels, Levels):
+            levels = Levels(levels, dim=encoder.space.dim, dtype=self.dtype)
+        elif (levels.dim, levels.dtype) != (encoder.space.dim, self.dtype):
+            raise ConfigError(f"levels of {levels.dim}-d {levels.dtype} vectors for model {encoder.space.model!r}'s "
+                              f"{encoder.space.dim}-d {self.dtype}")
+        self.levels = levels
+        tracer, clock, window_s = levels.tracer, levels.clock, levels.window_s
         # Calls inside embed_detailed: the batcher waits for company only while one has not reached it yet.
         self._calls = CallsInProgress()
         self.resolver = MissResolver(encoder, self.levels, self._calls, flight=flight, device=self.device,
-                                     dtype=self.dtype, max_batch=compute_max_batch, max_wait_s=compute_max_wait_s,
-                                     max_pending=compute_max_pending, tracer=tracer)
+                                     dtype=self.dtype, compute=compute, tracer=tracer)
         self.level_names = self.levels.names + (COMPUTE,)
         self._ledger = MissLedger(miss_ledger_entries)
         self._ttl_s = self.levels.ttl_s

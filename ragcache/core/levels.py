@@ -22,7 +22,7 @@ import torch
 from ragcache.core.health import TierHealth
 from ragcache.core.keys import KeyList
 from ragcache.core.stats import LatencyHistogram, LevelRecorder, LevelStats
-from ragcache.core.tier import Tier, TierHits
+from ragcache.core.tier import Expiring, Figured, MayHold, Tier, TierHits
 from ragcache.core.writeback import WriteBehind
 from ragcache.errors import TierUnavailableError
 
@@ -32,10 +32,6 @@ if TYPE_CHECKING:
 __all__ = ["Found", "Levels"]
 
 log = logging.getLogger(__name__)
-
-# What a level may report of itself in ``states`` (attributes of the tier, when it has them): values dropped as
-# corrupt, bytes against the budget, entries evicted, and a generational store's rotations and generations lost.
-_TIER_FIGURES = ("num_corrupt", "used_bytes", "capacity_bytes", "num_evicted", "num_rotations", "num_lost")
 
 
 @dataclass(frozen=True)
@@ -54,8 +50,11 @@ class Found:
 
 class Levels:
     """``tiers`` in order, with a ``TierHealth`` (the breaker), a ``LevelRecorder`` and, below the first, a
-    write-behind worker each (``write_behind=False``: every write at once). ``write_linger_s`` maps a level's
-    name to how long its writer gathers writes into one call (absent: 0).
+    write-behind worker each (``write_behind=False``: every write at once). ``names``: each level's name, from the
+    table of levels (``ragcache.build.LEVELS``; None: each tier's own, for tiers used bare). ``write_linger_s``
+    maps a level's name to how long its writer gathers writes into one call (absent: 0). ``dim`` and ``dtype``
+    are the vectors' (the cache's space's); ``window_s``, ``clock`` and ``tracer`` the cache's too
+    (``EmbeddingCache`` takes them from here, so that they are given once).
 
     ``admit_on_reuse`` names levels that store only vectors that proved reuse: a computed vector is not
     written to them (counted ``num_declined``), and a vector served by a level above them but below L1 (asked
@@ -72,6 +71,7 @@ class Levels:
         *,
         dim: int,
         dtype: torch.dtype,
+        names: Sequence[str] | None = None,
         write_behind: bool = True,
         write_linger_s: Mapping[str, float] | None = None,
         admit_on_reuse: Collection[str] = (),
@@ -81,12 +81,15 @@ class Levels:
         tracer: Tracer | None = None,
     ):
         self.tiers = list(tiers)
-        self.names = tuple(tier.name for tier in self.tiers)
-        self._dim, self._dtype = dim, dtype
+        self.names = tuple(tier.name for tier in self.tiers) if names is None else tuple(names)
+        if len(self.names) != len(self.tiers) or len(set(self.names)) != len(self.names):
+            raise ValueError(f"levels need one distinct name each: {self.names} for {len(self.tiers)} tiers")
+        self.dim, self.dtype = dim, dtype
+        self.window_s = window_s
         self._health = [TierHealth() for _ in self.tiers]
-        self._recorders = [LevelRecorder(tier.name, window_s=window_s) for tier in self.tiers]
-        self._clock = clock
-        self._tracer = tracer  # None: no spans, no tracing work (ragcache.observe.tracing)
+        self._recorders = [LevelRecorder(name, window_s=window_s) for name in self.names]
+        self.clock = clock
+        self.tracer = tracer  # None: no spans, no tracing work (ragcache.observe.tracing)
         # One writer per level below the first, so that a slow level never holds back another's writes.
         lingers = write_linger_s or {}
         unknown = (set(lingers) | set(admit_on_reuse) | set(fleet_levels)) - set(self.names)
@@ -97,7 +100,7 @@ class Levels:
         } if write_behind else {}
         # A level may say, without a call, that it holds none of some keys (an empty Milvus collection): it is then
         # not asked, and its misses are counted as bypassed.
-        self._may_hold = [getattr(tier, "may_hold", None) for tier in self.tiers]
+        self._may_hold = [tier.may_hold if isinstance(tier, MayHold) else None for tier in self.tiers]
         self._on_reuse = frozenset(position for position, name in enumerate(self.names) if name in admit_on_reuse and position)
         self._shared = next((position for position, name in enumerate(self.names) if position and name in fleet_levels), None)
         self._admission_lock = threading.Lock()
@@ -147,11 +150,11 @@ class Levels:
             served[found] = position
             if vectors is None and len(found) == len(keys):
                 # The common hot case: one level served everything, in order; its gather is the answer.
-                vectors = hits.vectors.to(device, self._dtype)
+                vectors = hits.vectors.to(device, self.dtype)
             else:
                 if vectors is None:
-                    vectors = torch.empty((len(keys), self._dim), dtype=self._dtype, device=device)
-                vectors.index_copy_(0, torch.from_numpy(found).to(device), hits.vectors.to(device, self._dtype))
+                    vectors = torch.empty((len(keys), self.dim), dtype=self.dtype, device=device)
+                vectors.index_copy_(0, torch.from_numpy(found).to(device), hits.vectors.to(device, self.dtype))
             if position:
                 taken = asked if len(found) == len(asked) else asked.take(hits.index)
                 self.write_up(position, taken, hits.vectors)
@@ -163,7 +166,7 @@ class Levels:
             missing = missing[still]
             asked = asked.take(np.flatnonzero(still))
         if vectors is None:
-            vectors = torch.empty((len(keys), self._dim), dtype=self._dtype, device=device)
+            vectors = torch.empty((len(keys), self.dim), dtype=self.dtype, device=device)
         return Found(vectors, served, missing, frozenset(unavailable), frozenset(bypassed))
 
     # ---- lookups -------------------------------------------------------------------------------------------
@@ -171,10 +174,10 @@ class Levels:
     def lookup(self, position: int, keys: Sequence[str], *, failed: set[int] | None = None) -> TierHits:
         """Level ``position``'s hits for ``keys``, counted; a level that is down or fails is a miss (and its
         position is added to ``failed``, when given)."""
-        if self._tracer is None:
+        if self.tracer is None:
             return self._lookup(position, keys, failed)
         attributes: dict[str, str | int] = {"ragcache.level": self.names[position], "ragcache.num_keys": len(keys)}
-        with self._tracer.start_as_current_span("ragcache.lookup", attributes=attributes) as current:
+        with self.tracer.start_as_current_span("ragcache.lookup", attributes=attributes) as current:
             hits = self._lookup(position, keys, failed)
             current.set_attributes({"ragcache.num_hits": len(hits.index), "ragcache.level_down": self._health[position].is_down})
             return hits
@@ -186,17 +189,17 @@ class Levels:
             if failed is not None:
                 failed.add(position)
             return self.none()
-        started = self._clock()
+        started = self.clock()
         try:
             hits = self.tiers[position].get_many(keys)
         except TierUnavailableError as exc:
             self._note_failure(position, exc)
-            recorder.record(hits=0, misses=len(keys), errors=len(keys), latency_s=self._clock() - started)
+            recorder.record(hits=0, misses=len(keys), errors=len(keys), latency_s=self.clock() - started)
             if failed is not None:
                 failed.add(position)
             return self.none()
         self._note_success(position)
-        recorder.record(hits=len(hits.index), misses=len(keys) - len(hits.index), latency_s=self._clock() - started)
+        recorder.record(hits=len(hits.index), misses=len(keys) - len(hits.index), latency_s=self.clock() - started)
         return hits
 
     def peek(self, position: int, keys: Sequence[str]) -> TierHits:
@@ -213,15 +216,15 @@ class Levels:
         """Count a lookup made outside ``lookup`` (the resident probe's, on the event loop), with its span
         unless ``traced`` is False (an all-resident answer, whose own span says so)."""
         self._recorders[position].record(hits=hits, misses=misses, latency_s=latency_s)
-        if traced and self._tracer is not None:
+        if traced and self.tracer is not None:
             attributes: dict[str, str | int | bool] = {
                 "ragcache.level": self.names[position], "ragcache.num_keys": hits + misses, "ragcache.num_hits": hits,
                 "ragcache.level_down": self._health[position].is_down, "ragcache.resident_probe": True}
             started_ns = time.time_ns() - int(latency_s * 1e9)
-            self._tracer.start_span("ragcache.lookup", attributes=attributes, start_time=started_ns).end()
+            self.tracer.start_span("ragcache.lookup", attributes=attributes, start_time=started_ns).end()
 
     def none(self) -> TierHits:
-        return TierHits.none(self._dim, self._dtype)
+        return TierHits.none(self.dim, self.dtype)
 
     # ---- why misses happened (ragcache.core.causes) --------------------------------------------------------
 
@@ -233,7 +236,7 @@ class Levels:
     @property
     def ttl_s(self) -> tuple[float | None, ...]:
         """Per level, the time to live of its entries (a tier's ``ttl_s``; None: kept until evicted)."""
-        return tuple(getattr(tier, "ttl_s", None) for tier in self.tiers)
+        return tuple(tier.ttl_s if isinstance(tier, Expiring) else None for tier in self.tiers)
 
     def record_causes(self, counts: np.ndarray) -> None:
         """Count explained misses: ``counts[level, cause]`` (``ragcache.core.stats.MISS_CAUSES``)."""
@@ -312,17 +315,17 @@ class Levels:
         """Per level: up or down, the last error while down, outages so far, and the figures the level keeps
         of itself (``num_corrupt`` values dropped; ``used_bytes`` against ``capacity_bytes`` for L1)."""
         return {
-            tier.name: {
+            name: {
                 "up": not health.is_down,
                 "last_error": health.last_error if health.is_down else None,
                 "num_outages": health.num_outages,
                 "num_failures": health.num_failures,  # failed tries in the current outage (probes, not skips)
                 "down_for_s": health.down_for_s(),
                 "probed_s_ago": health.probed_s_ago(),
-                **{name: getattr(tier, name) for name in _TIER_FIGURES if hasattr(tier, name)},
+                **(tier.figures() if isinstance(tier, Figured) else {}),
                 **self._admission_of(position),
             }
-            for position, (tier, health) in enumerate(zip(self.tiers, self._health))
+            for position, (name, tier, health) in enumerate(zip(self.names, self.tiers, self._health))
         }
 
     def _admission_of(self, position: int) -> dict[str, str | int]:

@@ -10,6 +10,7 @@ left missing and gets back how many of them were computed.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -26,7 +27,18 @@ from ragcache.observe.tracing import span
 if TYPE_CHECKING:
     from opentelemetry.trace import Tracer
 
-__all__ = ["MissResolver"]
+__all__ = ["ComputeConfig", "MissResolver"]
+
+
+@dataclass(frozen=True)
+class ComputeConfig:
+    """How misses go to the model (``ComputeBatcher``): at most ``max_batch`` texts a call, a call waits up to
+    ``max_wait_s`` for company while another request is on its way, and at most ``max_pending`` texts wait
+    (more: ``OverloadedError``)."""
+
+    max_batch: int = 64
+    max_wait_s: float = 0.002
+    max_pending: int = 4096
 
 
 class MissResolver:
@@ -41,9 +53,7 @@ class MissResolver:
         flight: Flight | None = None,
         device: torch.device,
         dtype: torch.dtype,
-        max_batch: int = 64,
-        max_wait_s: float = 0.002,
-        max_pending: int = 4096,
+        compute: ComputeConfig = ComputeConfig(),
         tracer: Tracer | None = None,
     ):
         self._shared = levels.shared
@@ -53,8 +63,8 @@ class MissResolver:
         self._encoder = encoder
         # Whether the model takes a named prompt apart (``encode(texts, prompt=...)``): a class attribute, read once.
         self._takes_prompt = capabilities_of(encoder).takes_prompt
-        self.batcher = ComputeBatcher(self._encode, max_batch=max_batch, max_wait_s=max_wait_s, max_pending=max_pending,
-                                      levels=levels, calls=calls)
+        self.batcher = ComputeBatcher(self._encode, max_batch=compute.max_batch, max_wait_s=compute.max_wait_s,
+                                      max_pending=compute.max_pending, levels=levels, calls=calls)
         self._flight = flight
         self._device, self._dtype = device, dtype
         self._tracer = tracer  # None: no spans, no tracing work (ragcache.observe.tracing)

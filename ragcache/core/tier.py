@@ -13,7 +13,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-__all__ = ["Tier", "TierHits"]
+__all__ = ["Expiring", "Figured", "MayHold", "Tier", "TierHits"]
 
 
 @dataclass(frozen=True)
@@ -33,12 +33,13 @@ class TierHits:
 class Tier(Protocol):
     """A cache level. Remote levels raise ``TierUnavailableError`` when they fail; the cache makes it a miss.
 
-    Who else sees what a level holds (this process, the host's processes, the fleet) is the deployment's table
-    of levels (``ragcache.build.LEVELS``) to say, not the tier's: the cache is told which levels the fleet sees
-    (``fleet_levels``), and single flight across processes publishes in the first of them below L1.
+    A level's name, who else sees what it holds (this process, the host's processes, the fleet), its write
+    linger and its admission are the deployment's table of levels (``ragcache.build.LEVELS``) to say, not the
+    tier's: ``ragcache.core.levels.Levels`` is told them. ``name`` is only the default for a tier used bare (in
+    tests, or a cache built without the table).
 
-    A level whose every call costs (Milvus) may also offer ``may_hold(keys) -> bool``: False means it holds
-    none of them (its collection is empty), and the walk does not ask it (the misses count as bypassed).
+    What a level may offer beyond this is declared below, one protocol per ability (``MayHold``, ``Expiring``,
+    ``Figured``), and the walk asks ``isinstance`` once, when it is built.
     """
 
     name: str
@@ -48,3 +49,28 @@ class Tier(Protocol):
     def put_many(self, keys: Sequence[str], vectors: torch.Tensor) -> None: ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class MayHold(Protocol):
+    """A level whose every call costs (Milvus) and that can say, without a call, that it holds none of ``keys``
+    (its collection is empty): False, and the walk does not ask it (the misses count as bypassed)."""
+
+    def may_hold(self, keys: Sequence[str]) -> bool: ...
+
+
+@runtime_checkable
+class Expiring(Protocol):
+    """A level whose entries expire ``ttl_s`` seconds after they are written (None: kept until evicted): how a
+    miss on it is told apart as expired (``ragcache.core.causes``)."""
+
+    ttl_s: float | None
+
+
+@runtime_checkable
+class Figured(Protocol):
+    """A level that keeps figures of itself, shown in ``Levels.states`` beside its health: ``num_corrupt`` (values
+    dropped as corrupt), ``used_bytes`` against ``capacity_bytes``, ``num_evicted``, and a generational store's
+    ``num_rotations`` and ``num_lost`` (each only where the level has it)."""
+
+    def figures(self) -> dict[str, int]: ...

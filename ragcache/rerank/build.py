@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from ragcache.core.cache import EmbeddingCache
+from ragcache.core.cache import ComputeConfig, EmbeddingCache
+from ragcache.core.levels import Levels
 from ragcache.errors import ConfigError
 from ragcache.rerank.base import Reranker
 from ragcache.rerank.local import CrossEncoderReranker
@@ -46,13 +47,9 @@ def score_cache(settings: Settings, stores: Stores, reranker: Reranker) -> Reran
     tiers: list = [MemoryTier(settings.rerank.rerank_l1_bytes, 1, torch.float32, device="cpu")]
     if stores.redis is not None:
         tiers.append(RedisTier(stores.redis, dim=1, dtype=torch.float32, ttl_s=settings.levels.redis_ttl_s))
-    cache = EmbeddingCache(
-        PairEncoder(reranker),
-        tiers,
-        write_behind=settings.levels.write_behind,
-        compute_max_batch=settings.compute.compute_batch_size,
-        compute_max_wait_s=settings.compute.compute_max_wait_ms / 1000,
-        window_s=settings.service.stats_window_s,
-        tracer=stores.tracing.tracer,
-    )
+    levels = Levels(tiers, dim=1, dtype=torch.float32, write_behind=settings.levels.write_behind,
+                    window_s=settings.service.stats_window_s, tracer=stores.tracing.tracer)
+    compute = ComputeConfig(max_batch=settings.compute.compute_batch_size,
+                            max_wait_s=settings.compute.compute_max_wait_ms / 1000)
+    cache = EmbeddingCache(PairEncoder(reranker), levels, compute=compute)
     return RerankCache(reranker, cache)

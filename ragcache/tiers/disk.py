@@ -86,5 +86,11 @@ class DiskTier:
         """Generations the store dropped because their file could not be opened or read (corrupt)."""
         return self.store.figures().num_lost
 
+    def figures(self) -> dict[str, int]:
+        """This tier's corrupt values and the host store's figures (``ragcache.core.tier.Figured``), read at once."""
+        store = self.store.figures()
+        return {"num_corrupt": self.num_corrupt, "used_bytes": store.used_bytes, "capacity_bytes": self.capacity_bytes,
+                "num_evicted": store.num_evicted, "num_rotations": store.num_rotations, "num_lost": store.num_lost}
+
     def close(self) -> None:
         """The store belongs to whoever opened it (the shared ``Stores``); nothing to release here."""

@@ -76,6 +76,10 @@ class MemoryTier:
     def used_bytes(self) -> int:
         return self._index.num_live * self.dim * self.slab.element_size()
 
+    def figures(self) -> dict[str, int]:
+        """Bytes held against the budget, and entries evicted (``ragcache.core.tier.Figured``)."""
+        return {"used_bytes": self.used_bytes, "capacity_bytes": self.capacity_bytes, "num_evicted": self.num_evicted}
+
     @property
     def slab_bytes(self) -> int:
         return self.slab.numel() * self.slab.element_size()

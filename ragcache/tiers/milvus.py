@@ -132,6 +132,10 @@ class MilvusTier:
         self.num_corrupt += int(self.client.get_collection_stats(self.collection).get("row_count", 0))
         self.client.drop_collection(self.collection)
 
+    def figures(self) -> dict[str, int]:
+        """Rows dropped as corrupt or foreign (``ragcache.core.tier.Figured``)."""
+        return {"num_corrupt": self.num_corrupt}
+
     @staticmethod
     def _text_hashes(keys: Sequence[str]) -> list[str]:
         # Keys are rc:<space_id>:<text_hash>; the collection already names the space.

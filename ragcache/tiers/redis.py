@@ -114,5 +114,9 @@ class RedisTier:
         except REDIS_ERRORS as exc:
             raise TierUnavailableError(self.name, f"Redis failed: {exc}") from exc
 
+    def figures(self) -> dict[str, int]:
+        """Values dropped as corrupt or foreign (``ragcache.core.tier.Figured``)."""
+        return {"num_corrupt": self.num_corrupt}
+
     def close(self) -> None:
         """The client belongs to whoever opened it (the shared ``Stores``); nothing to release here."""

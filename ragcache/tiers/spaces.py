@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from ragcache.core.tier import Tier, TierHits
+from ragcache.core.tier import Figured, MayHold, Tier, TierHits
 
 __all__ = ["PerSpaceTier"]
 
@@ -43,13 +43,17 @@ class PerSpaceTier:
 
     @property
     def num_corrupt(self) -> int:
-        return sum(getattr(tier, "num_corrupt", 0) for tier in list(self._tiers.values()))
+        return sum(tier.figures().get("num_corrupt", 0) for tier in list(self._tiers.values()) if isinstance(tier, Figured))
+
+    def figures(self) -> dict[str, int]:
+        """Rows dropped as corrupt in every space's level (``ragcache.core.tier.Figured``)."""
+        return {"num_corrupt": self.num_corrupt}
 
     def may_hold(self, keys: Sequence[str]) -> bool:
         """Whether any of the keys' spaces may hold a row (a level that says so of itself, ``MilvusTier.may_hold``)."""
         for space_id in _by_space(keys):
-            may_hold = getattr(self.tier_for(space_id), "may_hold", None)
-            if may_hold is None or may_hold():
+            tier = self.tier_for(space_id)
+            if not isinstance(tier, MayHold) or tier.may_hold(()):
                 return True
         return False
 

@@ -7,8 +7,9 @@ import pytest
 import torch
 
 from ragcache.core.batching import CallsInProgress, ComputeBatcher
-from ragcache.core.cache import EmbeddingCache
+from ragcache.core.cache import ComputeConfig, EmbeddingCache
 from ragcache.core.encoder import Capabilities
+from ragcache.core.levels import Levels
 from ragcache.core.scope import Prompt, Scope
 from ragcache.errors import ComputeError, InvalidInputError, TierUnavailableError
 from ragcache.storage.processes import poll_until
@@ -59,7 +60,7 @@ def levels(n_rows=(100, 100)):
 def test_each_level_is_asked_only_for_what_is_still_missing_and_hits_are_promoted():
     encoder = HashEncoder(DIM)
     l1, l2 = levels()
-    cache = EmbeddingCache(encoder, [l1, l2], write_behind=False)
+    cache = EmbeddingCache(encoder, Levels([l1, l2], dim=DIM, dtype=torch.float32, write_behind=False))
     k = cache.space.keys(["a", "b", "c"])
     l2.tier.put_many([k[1]], encoder.encode(["b"]))
     l1.tier.put_many([k[0]], encoder.encode(["a"]))
@@ -79,7 +80,7 @@ def test_each_level_is_asked_only_for_what_is_still_missing_and_hits_are_promote
 
 def test_duplicates_are_computed_once_and_returned_in_input_order():
     encoder = HashEncoder(DIM)
-    cache = EmbeddingCache(encoder, levels((10,)), write_behind=False)
+    cache = EmbeddingCache(encoder, Levels(levels((10,)), dim=DIM, dtype=torch.float32, write_behind=False))
     texts = ["x", "y", "x", "x", "z", "y"]
     result = cache.embed_detailed(texts)
     assert sorted(encoder.calls[0]) == ["x", "y", "z"] and encoder.num_texts == 3
@@ -100,7 +101,7 @@ def test_a_failing_level_is_a_miss_counted_and_backed_off():
     encoder = HashEncoder(DIM)
     broken = Broken()
     l1 = levels((10,))[0]
-    cache = EmbeddingCache(encoder, [l1, broken], write_behind=False)
+    cache = EmbeddingCache(encoder, Levels([l1, broken], dim=DIM, dtype=torch.float32, write_behind=False))
     vectors = cache.embed(["a", "b"])
     np.testing.assert_array_equal(vectors, encoder.encode(["a", "b"]).numpy())
     assert cache.level_states()["L2"]["up"] is False
@@ -115,7 +116,7 @@ def test_a_failing_level_is_a_miss_counted_and_backed_off():
 
 def test_stats_count_levels_and_compute_exactly():
     encoder = HashEncoder(DIM)
-    cache = EmbeddingCache(encoder, levels((10,)), write_behind=False)
+    cache = EmbeddingCache(encoder, Levels(levels((10,)), dim=DIM, dtype=torch.float32, write_behind=False))
     cache.embed(["a", "b"])
     cache.embed(["a", "b", "c"])
     stats = cache.stats()
@@ -129,7 +130,7 @@ def test_stats_count_levels_and_compute_exactly():
 
 def test_concurrent_misses_for_one_key_compute_it_once():
     encoder = HashEncoder(DIM, delay_s=0.05)
-    cache = EmbeddingCache(encoder, levels((10,)), write_behind=False)
+    cache = EmbeddingCache(encoder, Levels(levels((10,)), dim=DIM, dtype=torch.float32, write_behind=False))
     barrier = threading.Barrier(64)
     results = []
 
@@ -148,7 +149,8 @@ def test_concurrent_misses_for_one_key_compute_it_once():
 
 def test_misses_from_concurrent_callers_share_model_batches():
     encoder = HashEncoder(DIM, delay_s=0.03)
-    cache = EmbeddingCache(encoder, levels((1000,)), write_behind=False, compute_max_batch=64)
+    cache = EmbeddingCache(encoder, Levels(levels((1000,)), dim=DIM, dtype=torch.float32, write_behind=False),
+                           compute=ComputeConfig(max_batch=64))
     threads = [threading.Thread(target=cache.embed, args=([f"text {i}"],)) for i in range(32)]
     for thread in threads:
         thread.start()
@@ -184,7 +186,7 @@ def test_the_batch_waits_for_company_only_while_a_caller_has_not_reached_it():
 def test_write_behind_flush_and_close_store_everything():
     encoder = HashEncoder(DIM)
     l1, l2 = levels()
-    cache = EmbeddingCache(encoder, [l1, l2], write_behind=True)
+    cache = EmbeddingCache(encoder, [l1, l2])
     cache.embed([f"t{i}" for i in range(50)])
     cache.flush()
     assert len(l2.tier) == 50
@@ -203,7 +205,7 @@ def test_model_failure_reaches_the_caller_and_the_cache_keeps_working():
             return super().encode(texts)
 
     encoder = Flaky(DIM)
-    cache = EmbeddingCache(encoder, levels((10,)), write_behind=False)
+    cache = EmbeddingCache(encoder, Levels(levels((10,)), dim=DIM, dtype=torch.float32, write_behind=False))
     with pytest.raises(ComputeError, match="RuntimeError: out of memory"):  # in the ragcache tree, cause named
         cache.embed(["a"])
     encoder.fail = False
@@ -212,7 +214,7 @@ def test_model_failure_reaches_the_caller_and_the_cache_keeps_working():
 
 def test_embed_resident_answers_only_when_l1_holds_everything():
     encoder = HashEncoder(DIM)
-    cache = EmbeddingCache(encoder, levels((10,)), write_behind=False)
+    cache = EmbeddingCache(encoder, Levels(levels((10,)), dim=DIM, dtype=torch.float32, write_behind=False))
     assert cache.embed_resident(["a", "b"]) is None
     assert cache.stats().texts == 0  # a refused fast path records nothing
     expected = cache.embed(["a", "b"])
@@ -227,7 +229,7 @@ def test_a_repeat_is_served_by_a_level_never_by_a_memory_of_the_batcher():
     # computed again and counted as computed. (The batcher once kept 4,096 recent results, a level outside
     # every budget that answered such repeats without the model while reporting them as computed.)
     encoder = HashEncoder(DIM)
-    with EmbeddingCache(encoder, levels((1,)), write_behind=False) as cache:
+    with EmbeddingCache(encoder, Levels(levels((1,)), dim=DIM, dtype=torch.float32, write_behind=False)) as cache:
         cache.embed(["first"])
         cache.embed(["second"])
         result = cache.embed_detailed(["first"])
@@ -255,7 +257,7 @@ def test_a_caller_that_missed_l1_while_the_key_was_being_computed_gets_it_from_l
     l1 = Recording(MemoryTier(100 * DIM * 4, DIM, torch.float32), "L1")
     l2 = SlowFor(MemoryTier(100 * DIM * 4, DIM, torch.float32), "L2", thread_name="late", delay_s=0.8)
     results = {}
-    with EmbeddingCache(encoder, [l1, l2], write_behind=False) as cache:
+    with EmbeddingCache(encoder, Levels([l1, l2], dim=DIM, dtype=torch.float32, write_behind=False)) as cache:
         first = threading.Thread(target=lambda: results.__setitem__("first", cache.embed_detailed(["x"])), name="first")
         late = threading.Thread(target=lambda: results.__setitem__("late", cache.embed_detailed(["x"])), name="late")
         first.start()
@@ -276,7 +278,7 @@ def test_a_request_whose_every_text_arrived_in_l1_meanwhile_writes_nothing_below
     encoder = HashEncoder(DIM, delay_s=0.3)
     l1 = Recording(MemoryTier(100 * DIM * 4, DIM, torch.float32), "L1")
     l2 = SlowFor(MemoryTier(100 * DIM * 4, DIM, torch.float32), "L2", thread_name="late", delay_s=0.8)
-    with EmbeddingCache(encoder, [l1, l2], write_behind=False) as cache:
+    with EmbeddingCache(encoder, Levels([l1, l2], dim=DIM, dtype=torch.float32, write_behind=False)) as cache:
         first = threading.Thread(target=cache.embed, args=(["x", "y"],), name="first")
         first.start()
         threading.Event().wait(0.1)
@@ -327,7 +329,7 @@ def test_a_batch_holds_one_prompts_texts_in_queue_order():
 def test_one_cache_serves_every_scope_with_keys_of_its_own_and_no_thread_of_its_own():
     encoder = HashEncoder(DIM)  # no prompt argument: the prompt is put before each text
     query, document = Prompt("query", "query: "), Prompt("document", "passage: ")
-    with EmbeddingCache(encoder, levels((1000,)), write_behind=False) as cache:
+    with EmbeddingCache(encoder, Levels(levels((1000,)), dim=DIM, dtype=torch.float32, write_behind=False)) as cache:
         threads = threading.active_count()
         acme_query = cache.scoped(Scope("acme", query))
         assert acme_query.space.namespace == "acme" and acme_query.space.prompt == "query: "
@@ -349,7 +351,7 @@ def test_one_cache_serves_every_scope_with_keys_of_its_own_and_no_thread_of_its_
 def test_requests_walked_together_are_answered_and_counted_each_as_its_own():
     encoder = HashEncoder(DIM)
     l1, l2 = levels()
-    cache = EmbeddingCache(encoder, [l1, l2], write_behind=False)
+    cache = EmbeddingCache(encoder, Levels([l1, l2], dim=DIM, dtype=torch.float32, write_behind=False))
     cache.embed(["a"])  # in L1 now
     encoder.calls.clear()
     l1.asked.clear(), l2.asked.clear()
@@ -367,6 +369,6 @@ def test_requests_walked_together_are_answered_and_counted_each_as_its_own():
     # embed(["a"]) included. "b" is computed in both requests that carry it, as two concurrent requests count it;
     # "e", twice in one request, is computed once there and its repeat is a hit, as embed_detailed counts it.
     assert (stats.requests, stats.texts, stats.hits, stats.texts_computed) == (5, 8, 2, 6)
-    alone = EmbeddingCache(HashEncoder(DIM), levels(), write_behind=False)
+    alone = EmbeddingCache(HashEncoder(DIM), Levels(levels(), dim=DIM, dtype=torch.float32, write_behind=False))
     alone.embed_detailed(["e", "e"])
     assert (alone.stats().hits, alone.stats().texts_computed) == (1, 1)

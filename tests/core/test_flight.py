@@ -12,8 +12,9 @@ import redis
 import torch
 
 from ragcache import Settings, open_cache
-from ragcache.core.cache import EmbeddingCache
+from ragcache.core.cache import ComputeConfig, EmbeddingCache
 from ragcache.core.flight import RedisFlight, wait_for_holders
+from ragcache.core.levels import Levels
 from ragcache.core.tier import TierHits
 from ragcache.errors import ConfigError
 from ragcache.storage.embedded_redis import free_port
@@ -239,7 +240,8 @@ def test_won_keys_are_published_in_l2_before_release_and_lost_keys_are_taken_fro
 
     l1, l2 = two_levels(events, other_replica_publishes_c_once_we_wait)
     # Of the two misses ("a", "c") this replica wins "a"; "c" is another's.
-    cache = EmbeddingCache(encoder, [l1, l2], write_behind=True, fleet_levels=["L2"], flight=ScriptedFlight([True, False], store, events))
+    cache = EmbeddingCache(encoder, Levels([l1, l2], dim=DIM, dtype=torch.float32, fleet_levels=["L2"]),
+                           flight=ScriptedFlight([True, False], store, events))
     key_a, key_b, key_c = cache.space.keys(["a", "b", "c"])
     l2.tier.put_many([key_b], other_replica.encode(["b"]))  # "b": another replica published it earlier
     store.held = {key_c}
@@ -257,7 +259,7 @@ def test_won_keys_are_published_in_l2_before_release_and_lost_keys_are_taken_fro
 
 def test_a_text_whose_holder_died_is_computed_here():
     encoder, events, store = HashEncoder(DIM), [], SharedStore()
-    cache = EmbeddingCache(encoder, two_levels(events), write_behind=False, fleet_levels=["L2"],
+    cache = EmbeddingCache(encoder, Levels(two_levels(events), dim=DIM, dtype=torch.float32, write_behind=False, fleet_levels=["L2"]),
                            flight=ScriptedFlight([False, False], store, events))
     result = cache.embed_detailed(["x", "y"])  # both claims lost, but no lock is held and nothing comes
     assert result.served == {"L1": 0, "L2": 0, "compute": 2}
@@ -276,7 +278,7 @@ def test_a_flight_needs_a_shared_level_after_l1():
         EmbeddingCache(HashEncoder(DIM), [MemoryTier(1 << 16, DIM, torch.float32), host_level],
                        flight=ScriptedFlight([], SharedStore(), []))
     with pytest.raises(ValueError, match="no level named"):
-        EmbeddingCache(HashEncoder(DIM), two_levels([]), fleet_levels=["L9"])
+        Levels(two_levels([]), dim=DIM, dtype=torch.float32, fleet_levels=["L9"])
 
 
 def test_the_table_of_levels_says_which_level_the_fleet_sees(redis_url, tmp_path):
@@ -298,9 +300,9 @@ def test_two_caches_on_one_redis_compute_each_text_once(any_redis):
     caches = [
         EmbeddingCache(
             encoder,
-            [MemoryTier(1 << 16, DIM, torch.float32), RedisTier(any_redis, dim=DIM, dtype=torch.float32, ttl_s=60)],
-            compute_max_batch=8,
-            fleet_levels=["L2"],
+            Levels([MemoryTier(1 << 16, DIM, torch.float32), RedisTier(any_redis, dim=DIM, dtype=torch.float32, ttl_s=60)],
+                   dim=DIM, dtype=torch.float32, fleet_levels=["L2"]),
+            compute=ComputeConfig(max_batch=8),
             flight=RedisFlight(any_redis, ttl_ms=10_000, wait_s=10),
         )
         for encoder in encoders

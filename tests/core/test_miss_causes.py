@@ -14,6 +14,7 @@ import torch
 
 from ragcache.build import build_cache, drift_monitor
 from ragcache.core.cache import EmbeddingCache
+from ragcache.core.levels import Levels
 from ragcache.core.stats import MISS_CAUSES
 from ragcache.errors import TierUnavailableError
 from ragcache.settings import Settings
@@ -70,7 +71,7 @@ class Down:
 
 
 def test_misses_of_texts_never_seen_and_l1_hits_explain_nothing():
-    with EmbeddingCache(HashEncoder(DIM), [memory(100)], write_behind=False) as cache:
+    with EmbeddingCache(HashEncoder(DIM), Levels([memory(100)], dim=DIM, dtype=torch.float32, write_behind=False)) as cache:
         cache.embed(["a", "b"])
         cache.embed(["a", "b"])  # L1 hits: no miss
         assert causes(cache) == {"L1": {"never_seen": 2}}
@@ -81,7 +82,7 @@ def test_a_text_dropped_for_room_is_evicted_and_served_by_the_disk_level(tmp_pat
     store = DiskStore(tmp_path, capacity_bytes=4 << 20)
     try:
         tiers = [memory(2), DiskTier(store, dim=DIM, dtype=torch.float32)]
-        with EmbeddingCache(HashEncoder(DIM), tiers, write_behind=False) as cache:
+        with EmbeddingCache(HashEncoder(DIM), Levels(tiers, dim=DIM, dtype=torch.float32, write_behind=False)) as cache:
             cache.embed(["a", "b"])
             cache.embed(["c", "d"])  # L1 holds two rows: a and b go
             result = cache.embed_detailed(["a"])
@@ -94,7 +95,7 @@ def test_a_text_dropped_for_room_is_evicted_and_served_by_the_disk_level(tmp_pat
 def test_an_l2_entry_past_its_ttl_is_expired(redis_url):
     client = redis.Redis.from_url(redis_url)
     tiers = [memory(100), RedisTier(client, dim=DIM, dtype=torch.float32, ttl_s=1)]
-    with EmbeddingCache(HashEncoder(DIM), tiers, write_behind=False) as cache:
+    with EmbeddingCache(HashEncoder(DIM), Levels(tiers, dim=DIM, dtype=torch.float32, write_behind=False)) as cache:
         cache.embed(["short-lived"])
         tiers[0].clear()
         time.sleep(1.2)  # past the 1 s TTL: Redis dropped it
@@ -103,7 +104,7 @@ def test_an_l2_entry_past_its_ttl_is_expired(redis_url):
 
 
 def test_a_text_seen_before_the_model_changed_is_drift():
-    with EmbeddingCache(HashEncoder(DIM), [memory(100)], write_behind=False) as cache:
+    with EmbeddingCache(HashEncoder(DIM), Levels([memory(100)], dim=DIM, dtype=torch.float32, write_behind=False)) as cache:
         cache.embed(["same text"])
         cache.generation.value += 1  # what the drift check does when the model behind the name changed
         cache.embed(["same text"])
@@ -112,7 +113,8 @@ def test_a_text_seen_before_the_model_changed_is_drift():
 
 def test_a_level_that_admits_on_reuse_only_was_bypassed_until_the_text_proved_reuse():
     l1, l2, l3 = memory(100), memory(100, "L2"), memory(100, "L3")
-    with EmbeddingCache(HashEncoder(DIM), [l1, l2, l3], write_behind=False, admit_on_reuse=["L3"]) as cache:
+    levels = Levels([l1, l2, l3], dim=DIM, dtype=torch.float32, write_behind=False, admit_on_reuse=["L3"])
+    with EmbeddingCache(HashEncoder(DIM), levels) as cache:
         cache.embed(["once"])  # computed: L3 declines it
         l1.clear()
         l2.clear()
@@ -128,7 +130,7 @@ def test_a_level_that_admits_on_reuse_only_was_bypassed_until_the_text_proved_re
 
 
 def test_a_level_that_fails_is_unavailable():
-    with EmbeddingCache(HashEncoder(DIM), [memory(100), Down()], write_behind=False) as cache:
+    with EmbeddingCache(HashEncoder(DIM), Levels([memory(100), Down()], dim=DIM, dtype=torch.float32, write_behind=False)) as cache:
         cache.embed(["while L2 is down"])
         assert causes(cache) == {"L1": {"never_seen": 1}, "L2": {"unavailable": 1}}
 
@@ -136,7 +138,7 @@ def test_a_level_that_fails_is_unavailable():
 def test_the_causes_are_prometheus_counters_per_level_and_cause():
     from ragcache.app.metrics import CacheCollector
 
-    with EmbeddingCache(HashEncoder(DIM), [memory(100), Down()], write_behind=False) as cache:
+    with EmbeddingCache(HashEncoder(DIM), Levels([memory(100), Down()], dim=DIM, dtype=torch.float32, write_behind=False)) as cache:
         cache.embed(["one", "two"])
         samples = {(s.labels["level"], s.labels["cause"]): s.value for family in CacheCollector(lambda: [cache]).collect()
                    if family.name == "ragcache_misses_by_cause" for s in family.samples if s.name.endswith("_total")}
@@ -149,7 +151,7 @@ def test_an_empty_milvus_collection_is_not_asked_and_its_misses_are_bypassed_unt
     l1 = memory(100)
     # A long recheck: only the cache's own write can turn the level on within this test.
     l3 = milvus(counting, uuid.uuid4().hex[:16], empty_recheck_s=3600)
-    with EmbeddingCache(HashEncoder(DIM), [l1, l3], write_behind=False) as cache:
+    with EmbeddingCache(HashEncoder(DIM), Levels([l1, l3], dim=DIM, dtype=torch.float32, write_behind=False)) as cache:
         assert cache.embed_detailed(["a", "b"]).served == {"L1": 0, "L3": 0, "compute": 2}
         assert counting.num_gets == 0  # not asked: its row count said empty
         assert causes(cache) == {"L1": {"never_seen": 2}, "L3": {"bypassed": 2}}
@@ -168,7 +170,8 @@ def test_rows_another_process_wrote_are_found_at_the_next_recount_and_not_before
     other = milvus(milvus_client, space_id)  # another process's writer of the same collection
     encoder = HashEncoder(DIM)
     # Reuse-only admission: the cache itself writes nothing computed into L3, so only ``other`` fills it.
-    with EmbeddingCache(encoder, [memory(100), l3], write_behind=False, admit_on_reuse=["L3"]) as cache:
+    levels = Levels([memory(100), l3], dim=DIM, dtype=torch.float32, write_behind=False, admit_on_reuse=["L3"])
+    with EmbeddingCache(encoder, levels) as cache:
         cache.embed(["x"])
         assert counting.num_gets == 0 and l3.count() == 0
         assert patient.may_hold() is False  # read the count (0): not read again for 3600 s

@@ -25,7 +25,7 @@ def make_cache():
     encoder = HashEncoder(DIM)
     tiers = [MemoryTier(1 << 16, DIM, torch.float32), MemoryTier(1 << 16, DIM, torch.float32)]
     tiers[1].name = "L2"
-    return encoder, EmbeddingCache(encoder, tiers, write_behind=True)
+    return encoder, EmbeddingCache(encoder, tiers)
 
 
 def test_a_namespace_has_its_own_keys_and_hits():

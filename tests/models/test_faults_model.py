@@ -14,7 +14,7 @@ import torch
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from ragcache.core.cache import EmbeddingCache
+from ragcache.core.cache import ComputeConfig, EmbeddingCache
 from ragcache.errors import ComputeError, ModelOutOfMemoryError
 from ragcache.models.local import ModelEncoder
 from ragcache.storage.processes import poll_until
@@ -92,7 +92,7 @@ def requests_in_one_batch(cache: EmbeddingCache, failing: FailingEncoder, reques
 def cache_over(encoder) -> EmbeddingCache:
     # A long batching window, so the concurrent requests land in one model batch together.
     l1 = MemoryTier(1 << 20, encoder.space.dim, torch.float32)
-    return EmbeddingCache(encoder, [l1], compute_max_batch=64, compute_max_wait_s=0.3)
+    return EmbeddingCache(encoder, [l1], compute=ComputeConfig(max_batch=64, max_wait_s=0.3))
 
 
 @pytest.mark.parametrize(("poison", "error_type", "words"), [(OOM_TEXT, ModelOutOfMemoryError, "out of memory"),

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from ragcache.core.cache import EmbeddingCache
+from ragcache.core.levels import Levels
 from ragcache.errors import ConflictError, InvalidInputError, NotFoundError
 from ragcache.retrieval.knowledge import KnowledgeBase
 from ragcache.retrieval.names import CollectionName, public_name, tenant_prefix
@@ -20,7 +21,8 @@ DOCS = [{"id": "1", "text": "Acme's roadmap: rockets"}, {"id": "2", "text": "Acm
 
 
 def cache_of_dim(dim: int) -> EmbeddingCache:
-    return EmbeddingCache(HashEncoder(dim), [MemoryTier(1 << 16, dim, torch.float32)], write_behind=False)
+    return EmbeddingCache(HashEncoder(dim), Levels([MemoryTier(1 << 16, dim, torch.float32)], dim=dim, dtype=torch.float32,
+                                                 write_behind=False))
 
 
 def test_a_tenants_name_is_stored_under_its_prefix_and_read_back_without_it():

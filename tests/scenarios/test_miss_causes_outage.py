@@ -10,6 +10,7 @@ import signal
 import torch
 
 from ragcache.core.cache import EmbeddingCache
+from ragcache.core.levels import Levels
 from ragcache.storage.embedded_redis import EmbeddedRedis
 from ragcache.storage.redis_client import open_redis
 from ragcache.tiers import MemoryTier, RedisTier
@@ -29,7 +30,8 @@ def test_l2_misses_while_a_paused_redis_is_down_are_unavailable_once_each(caplog
     paused = False
     try:
         l1 = MemoryTier(100 * DIM * 4, DIM, torch.float32)
-        with EmbeddingCache(HashEncoder(DIM), [l1, RedisTier(client, dim=DIM, dtype=torch.float32)], write_behind=False) as cache:
+        levels = Levels([l1, RedisTier(client, dim=DIM, dtype=torch.float32)], dim=DIM, dtype=torch.float32, write_behind=False)
+        with EmbeddingCache(HashEncoder(DIM), levels) as cache:
             cache.embed(["a", "b"])  # written to L2 while it answers
             l1.clear()
             os.kill(server.process.pid, signal.SIGSTOP)

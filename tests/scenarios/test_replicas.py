@@ -14,8 +14,9 @@ import pytest
 import redis
 import torch
 
-from ragcache.core.cache import EmbeddingCache
+from ragcache.core.cache import ComputeConfig, EmbeddingCache
 from ragcache.core.flight import RedisFlight
+from ragcache.core.levels import Levels
 from ragcache.storage.embedded_milvus import MilvusLiteServer
 from ragcache.storage.embedded_redis import EmbeddedRedis
 from ragcache.tiers import MemoryTier, RedisTier
@@ -51,10 +52,10 @@ def test_two_caches_with_the_real_model_compute_each_text_once(encoder, redis_ur
     caches = [
         EmbeddingCache(
             counter,
-            [MemoryTier(1 << 20, encoder.space.dim, torch.float32),
-             RedisTier(client, dim=encoder.space.dim, dtype=torch.float32, ttl_s=600)],
-            compute_max_batch=32,
-            fleet_levels=["L2"],
+            Levels([MemoryTier(1 << 20, encoder.space.dim, torch.float32),
+                    RedisTier(client, dim=encoder.space.dim, dtype=torch.float32, ttl_s=600)],
+                   dim=encoder.space.dim, dtype=torch.float32, fleet_levels=["L2"]),
+            compute=ComputeConfig(max_batch=32),
             flight=RedisFlight(client, ttl_ms=WAIT_MS, wait_s=WAIT_MS / 1000),
         )
         for counter, client in zip(counters, clients)

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from ragcache.core import EmbeddingCache, Probe, TierHits
+from ragcache.core.levels import Levels
 from ragcache.storage.disk_store import DiskStore
 from ragcache.tiers.disk import DiskTier
 from ragcache.tiers.memory import MemoryTier
@@ -63,7 +64,8 @@ def test_a_member_the_levels_hold_is_answered_while_another_members_new_texts_wa
     encoder = GatedEncoder()
     l1 = CountingTier(MemoryTier(2 * DIM * 4, DIM, torch.float32))  # two vectors
     store = DiskStore(tmp_path, capacity_bytes=4 << 20)
-    cache = EmbeddingCache(encoder, [l1, DiskTier(store, dim=DIM, dtype=torch.float32)], write_behind=False)
+    levels = Levels([l1, DiskTier(store, dim=DIM, dtype=torch.float32)], dim=DIM, dtype=torch.float32, write_behind=False)
+    cache = EmbeddingCache(encoder, levels)
     held_texts = ["held 0", "held 1"]
     try:
         expected = cache.embed(held_texts)

@@ -24,6 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from ragcache.app.metrics import CacheCollector
 from ragcache.core.cache import EmbeddingCache
+from ragcache.core.levels import Levels
 from ragcache.core.stats import LATENCY_BUCKETS_S, LevelRecorder
 from ragcache.settings import Settings
 from ragcache.storage.disk_store import DiskStore
@@ -162,7 +163,8 @@ def test_disk_and_admission_counters_are_exported_exactly(tmp_path):
     disk = DiskTier(store, dim=dim, dtype=torch.float32)
     l3 = MemoryTier(100 * dim * 4, dim, torch.float32)
     l3.name = "L3"
-    cache = EmbeddingCache(HashEncoder(dim), [l1, disk, l3], write_behind=False, admit_on_reuse=["L3"])
+    cache = EmbeddingCache(HashEncoder(dim), Levels([l1, disk, l3], dim=dim, dtype=torch.float32, write_behind=False,
+                                                  admit_on_reuse=["L3"]))
     try:
         texts = [f"admitted text {i}" for i in range(8)]
         cache.embed(texts)  # 8 computed: L3 declines all 8; L1 keeps four of them

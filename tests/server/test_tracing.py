@@ -14,6 +14,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from ragcache.core.cache import EmbeddingCache
+from ragcache.core.levels import Levels
 from ragcache.observe.tracing import Tracing
 from ragcache.settings import Settings
 from ragcache.storage.processes import free_port
@@ -33,7 +34,7 @@ def test_an_embed_call_is_a_span_with_a_child_per_level_and_one_for_the_model():
     encoder = HashEncoder(dim=8)
     tiers = [MemoryTier(64 * 8 * 4, 8, torch.float32), MemoryTier(64 * 8 * 4, 8, torch.float32)]
     tiers[1].name = "L2"
-    with EmbeddingCache(encoder, tiers, write_behind=False, tracer=tracing.tracer) as cache:
+    with EmbeddingCache(encoder, Levels(tiers, dim=8, dtype=torch.float32, write_behind=False, tracer=tracing.tracer)) as cache:
         cache.embed(["a", "b", "a"])
         cache.embed(["a", "b"])
     tracing.shutdown()

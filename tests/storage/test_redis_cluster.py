@@ -25,6 +25,7 @@ from redis.crc import key_slot
 from ragcache.build import build_cache
 from ragcache.core.cache import EmbeddingCache
 from ragcache.core.flight import RedisFlight
+from ragcache.core.levels import Levels
 from ragcache.errors import ConfigError, TierUnavailableError
 from ragcache.prefixes.model import Prefix, PromptForm, Target
 from ragcache.prefixes.store import RedisPrefixStore
@@ -288,7 +289,8 @@ def test_a_killed_primary_fails_no_request_and_l2_serves_again_after_failover(en
     dtype = getattr(torch, encoder.space.dtype)
     with EmbeddedRedisCluster(node_timeout_ms=1000) as cluster:
         client = open_redis(cluster.url, timeout_s=0.5)
-        cache = EmbeddingCache(encoder, [RedisTier(client, dim=encoder.space.dim, dtype=dtype)], write_behind=False)
+        cache = EmbeddingCache(encoder, Levels([RedisTier(client, dim=encoder.space.dim, dtype=dtype)], dim=encoder.space.dim,
+                                              dtype=dtype, write_behind=False))
         reference = cache.embed(texts)  # computed, and stored in the cluster
         cluster.wait_replicated()
         victim = cluster.nodes[0].port  # a primary, and the very node the client was given

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from ragcache.core.cache import EmbeddingCache
+from ragcache.core.levels import Levels
 from ragcache.errors import UpstreamBadResponseError
 from ragcache.models.remote import OpenAIEncoder
 from ragcache.models.remote.config import RemoteModel
@@ -55,7 +56,8 @@ def provider():
 def cache_of(provider: CountingProvider) -> EmbeddingCache:
     model = RemoteModel(name="m", provider="openai", base_url=provider.url, upstream_model="m", dimensions=DIM,
                         max_inputs=MAX_INPUTS, concurrency=2)
-    return EmbeddingCache(OpenAIEncoder(model), [MemoryTier(1000 * DIM * 4, DIM, torch.float32)], write_behind=False)
+    levels = Levels([MemoryTier(1000 * DIM * 4, DIM, torch.float32)], dim=DIM, dtype=torch.float32, write_behind=False)
+    return EmbeddingCache(OpenAIEncoder(model), levels)
 
 
 def test_a_refused_text_costs_its_requests_texts_once_more_and_itself_once_more(provider):
