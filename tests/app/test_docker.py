@@ -214,3 +214,46 @@ def test_dockerfiles_install_torch_first_then_the_project_constrained():
     assert "download.pytorch.org/whl/cpu" in (DOCKER / "Dockerfile").read_text()
     assert "FROM ${CUDA_IMAGE}" in (DOCKER / "Dockerfile.cuda").read_text()
     assert "CUDA_IMAGE=nvidia/cuda:" in (DOCKER / "Dockerfile.cuda").read_text()
+
+
+# Services that may publish a port on every interface: each refuses requests without its credentials.
+CREDENTIALED = {"ragcache"}
+
+
+@pytest.mark.parametrize("stack", list(STACKS))
+def test_a_published_port_is_on_loopback_unless_its_service_carries_credentials(stack):
+    """Issue 38, item 12: vLLM (no key) and Prometheus (no authentication, admin-only series) were published on every
+    interface. Now Prometheus is not published, vLLM and Grafana only on the host's loopback, and only the service,
+    whose compose files refuse to start without RAGCACHE_API_KEY, on every interface."""
+    services = resolved(stack)["services"]
+    assert "ports" not in services.get("prometheus", {}), "Prometheus has no authentication: never published"
+    for name, service in services.items():
+        for port in service.get("ports", []):
+            if name in CREDENTIALED:
+                assert service["environment"]["RAGCACHE_API_KEY"] == "test-key"
+                continue
+            assert host_ip_of(port) == "127.0.0.1", f"{name} publishes {port} beyond the host's loopback"
+    assert {"ragcache", "redis", "milvus"} & set(services) and not {
+        name for name in ("redis", "milvus", "etcd", "minio", "lmcache-server") if services.get(name, {}).get("ports")}
+
+
+def host_ip_of(port: dict | str) -> str | None:
+    """The host address a published port binds (None: every interface), in either of docker-compose's forms: the
+    long one ({published, target, host_ip}) or, for a port with an address, "127.0.0.1:3000:3000/tcp"."""
+    if isinstance(port, dict):
+        return port.get("host_ip")
+    parts = port.split("/")[0].split(":")
+    return parts[0] if len(parts) == 3 else None
+
+
+@pytest.mark.parametrize("stack", ["single", "gpu", "single+monitoring"])
+def test_redis_keeps_an_append_only_file(stack):
+    """The records without a TTL (prefixes, document versions, tenants' collections) are acknowledged writes: RDB
+    snapshots alone (every 300 s) lost up to five minutes of them in a crash."""
+    command = resolved(stack)["services"]["redis"]["command"]
+    assert command[command.index("--appendonly") + 1] == "yes"
+    assert command[command.index("--appendfsync") + 1] == "everysec"
+
+
+def test_every_cluster_node_keeps_an_append_only_file():
+    assert "appendonly yes" in (DOCKER / "redis-cluster-node.conf").read_text().splitlines()
