@@ -49,13 +49,18 @@ def main() -> None:
     keys = json.dumps({"keys": [{"name": "ops", "key": KEY, "scopes": "*"}]})
     with tempfile.TemporaryDirectory() as folder:
         # L1 holds about 60 vectors of 384 float32: the stream's tail goes on to L2.
-        settings = Settings(data_dir=Path(folder), api_keys=keys, l1_bytes=60 * 384 * 4)
+        # The disk level on, as `make serve` has it (ragcache serve turns it on in the data folder); the prefix's vLLM
+        # (not running) is an allowed target, as a service with keys requires.
+        prefix_target = f"http://127.0.0.1:{free_port()}"
+        settings = Settings(data_dir=Path(folder), api_keys=keys, l1_bytes=60 * 384 * 4, disk_path=str(Path(folder) / "disk"),
+                            prefix_allowed_targets=[prefix_target])
         with LiveServer(settings) as live, httpx.Client(base_url=live.url, timeout=120,
                                                         headers={"Authorization": f"Bearer {KEY}"}) as http:
             documents = [{"id": f"p{i}", "text": text} for i, text in enumerate(PASSAGES)]
             http.post("/documents", json={"collection": "notes", "documents": documents}).raise_for_status()
-            target = {"base_url": f"http://127.0.0.1:{free_port()}", "model": "tiny"}
-            http.post("/prefixes", json={"name": "support", "text": "You are a support assistant.\n\n", "target": target})
+            target = {"base_url": prefix_target, "model": "tiny"}
+            prefix = {"name": "support", "text": "You are a support assistant.\n\n", "target": target}
+            http.post("/prefixes", json=prefix).raise_for_status()
             with sync_playwright() as playwright:
                 browser = playwright.chromium.launch(executable_path="/usr/bin/chromium", args=["--no-sandbox"])
                 page = browser.new_page(viewport={"width": 1400, "height": 1100})

@@ -6,11 +6,13 @@
 (() => {
   const KEY_STORE = "ragcache.ui.key";
   const FETCH_TIMEOUT_MS = 10000; // a call the service has not answered by then is shown as failed
-  const HISTORY_POINTS = 150; // points kept per chart line (5 minutes at the default 2 s refresh)
-  const MIN_CHART_POINTS = 30;
+  const CHART_WINDOW_MS = 5 * 60 * 1000; // the chart's time axis: at most the last five minutes, now at the right
+  const MIN_CHART_WINDOW_MS = 60 * 1000; // and at least the last minute, so a young chart is not a sliver
+  const HISTORY_POINTS = 300; // points kept per chart line (5 minutes at a 1 s refresh)
   const MAX_PREFIXES = 50; // prefixes whose stats one refresh reads (one call each)
   const COLORS = ["#2f6fde", "#e08a1e", "#8e44ad", "#16a2b8", "#c0392b"];
-  const ANY_LEVEL_COLOR = "#1f9d55";
+  // A dash pattern per line as well as a colour: two levels at the same rate (L2 and L3 both at 0%) stay apart.
+  const DASHES = ["", "7 3", "2 3", "9 3 2 3", "4 4"];
   // Fields of a model's figures this page lays out itself; any other number the service adds (tokens or
   // money saved, upstream calls of a provider) is shown as an extra tile under its own name.
   const KNOWN_TOTALS = new Set(["space_id", "model", "period", "period_s", "requests", "texts", "hits", "hit_rate",
@@ -27,7 +29,9 @@
   let timer = null;
   let busy = false;
   const previousTotals = new Map(); // model -> the last since_start figures (for rates between refreshes)
-  const history = new Map(); // model -> {lines: Map(name -> [value or null])}
+  const history = new Map(); // model -> {lines: Map(level -> [{t: ms since epoch, value: rate or null}])}
+  let targetsInUse = null; // the vLLM targets some registered prefix uses (null: unknown, the key may not list them)
+  let lastTargets = [];
 
   // ---- small helpers ------------------------------------------------------------------------------------
 
@@ -50,7 +54,9 @@
 
   function svgEl(tag, attributes) {
     const node = document.createElementNS("http://www.w3.org/2000/svg", tag);
-    for (const [name, value] of Object.entries(attributes)) node.setAttribute(name, String(value));
+    for (const [name, value] of Object.entries(attributes)) {
+      if (value !== null && value !== undefined) node.setAttribute(name, String(value));
+    }
     return node;
   }
 
@@ -140,6 +146,7 @@
       clearTimeout(timeout);
     }
     const body = await response.json().catch(() => null);
+    if (response.status === 401) $("key-form").hidden = false;
     if (!response.ok) {
       const message = body && body.error && body.error.message ? body.error.message : `HTTP ${response.status}`;
       throw new ApiError(response.status, message);
@@ -185,6 +192,8 @@
       $("targets").replaceChildren();
       return;
     }
+    // Answered without a key: this service has none, and the key box would only puzzle (it comes back on a 401).
+    $("key-form").hidden = !apiKey;
     setStatus("models-status", Object.keys(stats.models).length ? "" : "No model is served.");
     const sections = Object.entries(stats.models).map(([model, entry]) => {
       record(model, entry.since_start);
@@ -210,19 +219,20 @@
     if (!history.has(model)) history.set(model, { lines: new Map() });
     if (!before) return;
     const lines = history.get(model).lines;
+    const now = Date.now();
     const push = (name, value) => {
       if (!lines.has(name)) lines.set(name, []);
       const line = lines.get(name);
-      line.push(value);
-      if (line.length > HISTORY_POINTS) line.shift();
+      line.push({ t: now, value });
+      while (line.length > HISTORY_POINTS || (line.length && now - line[0].t > CHART_WINDOW_MS)) line.shift();
     };
+    // One line per level (the "any level" rate is the tile above: drawn here it hid L1's line, equal to it when
+    // L1 serves every hit).
     for (const level of totals.levels) {
       const old = before.levels.find((l) => l.level === level.level);
       const lookups = level.lookups - (old ? old.lookups : 0);
       push(level.level, lookups > 0 ? (level.hits - (old ? old.hits : 0)) / lookups : null);
     }
-    const texts = totals.texts - before.texts;
-    push("any level", texts > 0 ? (totals.hits - before.hits) / texts : null);
   }
 
   function tile(field, caption, value, text) {
@@ -309,12 +319,13 @@
       el("span", { className: "fill" }, bar), `${fmtBytes(state.used_bytes)} / ${fmtBytes(state.capacity_bytes)}`);
   }
 
-  // Hit rate per level over time, drawn as SVG by hand (nothing loaded from elsewhere).
+  // Hit rate per level over time, drawn as SVG by hand (nothing loaded from elsewhere): a line per level on a time
+  // axis of the last five minutes, now at the right; a gap where a level was not asked between two refreshes.
   function renderChart(model) {
-    const width = 460, height = 170, left = 34, right = 8, top = 8, bottom = 18;
+    const width = 460, height = 180, left = 34, right = 10, top = 8, bottom = 30;
     const plotW = width - left - right, plotH = height - top - bottom;
     const chart = svgEl("svg", { class: "chart", width, height, viewBox: `0 0 ${width} ${height}`, role: "img",
-      "aria-label": "hit rate per level over time", "data-chart": model });
+      "aria-label": "hit rate per level over the last five minutes", "data-chart": model });
     for (const y of [0, 0.5, 1]) {
       const py = top + plotH * (1 - y);
       chart.append(svgEl("line", { x1: left, x2: width - right, y1: py, y2: py, stroke: "#e2e5eb" }));
@@ -322,36 +333,48 @@
       tick.textContent = (y * 100).toFixed(0) + "%";
       chart.append(tick);
     }
-    const caption = svgEl("text", { x: left, y: height - 4 });
-    caption.textContent = "hit rate per refresh, newest right";
-    chart.append(caption);
+    const now = Date.now();
     const lines = history.has(model) ? history.get(model).lines : new Map();
+    // The axis spans what the page has seen, from one minute up to five, with a tick every 15 s, 30 s or minute.
+    const oldest = Math.min(now, ...[...lines.values()].filter((points) => points.length).map((points) => points[0].t));
+    const windowMs = Math.min(CHART_WINDOW_MS, Math.max(MIN_CHART_WINDOW_MS, now - oldest));
+    const stepS = windowMs <= 60000 ? 15 : windowMs <= 120000 ? 30 : 60;
+    const xOf = (t) => left + plotW * (1 - (now - t) / windowMs);
+    for (let ago = Math.floor(windowMs / 1000 / stepS) * stepS; ago >= 0; ago -= stepS) {
+      const x = xOf(now - ago * 1000);
+      chart.append(svgEl("line", { x1: x, x2: x, y1: top, y2: top + plotH, stroke: "#eef0f4" }));
+      const tick = svgEl("text", { x, y: top + plotH + 12, "text-anchor": ago === 0 ? "end" : "middle", "data-tick": ago });
+      tick.textContent = ago === 0 ? "now" : ago % 60 === 0 ? `-${ago / 60} min` : `-${ago} s`;
+      chart.append(tick);
+    }
+    const caption = svgEl("text", { x: left, y: height - 3 });
+    caption.textContent = "hit rate per level between refreshes";
+    chart.append(caption);
     const legend = el("div", { className: "legend" });
-    // The x axis spans the points held so far (at least MIN_CHART_POINTS), so a young chart is not a sliver.
-    const numPoints = Math.max(MIN_CHART_POINTS, ...[...lines.values()].map((values) => values.length));
-    const step = plotW / (numPoints - 1);
     let index = 0;
-    for (const [name, values] of lines) {
-      const color = name === "any level" ? ANY_LEVEL_COLOR : COLORS[index++ % COLORS.length];
-      const offset = numPoints - values.length;
+    for (const [name, points] of lines) {
+      const color = COLORS[index % COLORS.length], dash = DASHES[index % DASHES.length];
+      index++;
       let segment = [];
       const flush = () => {
         if (segment.length === 1) {
           const [x, y] = segment[0].split(",");
-          chart.append(svgEl("circle", { cx: x, cy: y, r: 2, fill: color }));
+          chart.append(svgEl("circle", { cx: x, cy: y, r: 2.5, fill: color, "data-line": name }));
         } else if (segment.length > 1) {
-          chart.append(svgEl("polyline", { points: segment.join(" "), fill: "none", stroke: color, "stroke-width": 2 }));
+          chart.append(svgEl("polyline", { points: segment.join(" "), fill: "none", stroke: color, "stroke-width": 2,
+            "stroke-dasharray": dash || null, "data-line": name }));
         }
         segment = [];
       };
-      values.forEach((value, i) => {
-        if (value === null) { flush(); return; }
-        segment.push(`${(left + (offset + i) * step).toFixed(1)},${(top + plotH * (1 - value)).toFixed(1)}`);
-      });
+      for (const point of points) {
+        if (now - point.t > windowMs) continue;
+        if (point.value === null) { flush(); continue; }
+        segment.push(`${xOf(point.t).toFixed(1)},${(top + plotH * (1 - point.value)).toFixed(1)}`);
+      }
       flush();
       const swatch = el("span", { className: "swatch" });
       swatch.style.background = color;
-      legend.append(el("span", {}, swatch, name));
+      legend.append(el("span", { "data-legend": name }, swatch, name));
     }
     return el("div", {}, chart, legend);
   }
@@ -384,14 +407,21 @@
     return index === -1 ? FIRST_FIELDS.length : index;
   }
 
+  // The vLLM targets this process has talked to. One that no registered prefix uses any more is stale: its state
+  // is its last one, kept for the record, and shown as such (after the others) rather than as a live "down".
   function renderTargets(targets) {
+    lastTargets = targets;
     const table = $("targets");
     if (!targets.length) { table.replaceChildren(); return; }
     const head = el("tr", {}, ...["vLLM target", "state", "failures", "prefix-cache hit rate", "queries (tokens)",
       "hits (tokens)"].map((h) => el("th", { text: h })));
-    const rows = targets.map((t) => el("tr", { "data-target": t.base_url },
+    const stale = (t) => targetsInUse !== null && !targetsInUse.has(t.base_url);
+    const ordered = [...targets].sort((a, b) => Number(stale(a)) - Number(stale(b)));
+    const stateOf = (t) => stale(t) ? { className: "stale", text: "stale: no prefix uses it", title: "last seen " + (t.up ? "up" : "down") }
+      : { className: t.up ? "up" : "down", text: t.up ? "up" : "down" };
+    const rows = ordered.map((t) => el("tr", { "data-target": t.base_url, "data-stale": stale(t) },
       el("td", { text: t.base_url }),
-      el("td", {}, el("span", { className: "state " + (t.up ? "up" : "down"), text: t.up ? "up" : "down" })),
+      el("td", {}, el("span", { ...stateOf(t), className: "state " + stateOf(t).className })),
       el("td", { text: fmtInt(t.num_failures) }),
       el("td", { text: fmtPct(t.prefix_cache_hit_rate) }),
       el("td", { text: fmtInt(t.prefix_cache_queries) }),
@@ -408,12 +438,17 @@
     } catch (error) {
       setStatus("prefixes-status", refusal(error));
       $("prefixes").replaceChildren();
+      targetsInUse = null;
       return;
     }
     const shown = prefixes.slice(0, MAX_PREFIXES);
     const stats = await Promise.all(shown.map((p) =>
       api("prefixes/" + encodeURIComponent(p.name) + "/stats").catch((error) => ({ name: p.name, error }))));
     const more = prefixes.length > shown.length ? ` Showing ${shown.length} of ${prefixes.length}.` : "";
+    // Only a complete list can tell a stale target: with more prefixes than shown, none is called stale.
+    targetsInUse = prefixes.length > shown.length ? null : new Set([
+      ...prefixes.map((p) => p.target && p.target.base_url).filter(Boolean),
+      ...stats.flatMap((s) => (s.endpoints || []).map((e) => e.base_url))]);
     setStatus("prefixes-status", prefixes.length ? more.trim() : "No prefix is registered.");
     const extraNames = [...new Set(stats.flatMap((s) => Object.keys(s).filter((k) => !KNOWN_PREFIX.has(k) && k !== "error")))];
     const head = el("tr", {}, ...["prefix", "version", "tokens", "pinned", "residency", "last warm", "last outcome",
@@ -517,6 +552,7 @@
     busy = true;
     try {
       await Promise.all([refreshHealth(), refreshStats(), refreshPrefixes()]);
+      renderTargets(lastTargets); // with this refresh's prefixes: which targets are stale
       $("updated").textContent = "updated " + new Date().toLocaleTimeString();
       document.body.dataset.refreshes = String(Number(document.body.dataset.refreshes || 0) + 1);
     } finally {

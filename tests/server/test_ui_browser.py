@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import shutil
 import time
 import zlib
@@ -176,8 +177,15 @@ def test_the_page_shows_what_stats_says_and_runs_a_search(page, server, tmp_path
     assert page.inner_text(admission) == f'reuse: {l3["num_admitted"]:,} admitted, {l3["num_declined"]:,} declined'
     assert page.locator(f'{card} [data-field="admission"]').count() == 1
     assert number(shown(page, f'{card} tr[data-level="compute"] [data-field="hits"]')) == totals["texts_computed"]
-    # The chart drew the hit rate of each level between refreshes.
-    assert page.locator(f'svg[data-chart="{model}"] polyline, svg[data-chart="{model}"] circle').count() >= 1
+    # The chart drew the hit rate of each level between refreshes: a line per level (no "any level" line over L1's,
+    # which hid it), on a time axis of the last five minutes.
+    chart = f'svg[data-chart="{model}"]'
+    assert page.locator(f"{chart} polyline, {chart} circle").count() >= 1
+    assert page.locator(f'{chart} [data-line="L1"]').count() >= 1 and page.locator(f'{chart} [data-line="any level"]').count() == 0
+    # The axis spans what the page has seen (one minute at least, five at most), labelled in time before now.
+    ticks = page.locator(f"{chart} [data-tick]").all_text_contents()
+    assert ticks[-1] == "now" and len(ticks) >= 3 and all(re.fullmatch(r"-\d+ (s|min)", tick) for tick in ticks[:-1]), ticks
+    assert [name for name in page.locator(f"{card} [data-legend]").all_inner_texts()] == [level["level"] for level in totals["levels"]]
 
     prefix_row = 'tr[data-prefix="support"]'
     page.wait_for_selector(prefix_row, timeout=WAIT_S * 1000)
@@ -308,3 +316,26 @@ def test_a_remote_model_shows_its_upstream_and_what_hits_saved(browser, redis_se
                 assert number(shown(page, f'{section} .tile[data-field="{field}"]')) == pytest.approx(upstream_figures[field]), field
             page.screenshot(path=str(tmp_path / "ui-upstream.png"), full_page=True)
             context.close()
+
+
+def test_a_target_no_prefix_uses_is_shown_stale_not_down(page, server):
+    # "support" is the only prefix on the target that is not running: once it is gone, that target's last state
+    # ("down") is history, and the page says so instead of showing a live fault under "No prefix" rows.
+    no_vllm = server.admin.get("/prefixes/support").json()["target"]["base_url"]
+    assert server.admin.delete("/prefixes/support").status_code == 204
+    open_with_key(page, server, ADMIN_KEY)
+    row = f'#targets tr[data-target="{no_vllm}"]'
+    wait_for(lambda: page.locator(row).count() == 1 and page.get_attribute(row, "data-stale") == "true", "the stale target")
+    assert page.inner_text(f"{row} .state") == "stale: no prefix uses it"
+    live = f'#targets tr[data-target="{server.vllm.url}"]'
+    assert page.get_attribute(live, "data-stale") == "false" and page.inner_text(f"{live} .state") in {"up", "down"}
+
+
+def test_a_service_without_keys_shows_no_key_box(browser, redis_server, tmp_path):
+    with LiveServer(Settings(redis_url=redis_server, milvus_uri="off", data_dir=tmp_path)) as live:
+        context = browser.new_context(viewport={"width": 1400, "height": 900})
+        page = context.new_page()
+        page.goto(live.url + "/ui")
+        page.wait_for_selector("[data-model] .tile[data-field=texts]", timeout=WAIT_S * 1000)
+        assert page.locator("#key-form").is_hidden()
+        context.close()
