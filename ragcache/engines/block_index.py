@@ -19,12 +19,15 @@ from __future__ import annotations
 import hashlib
 import struct
 import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 __all__ = ["BlockIndex", "BlockStored", "BlockRemoved", "AllBlocksCleared", "KVEvent", "prefix_digests"]
 
 _ROOT = b"\x00" * 16
+# Removals remembered by digest (16 bytes each, ~1.5 MiB): far more than happen while one warm is in flight.
+MAX_REMEMBERED = 1 << 15
 
 
 @dataclass(frozen=True)
@@ -73,6 +76,10 @@ class BlockIndex:
         self.block_size: int | None = None
         self.num_unplaced = 0  # stored blocks whose parent was unknown (not indexed)
         self.num_removed = 0
+        # digest -> the removal (num_removed) that last took it, for the most recent MAX_REMEMBERED removals; and the
+        # removal number of the last clear: whether a block was removed since a moment (:meth:`removed_since`).
+        self._removed_at: OrderedDict[bytes, int] = OrderedDict()
+        self._cleared_at = 0
 
     def apply(self, event: KVEvent) -> bool:
         """Apply one event; False when it would pass ``max_blocks`` (the index is then cleared)."""
@@ -111,6 +118,10 @@ class BlockIndex:
         if digest is None:
             return
         self.num_removed += 1
+        self._removed_at[digest] = self.num_removed
+        self._removed_at.move_to_end(digest)
+        if len(self._removed_at) > MAX_REMEMBERED:
+            self._removed_at.popitem(last=False)
         left = self._count.get(digest, 0) - 1
         if left > 0:
             self._count[digest] = left
@@ -120,6 +131,17 @@ class BlockIndex:
     def _clear(self) -> None:
         self._digest_of.clear()
         self._count.clear()
+        self.num_removed += 1
+        self._cleared_at = self.num_removed
+
+    def removed_since(self, digests: Sequence[bytes], mark: int) -> bool:
+        """Whether any of ``digests`` was removed (or the index cleared) after the removal numbered ``mark`` (a
+        ``num_removed`` read earlier); True, too, when that is too long ago to say."""
+        with self._lock:
+            if self._cleared_at > mark or (self._removed_at and len(self._removed_at) >= MAX_REMEMBERED and
+                                           next(iter(self._removed_at.values())) > mark + 1):
+                return True
+            return any(self._removed_at.get(digest, 0) > mark for digest in digests)
 
     def clear(self) -> None:
         """Forget every block (the engine restarted, or events were lost beyond replay)."""

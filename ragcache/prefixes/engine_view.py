@@ -22,7 +22,17 @@ from .model import EventsStats, Prefix
 from .text import template_head
 from .trust import EventsTrust, claim_checked
 
-__all__ = ["EngineView", "ResidencyView", "common_prefix", "engine_tokens"]
+__all__ = ["Claim", "EngineView", "ResidencyView", "common_prefix", "engine_tokens"]
+
+
+@dataclass(frozen=True)
+class Claim:
+    """What the events said of a prefix when a warm went out: its view, the digests of the blocks they claimed held,
+    and the index's removal count then (an eviction that raced the warm makes the check say nothing)."""
+
+    view: ResidencyView
+    digests: tuple[bytes, ...] = ()
+    mark: int = 0
 
 
 @dataclass(frozen=True)
@@ -173,13 +183,29 @@ class EngineView:
             trust.last_checked_at = now
             return True
 
-    def check(self, url: str, claimed: ResidencyView, num_prompt_tokens: int, num_cached_tokens: int) -> None:
-        """Record what a warm on ``url`` found against what the events ``claimed`` before it went out."""
+    def claim(self, prefix: Prefix, url: str) -> Claim:
+        """What the events say of ``prefix`` on ``url`` now, to check against a warm's answer (:meth:`check`)."""
+        view = self.view(prefix, url)
+        subscriber = self._subscribers.get(url)
+        if subscriber is None or not view.resident_blocks:
+            return Claim(view)
+        with self._lock:
+            known = self._digests.get((prefix.name, prefix.version, url))
+        digests = tuple(known[1][:view.resident_blocks]) if known is not None else ()
+        return Claim(view, digests, subscriber.index.num_removed)
+
+    def check(self, url: str, claim: Claim, num_prompt_tokens: int, num_cached_tokens: int) -> None:
+        """Record what a warm on ``url`` found against what the events claimed before it went out. A warm that found
+        less while the events removed one of the claimed blocks meanwhile (an eviction raced it) says nothing."""
+        claimed = claim.view
         subscriber = self._subscribers.get(url)
         block_size = subscriber.index.block_size if subscriber is not None else None
-        if claimed.events != "synced" or claimed.resident_blocks is None or not block_size or num_prompt_tokens < 1:
+        if subscriber is None or claimed.events != "synced" or claimed.resident_blocks is None or not block_size or \
+                num_prompt_tokens < 1:
             return
         agrees = claim_checked(claimed.resident_blocks, num_prompt_tokens, num_cached_tokens, block_size)
+        if not agrees and subscriber.index.removed_since(claim.digests, claim.mark):
+            return
         with self._lock:
             self._trust[url].record(agrees, self._clock(), self._config.untrust_after, self._config.untrusted_s, url)
 

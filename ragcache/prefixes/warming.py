@@ -147,7 +147,7 @@ class KeepWarm:
         def skipped(error: str) -> WarmResult:
             return WarmResult(name.public, prefix.version, WarmOutcome.SKIPPED, error=error, endpoint=url)
 
-        claimed = self.engines.view(prefix, url)  # what the events say it holds: checked against what the warm finds
+        claimed = self.engines.claim(prefix, url)  # what the events say it holds: checked against what the warm finds
         with self._lock:
             state = self._state_for(prefix, url)
             if not self._targets.health_of(url).may_try():

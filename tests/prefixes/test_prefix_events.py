@@ -356,3 +356,30 @@ def test_a_chat_prefix_is_found_by_the_tokens_of_the_chat_template(setup, publis
     assert wait_until(lambda: registry.view("chat").residency[0].resident_blocks == 4)
     assert registry.view("chat").residency[0].num_blocks == 4  # the shared 17 tokens: 4 full blocks of 4
     assert registry.route("chat").reason == "resident"
+
+
+def test_an_eviction_that_races_a_check_is_not_held_against_the_events(setup, publisher):
+    """An honest engine can evict a claimed block between the moment the events were read and the warm's prefill (a
+    real vLLM under churn did, every few warms): a warm that finds less while the events removed one of the claimed
+    blocks meanwhile says nothing of them."""
+    registry, vllm, clock = setup
+    registry.register(PrefixSpec("sys", SYSTEM, TARGET))
+    subscriber = registry._keep_warm.engines.subscriber(TARGET.base_url)
+    assert subscriber is not None
+
+    def evicted_as_the_warm_arrives() -> None:
+        vllm.evict_all()
+        publisher.publish([removed([first, first + 1, first + 2])])
+        assert wait_until(lambda: subscriber.index.num_blocks == 0)
+
+    vllm.before_completion = evicted_as_the_warm_arrives
+    for first in (10, 20, 30):
+        store_blocks(publisher, first)
+        registry.tick()
+        assert wait_until(lambda: endpoint(registry).resident_blocks == 3)
+        clock.now += 17  # due, and the endpoint's check too: the events say whole, the engine evicts it right then
+        sent = len(vllm.prompts)
+        registry.tick()
+        assert len(vllm.prompts) == sent + 1
+    events = registry.stats().events[0]
+    assert (events.state, events.num_disagreements) == ("synced", 0)

@@ -7,6 +7,7 @@ exactly: the adaptive interval, the budget, the back-off, volatile spans, render
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
 import httpx
 import pytest
@@ -70,6 +71,7 @@ class FakeVLLM:
         self.waiting: int | None = None
         self.refuse_priority = False  # an older vLLM without priority scheduling
         self.num_scrapes = 0  # /metrics requests
+        self.before_completion: Callable[[], None] | None = None  # runs as a completion arrives (the engine's moment)
 
     def evict_all(self) -> None:
         self.cached.clear()
@@ -101,6 +103,8 @@ class FakeVLLM:
             return httpx.Response(200, json={"count": num_tokens, "tokens": tokens})
         if self.refuse_priority and data.get("priority", 0) != 0:
             return httpx.Response(400, json={"error": "Priority scheduling is not enabled."})
+        if self.before_completion is not None:
+            self.before_completion()
         self.bodies.append(data)
         self.prompts.append(prompt)
         cached = (num_tokens - 1) // BLOCK * BLOCK if prompt in self.cached else 0
