@@ -129,6 +129,21 @@ def test_filter_on_metadata(kb, cache):
     assert len(kb.search("filter", "cache", cache=cache, filter="  ").hits) == 4  # blank = no filter
 
 
+# docs/retrieval.md's table of filters, each run against Milvus Lite: the documented forms work as written.
+@pytest.mark.parametrize("expression, expected", [
+    ('metadata["topic"] == "databases"', {"redis"}),
+    ('metadata["year"] >= 2020 and metadata["lang"] in ["en", "de"]', {"kv", "berlin"}),
+    ('metadata["source"] like "guides/%"', {"kv"}),
+    ('id in ["kv", "berlin"]', {"kv", "berlin"}),
+])
+def test_the_documented_filter_forms(kb, cache, expression, expected):
+    documents = [{**DOCS[0], "metadata": {**DOCS[0]["metadata"], "year": 2024, "source": "guides/kv.md"}},
+                 *DOCS[1:3], {**DOCS[3], "metadata": {**DOCS[3]["metadata"], "year": 2021, "source": "notes/berlin.md"}}]
+    kb.add_documents("documented-filters", documents, cache=cache)
+    hits = kb.search("documented-filters", "anything", cache=cache, top_k=10, filter=expression).hits
+    assert {hit.id for hit in hits} == expected
+
+
 @pytest.mark.parametrize("expression", ['metadata["lang"] ==', "no_such_field == 1", "))", 'metadata["lang"] = "de"', 'topic == "db"'])
 def test_bad_filter_is_invalid_input_naming_the_field_with_an_example(kb, cache, expression):
     kb.add_documents("bad-filter", DOCS[:1], cache=cache)
