@@ -58,11 +58,14 @@ def allocate_lock_file(folder: Path, max_readers: int, *, make_folder: bool = Fa
 
 def missing_bytes(data_file: Path, env: lmdb.Environment, page_bytes: int) -> int:
     """How many bytes ``data_file`` lacks against what its meta page says it holds (0: whole). The size is read
-    before the meta page: a file shorter than two pages would fault on the meta read itself."""
+    before the meta page (a file shorter than two pages would fault on the meta read itself) and again after it:
+    a writer of another process writes its pages before the meta page that counts them, and a file only grows,
+    so a size read after the meta page can never be short of it by a commit that landed in between."""
     size = data_file.stat().st_size
     if size < 2 * page_bytes:
         return 2 * page_bytes - size
-    return max(0, (env.info()["last_pgno"] + 1) * page_bytes - size)
+    last_pgno = env.info()["last_pgno"]
+    return max(0, (last_pgno + 1) * page_bytes - data_file.stat().st_size)
 
 
 def free_bytes(folder: Path) -> int:
