@@ -6,7 +6,9 @@ meant (device, Redis, Milvus), so dashboards and headers that read them are unch
 (``ragcache.tiers.codec``, the bytes L2 stores): a torn or corrupt one is deleted, counted (``num_corrupt``)
 and a miss, never a wrong vector. Every model's tier shares the one store of the process (``Stores.disk``),
 and every process of the host shares its folder: ``num_evicted``, ``num_rotations`` and ``num_lost`` are that
-store's counts in this process (the same under every model), ``num_corrupt`` this tier's own.
+store's counts in this process (the same under every model), ``num_corrupt`` this tier's own. While the store is
+unavailable (its volume under the free-space margin, or a write failed for want of space: ``DiskStore``) every call
+raises ``TierUnavailableError``: a miss, counted as the level's error, and the level down in ``/health``.
 """
 
 from __future__ import annotations
