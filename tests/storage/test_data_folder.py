@@ -125,6 +125,21 @@ def test_stores_on_a_held_folder_start_no_server(tmp_path):
         holder.communicate(timeout=60)
 
 
+def test_open_cache_on_a_folder_a_service_holds_says_so(tmp_path):
+    from ragcache import open_cache
+
+    data_dir = tmp_path / "data"
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_IN_ANOTHER_PROCESS, str(data_dir), "serve"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"  # type: ignore[union-attr]
+        with pytest.raises(DataFolderInUseError, match=rf"^a ragcache \(pid {holder.pid}\) already serves {data_dir}"):
+            open_cache(Settings(data_dir=data_dir))
+        assert set(processes_using(data_dir)) == {holder.pid}
+    finally:
+        holder.communicate(timeout=60)
+
+
 def test_the_stores_files_are_private(tmp_path):
     data_dir = tmp_path / "data"
     stores = Stores.open(Settings(data_dir=data_dir))
