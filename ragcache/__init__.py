@@ -25,6 +25,7 @@ from ragcache.errors import (
     NotFoundError,
     OverloadedError,
     PartialEncodeError,
+    QuotaExceededError,
     RagCacheError,
     ServiceError,
     ServiceUnavailableError,

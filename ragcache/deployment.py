@@ -25,7 +25,7 @@ from ragcache.models.remote import RemoteEncoder, RemoteModel, load_models, open
 from ragcache.prefixes import PrefixRegistry
 from ragcache.prefixes.settings import registry_config
 from ragcache.rerank import RerankCache, build_rerankers, score_cache
-from ragcache.retrieval import KnowledgeBase
+from ragcache.retrieval import DocumentQuota, KnowledgeBase
 from ragcache.settings import Settings
 from ragcache.storage.stores import Stores
 
@@ -98,9 +98,10 @@ class Deployment:
             stack.callback(monitor.close)
             knowledge_base = None
             if knowledge and stores.milvus is not None:
+                quota = DocumentQuota(settings.knowledge.collection_max_documents, settings.knowledge.tenant_max_documents)
                 knowledge_base = KnowledgeBase(stores.milvus, redis=stores.redis,
                                                result_max_bytes=settings.knowledge.result_cache_max_bytes,
-                                               keyword_index=settings.knowledge.keyword_index)
+                                               keyword_index=settings.knowledge.keyword_index, quota=quota)
             registry = None
             if prefixes:
                 # Prefixes live in Redis so every replica shares them; without Redis, in a file under data_dir.

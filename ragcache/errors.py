@@ -5,6 +5,7 @@
     │   └── InvalidTextError           a text that cannot be encoded as UTF-8 (lone surrogates)
     ├── NotFoundError (LookupError)    an unknown model, collection, space or prefix
     ├── ConflictError                  a request that contradicts stored state (e.g. another space)
+    │   └── QuotaExceededError         a write would pass a stored quota (documents per collection or tenant)
     ├── ConfigError                    settings that cannot work
     │   └── DataFolderInUseError       another process (a service) holds the data folder
     ├── TierUnavailableError           a cache level or store failed (refused, timed out, gone);
@@ -35,6 +36,7 @@ __all__ = [
     "InvalidTextError",
     "NotFoundError",
     "ConflictError",
+    "QuotaExceededError",
     "ConfigError",
     "DataFolderInUseError",
     "TierUnavailableError",
@@ -83,6 +85,15 @@ class NotFoundError(RagCacheError, LookupError):
 
 class ConflictError(RagCacheError):
     """The request contradicts stored state, e.g. a collection that belongs to another space."""
+
+
+class QuotaExceededError(ConflictError):
+    """A write would take what is stored past a quota (``ragcache.retrieval.DocumentQuota``): nothing was written;
+    ``field`` names what to send less of."""
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 class ConfigError(RagCacheError):

@@ -22,6 +22,7 @@ from ragcache import (
     ModelOutOfMemoryError,
     NotFoundError,
     OverloadedError,
+    QuotaExceededError,
     RagCacheError,
     TierUnavailableError,
     UpstreamBadResponseError,
@@ -37,6 +38,7 @@ log = logging.getLogger(__name__)
 STATUS_BY_ERROR: list[tuple[type[Exception], int, str]] = [
     (InvalidInputError, 422, "invalid_request"),
     (NotFoundError, 404, "not_found"),
+    (QuotaExceededError, 409, "quota_exceeded"),  # documents per collection or tenant (ragcache.retrieval.DocumentQuota)
     (ConflictError, 409, "conflict"),
     (TierUnavailableError, 503, "unavailable"),
     (ModelOutOfMemoryError, 503, "model_out_of_memory"),

@@ -13,7 +13,7 @@ from ragcache.observe.exports import lazy_exports
 _EXPORTS = {
     ".knowledge": ("KnowledgeBase",),
     ".search": ("MAX_QUERIES",),
-    ".document_store": ("in_order_asked",),
+    ".document_store": ("in_order_asked", "DocumentQuota"),
     ".documents": ("Document", "COLLECTION_NAME_PATTERN", "FILTER_EXAMPLE", "MAX_FILTER_CHARS", "MAX_TEXT_BYTES", "check_collection_name"),
     ".names": ("CollectionName", "TenantName", "own_named", "tenant_prefix"),
     ".ranking": ("SearchOptions", "MAX_GROUP_SIZE", "MAX_OFFSET"),
@@ -26,7 +26,7 @@ _EXPORTS = {
 __all__, __getattr__ = lazy_exports(__name__, _EXPORTS)
 
 if TYPE_CHECKING:
-    from ragcache.retrieval.document_store import in_order_asked
+    from ragcache.retrieval.document_store import DocumentQuota, in_order_asked
     from ragcache.retrieval.documents import (
         COLLECTION_NAME_PATTERN,
         FILTER_EXAMPLE,

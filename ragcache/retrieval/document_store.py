@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from ragcache.core.cache import EmbeddingCache
-from ragcache.errors import InvalidInputError, TierUnavailableError
+from ragcache.errors import InvalidInputError, QuotaExceededError, TierUnavailableError
 from ragcache.observe.logs import DropMessages
 from ragcache.retrieval.catalog import Catalog, CollectionRecord
 from ragcache.retrieval.documents import (
@@ -23,7 +24,7 @@ from ragcache.retrieval.documents import (
     check_ids,
     content_hash,
 )
-from ragcache.retrieval.names import CollectionName
+from ragcache.retrieval.names import CollectionName, tenant_of, tenant_prefix
 from ragcache.retrieval.result_cache import ResultCache
 from ragcache.retrieval.results import IngestResult
 from ragcache.retrieval.sync import MAX_LISTED_IDS, SyncOptions, source_expression, sources_of
@@ -33,18 +34,33 @@ from ragcache.retrieval.sync import MAX_LISTED_IDS, SyncOptions, source_expressi
 # reads what was written before it either way (Milvus Lite has one writer, and a server's answer is the same snapshot).
 logging.getLogger("pymilvus.orm.iterator").addFilter(DropMessages("failed to get mvccTs from milvus server"))
 
-__all__ = ["BATCH_ROWS", "DocumentStore", "in_order_asked"]
+__all__ = ["BATCH_ROWS", "DocumentQuota", "DocumentStore", "in_order_asked"]
 
 # Rows per upsert/get call: at most 256 x 64 KB texts = 16 MB per gRPC message, under Milvus' 64 MB limit.
 BATCH_ROWS = 256
 
 
-class DocumentStore:
-    """The documents of the catalog's collections, with the result cache they invalidate (None: no cache)."""
+@dataclass(frozen=True)
+class DocumentQuota:
+    """The most documents (rows) one collection and one tenant's collections together may hold; None: no bound.
 
-    def __init__(self, catalog: Catalog, results: ResultCache | None):
+    Without it, anyone allowed to ingest could fill the data volume (``milvus.db`` grew without bound, and a full
+    volume took the service down with it). Rows, not bytes: a stored row's bytes are bounded already (a text at most
+    ``max_text_bytes``, the metadata's bounds, one vector), so the rows bound the bytes; Milvus counts rows in one
+    call, while the bytes of what a collection holds it cannot sum."""
+
+    max_collection_documents: int | None = None
+    max_tenant_documents: int | None = None
+
+
+class DocumentStore:
+    """The documents of the catalog's collections, with the result cache they invalidate (None: no cache), within
+    ``quota``."""
+
+    def __init__(self, catalog: Catalog, results: ResultCache | None, quota: DocumentQuota | None = None):
         self.catalog = catalog
         self.results = results
+        self.quota = quota or DocumentQuota()
 
     def add_documents(
         self, collection: str | CollectionName, documents: Sequence[Document | dict], cache: EmbeddingCache,
@@ -58,6 +74,7 @@ class DocumentStore:
         stored = self._stored_hashes(meta, [document.id for document in checked])
         changed = [index for index, document in enumerate(checked) if stored.get(document.id) != hashes[index]]
         num_replaced = sum(1 for index in changed if checked[index].id in stored)
+        self._check_quota(meta, len(changed) - num_replaced)
         served: dict[str, int] = {}
         if changed:
             served = self._upsert(meta, [checked[index] for index in changed], [hashes[index] for index in changed], cache)
@@ -74,6 +91,34 @@ class DocumentStore:
             num_unchanged=len(checked) - len(changed),
             num_deleted=num_deleted,
         )
+
+    def _count(self, meta: CollectionRecord) -> int:
+        rows = self.catalog.call(meta, "query", meta.milvus_name, filter="", output_fields=["count(*)"], consistency_level="Strong")
+        return int(rows[0]["count(*)"])
+
+    def _check_quota(self, meta: CollectionRecord, num_new: int) -> None:
+        """``QuotaExceededError`` when ``num_new`` more documents would pass the collection's or its tenant's bound.
+        Checked before anything is embedded or written, not under a lock: two ingests racing may pass it together
+        (by at most one request's documents, itself bounded by ``max_batch``)."""
+        quota = self.quota
+        if num_new <= 0 or (quota.max_collection_documents is None and quota.max_tenant_documents is None):
+            return
+        held = self._count(meta)
+        if quota.max_collection_documents is not None and held + num_new > quota.max_collection_documents:
+            raise QuotaExceededError(
+                f"collection {meta.public!r} holds {held} documents; {num_new} more would pass its quota of "
+                f"{quota.max_collection_documents} (RAGCACHE_COLLECTION_MAX_DOCUMENTS): delete documents, or use another "
+                "collection", field="documents")
+        tenant = tenant_of(meta.name) if meta.name != meta.public else None
+        if tenant is None or quota.max_tenant_documents is None:
+            return
+        for name in self.catalog.collection_names(prefix=tenant_prefix(tenant)):  # at most the tenant's collection quota
+            if name != meta.name:
+                held += self._count(self.catalog.lookup(CollectionName(name, name)))
+        if held + num_new > quota.max_tenant_documents:
+            raise QuotaExceededError(
+                f"this tenant's collections hold {held} documents; {num_new} more would pass its quota of "
+                f"{quota.max_tenant_documents} (RAGCACHE_TENANT_MAX_DOCUMENTS): delete documents or collections", field="documents")
 
     def list_ids(self, collection: str | CollectionName, filter: str | None = None) -> list[str]:  # noqa: A002 - the API's name
         """The ids of the collection's documents (matching ``filter``), at most ``MAX_LISTED_IDS``."""

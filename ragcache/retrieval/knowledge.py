@@ -30,7 +30,7 @@ from pymilvus import MilvusClient
 
 from ragcache.core.cache import EmbeddingCache
 from ragcache.retrieval.catalog import DEFAULT_INDEX_TYPE, DESCRIPTION_FORMAT, METRIC, RECORD_TTL_S, Catalog
-from ragcache.retrieval.document_store import DocumentStore
+from ragcache.retrieval.document_store import DocumentQuota, DocumentStore
 from ragcache.retrieval.documents import Document
 from ragcache.retrieval.gateway import MilvusGateway
 from ragcache.retrieval.names import CollectionName
@@ -66,17 +66,19 @@ class KnowledgeBase:
         max_top_k: int = 1000,
         record_ttl_s: float = RECORD_TTL_S,
         keyword_index: bool = True,
+        quota: DocumentQuota | None = None,
         clock: Callable[[], float] = time.perf_counter,
     ):
         """``keyword_index``: collections created from now on get the BM25 field (``ragcache.retrieval.keyword``), which
-        keyword and hybrid search need; it slows Milvus' writes (Milvus Lite: 3,177 -> 846 rows/s)."""
+        keyword and hybrid search need; it slows Milvus' writes (Milvus Lite: 3,177 -> 846 rows/s). ``quota``: the most
+        documents a collection and a tenant may hold (``DocumentQuota``; an ingest past it is refused whole)."""
         self.milvus = milvus
         self.results = ResultCache(redis, ttl_s=result_ttl_s, max_value_bytes=result_max_bytes) if redis is not None else None
         gateway = MilvusGateway(milvus)
         self.health = gateway.health  # the breaker of Milvus as the knowledge base's store
         self.catalog = Catalog(gateway, index_type=index_type, record_ttl_s=record_ttl_s, keyword_index=keyword_index,
                                clock=clock)
-        self.documents = DocumentStore(self.catalog, self.results)
+        self.documents = DocumentStore(self.catalog, self.results, quota)
         self.searcher = Searcher(self.catalog, self.results, max_top_k=max_top_k, clock=clock)
         self.keyword_health = self.searcher.keyword_health  # the keyword searches' own breaker
 

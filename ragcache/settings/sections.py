@@ -169,6 +169,10 @@ class Knowledge(_Section):
     result_cache_max_bytes: int = Field(
         1024 * 1024, gt=0, description="largest search result list (JSON bytes) cached in Redis; larger ones are not cached"
     )
+    collection_max_documents: int | None = Field(
+        1_000_000, gt=0, description="most documents one collection may hold; an ingest past it is refused whole (409); unset: none")
+    tenant_max_documents: int | None = Field(
+        2_000_000, gt=0, description="most documents one tenant's collections may hold together (409 beyond); unset: none")
 
 
 class Rerank(_Section):
