@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING
 from ragcache.observe.exports import lazy_exports
 
 _EXPORTS = {
-    ".cache": ("EmbeddingCache", "EmbedResult"),
+    ".cache": ("EmbeddingCache",),
+    ".result": ("EmbedResult",),
     ".probe": ("Probe",),
     ".encoder": ("Capabilities", "Encoder", "EncoderStats", "capabilities_of"),
     ".batching": ("CALLER_GONE",),
@@ -30,12 +31,13 @@ __all__, __getattr__ = lazy_exports(__name__, _EXPORTS)
 
 if TYPE_CHECKING:
     from ragcache.core.batching import CALLER_GONE
-    from ragcache.core.cache import EmbeddingCache, EmbedResult
+    from ragcache.core.cache import EmbeddingCache
     from ragcache.core.encoder import Capabilities, Encoder, EncoderStats, capabilities_of
     from ragcache.core.flight import RedisFlight
     from ragcache.core.health import TierHealth, probe_levels
     from ragcache.core.keys import DTYPES, EmbeddingSpace, Generation, key_digests, text_hash, text_hashes
     from ragcache.core.probe import Probe
+    from ragcache.core.result import EmbedResult
     from ragcache.core.scope import UNSCOPED, Prompt, Scope
     from ragcache.core.stats import CacheStats, LatencyHistogram, LevelStats
     from ragcache.core.tier import Tier, TierHits

@@ -17,6 +17,8 @@ and a hit found there is reported as an L1 hit, never as a computation.
 Texts under different prompts (``ragcache.core.scope``) wait in one queue; a batch holds one prompt's texts
 (the first waiting text's), handed to ``encode(texts, prompt=...)``; texts without one go to ``encode(texts)``.
 
+A batch that fails is split until each failure is its own text's (``ragcache.core.isolation``).
+
 Calls flow down only: the batcher is given the levels and the counter of calls, and hands what it computed
 back as a ``ComputeOutcome`` (a failure included), never through a callback into its owner.
 """
@@ -32,8 +34,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from ragcache.core.isolation import encode_isolating
 from ragcache.core.keys import KeyList
-from ragcache.errors import ComputeError, ModelOutOfMemoryError, OverloadedError, PartialEncodeError, RagCacheError, UpstreamError
+from ragcache.errors import OverloadedError, RagCacheError
 
 if TYPE_CHECKING:
     from ragcache.core.levels import Levels
@@ -274,7 +277,7 @@ class ComputeBatcher:
             if not batch:
                 continue  # every text that filled the wait was dropped meanwhile
             try:
-                outcome = self._encode_isolating([item.text for item in batch], batch[0].prompt)
+                outcome = encode_isolating(self._encode, [item.text for item in batch], batch[0].prompt)
             except BaseException as exc:  # noqa: BLE001 - e.g. KeyboardInterrupt: no caller may wait forever
                 outcome = [exc] * len(batch)
             self._settle(batch, outcome)
@@ -312,35 +315,6 @@ class ComputeBatcher:
             for waiter in waiters.values():
                 waiter.notify()
 
-    def _encode_isolating(self, texts: list[str], prompt: str | None) -> torch.Tensor | list:
-        """The batch's vectors (one tensor), or when encoding failed, a vector or an exception per text. A
-        failed batch is split in halves and each half encoded again, so a text the model cannot take (or a
-        batch too big for memory) fails only the texts that fail alone, not every request that happened to
-        share its batch.
-
-        Two failures are not split: a remote model's own failure (``UpstreamError`` that is not ``per_text``:
-        down, timed out, garbled), where halving would only send a failing server more calls; and a remote
-        model's partial answer (``PartialEncodeError``), whose texts already carry their own outcome."""
-        try:
-            return self._encode(texts) if prompt is None else self._encode(texts, prompt=prompt)
-        except PartialEncodeError as exc:
-            return self._isolate_failed(texts, prompt, exc.outcome)
-        except Exception as exc:  # noqa: BLE001 - converted, then handed to the waiting callers
-            if len(texts) == 1 or not _is_per_text(exc):
-                return [_as_compute_error(exc)] * len(texts)
-        middle = len(texts) // 2
-        return _per_text(self._encode_isolating(texts[:middle], prompt)) + _per_text(self._encode_isolating(texts[middle:], prompt))
-
-    def _isolate_failed(self, texts: list[str], prompt: str | None, outcome: list) -> list:
-        """Keep a partial answer's vectors and errors; encode again, isolating, the texts of failed upstream
-        requests that may have failed because of one of their texts (always fewer than ``texts``)."""
-        outcome = [_as_compute_error(result) if isinstance(result, Exception) else result for result in outcome]
-        again = [i for i, result in enumerate(outcome) if isinstance(result, Exception) and _is_per_text(result)]
-        if 1 < len(again) < len(texts):
-            for i, result in zip(again, _per_text(self._encode_isolating([texts[i] for i in again], prompt))):
-                outcome[i] = result
-        return outcome
-
     def close(self) -> None:
         """Finish what is pending, then stop the worker."""
         with self._cond:
@@ -360,11 +334,6 @@ def _one_prompt(pending: list[_Item], max_batch: int) -> tuple[list[_Item], list
     for item in pending:
         (batch if item.prompt == prompt and len(batch) < max_batch else rest).append(item)
     return batch, rest
-
-
-def _per_text(outcome: torch.Tensor | list) -> list:
-    """A batch outcome as a vector or an exception per text."""
-    return list(outcome) if isinstance(outcome, torch.Tensor) else outcome
 
 
 def _gather(items: list[_Item]) -> torch.Tensor:
@@ -387,22 +356,3 @@ def _gather(items: list[_Item]) -> torch.Tensor:
         gathered[torch.tensor(positions, device=first.device)] = vectors.index_select(
             0, torch.tensor(rows, device=vectors.device)).to(gathered.device, dtype)
     return gathered
-
-
-def _is_per_text(exc: Exception) -> bool:
-    """Whether a failure may be caused by one text of the batch (so splitting the batch can isolate it)."""
-    return not isinstance(exc, UpstreamError) or exc.per_text
-
-
-def _as_compute_error(exc: Exception) -> RagCacheError:
-    """The model's failure in the ragcache tree (library errors, e.g. a refused input, pass unchanged)."""
-    if isinstance(exc, RagCacheError):
-        return exc
-    if isinstance(exc, torch.OutOfMemoryError):
-        error: RagCacheError = ModelOutOfMemoryError(
-            f"the model ran out of memory on this text ({exc}); retry, or send fewer or shorter texts"
-        )
-    else:
-        error = ComputeError(f"the model failed on this text: {type(exc).__name__}: {exc}")
-    error.__cause__ = exc
-    return error

@@ -14,7 +14,6 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -27,6 +26,7 @@ from ragcache.core.keys import EmbeddingSpace, Generation, KeyMemo
 from ragcache.core.levels import Found, Levels
 from ragcache.core.misses import ComputeConfig, MissResolver
 from ragcache.core.probe import Probe, first_of_unique, joined_probe
+from ragcache.core.result import EmbedResult, finished, served_attributes, spans, to_numpy
 from ragcache.core.scope import UNSCOPED, Scope, ScopeRecorders, ScopeStats
 from ragcache.core.stats import CacheStats, LatencyHistogram, LevelRecorder
 from ragcache.core.tier import Tier
@@ -39,21 +39,6 @@ log = logging.getLogger(__name__)
 
 COMPUTE = "compute"
 _COMPUTE_DEFAULTS = ComputeConfig()  # a frozen value: one default shared by every cache
-
-
-@dataclass(frozen=True)
-class EmbedResult:
-    """Vectors in input order, and where each came from."""
-
-    vectors: np.ndarray | torch.Tensor
-    levels: np.ndarray  # per input: position of the level that served it; len(level_names) - 1 = computed
-    level_names: tuple[str, ...]  # e.g. ("L1", "L2", "L3", "compute")
-
-    @property
-    def served(self) -> dict[str, int]:
-        """How many inputs each level served (duplicates inside a request count each time)."""
-        counts = np.bincount(self.levels, minlength=len(self.level_names))
-        return {name: int(count) for name, count in zip(self.level_names, counts)}
 
 
 class EmbeddingCache:
@@ -190,7 +175,7 @@ class EmbeddingCache:
         result = self._probe(texts, normalize=normalize, scope=scope)
         # A span only when L1 answered: a probe that finds a text missing leaves it to embed_detailed's span.
         if isinstance(result, EmbedResult):
-            attributes = {"ragcache.num_texts": len(texts), "ragcache.resident": True, **_served_attributes(result)}
+            attributes = {"ragcache.num_texts": len(texts), "ragcache.resident": True, **served_attributes(result)}
             self._tracer.start_span("ragcache.embed", attributes=attributes, start_time=started_ns).end()
         return result
 
@@ -211,7 +196,7 @@ class EmbeddingCache:
         vectors = hits.vectors
         if normalize:
             vectors = torch.nn.functional.normalize(vectors.float(), dim=-1).to(self.dtype)
-        return EmbedResult(_to_numpy(vectors), np.zeros(len(keys), dtype=np.int8), self.level_names)
+        return EmbedResult(to_numpy(vectors), np.zeros(len(keys), dtype=np.int8), self.level_names)
 
     def embed_detailed(self, texts: Sequence[str], *, normalize: bool = False, as_tensor: bool = False,
                        scope: Scope | None = None, probe: Probe | None = None) -> EmbedResult:
@@ -229,7 +214,7 @@ class EmbeddingCache:
                                                 **span_attributes}
             with self._tracer.start_as_current_span("ragcache.embed", attributes=attributes) as current:
                 result = self._embed_detailed(texts, **options)
-                current.set_attributes(_served_attributes(result))
+                current.set_attributes(served_attributes(result))
                 return result
 
     def embed_requests(self, requests: Sequence[Sequence[str]], *, normalize: bool = False, scope: Scope | None = None,
@@ -248,12 +233,12 @@ class EmbeddingCache:
 
         def answer_held(vectors: torch.Tensor, levels: np.ndarray) -> None:
             assert on_held is not None
-            for index, (start, end) in enumerate(_spans(requests)):
+            for index, (start, end) in enumerate(spans(requests)):
                 if not (levels[start:end] == computed).any():
                     held.add(index)
                     self._record_request(scope, hits=end - start, misses=0, latency_s=self._clock() - started)
-                    on_held(index, _finished(vectors[start:end], levels[start:end].copy(), self.level_names,
-                                             normalize=normalize, dtype=self.dtype))
+                    on_held(index, finished(vectors[start:end], levels[start:end].copy(), self.level_names,
+                                            normalize=normalize, dtype=self.dtype))
 
         texts = [text for request in requests for text in request]
         result = self._walk(texts, {"ragcache.num_requests": len(requests)}, normalize=normalize, as_tensor=False, scope=scope,
@@ -261,7 +246,7 @@ class EmbeddingCache:
                             on_found=answer_held if on_held is not None else None)
         latency_s = self._clock() - started
         results = []
-        for index, (request, (start, end)) in enumerate(zip(requests, _spans(requests))):
+        for index, (request, (start, end)) in enumerate(zip(requests, spans(requests))):
             part = EmbedResult(result.vectors[start:end], result.levels[start:end], result.level_names)
             if index not in held:
                 # As embed_detailed counts a request: a text it carries twice is computed once, and its repeat a hit.
@@ -329,7 +314,7 @@ class EmbeddingCache:
         if inverse is not None:
             index = torch.tensor(inverse, device=self.device)
             vectors, levels = vectors.index_select(0, index), levels[inverse]
-        return _finished(vectors, levels, self.level_names, normalize=normalize, dtype=self.dtype, as_tensor=as_tensor)
+        return finished(vectors, levels, self.level_names, normalize=normalize, dtype=self.dtype, as_tensor=as_tensor)
 
     def _explain_misses(self, scope: Scope, space: EmbeddingSpace, texts: list[str], found: Found) -> None:
         if not (found.served > 0).any():
@@ -419,28 +404,3 @@ class EmbeddingCache:
 
     def __exit__(self, *exc_info) -> None:
         self.close()
-
-
-def _spans(requests: Sequence[Sequence[str]]) -> list[tuple[int, int]]:
-    """Each request's (start, end) in the requests' texts laid end to end."""
-    ends = np.cumsum([len(request) for request in requests]).tolist()
-    return list(zip([0, *ends[:-1]], ends))
-
-
-def _finished(vectors: torch.Tensor, levels: np.ndarray, level_names: tuple[str, ...], *, normalize: bool,
-              dtype: torch.dtype, as_tensor: bool = False) -> EmbedResult:
-    """The result of a walk's vectors (numpy unless ``as_tensor``), normalised when asked."""
-    if normalize:
-        vectors = torch.nn.functional.normalize(vectors.float(), dim=-1).to(dtype)
-    return EmbedResult(vectors if as_tensor else _to_numpy(vectors), levels, level_names)
-
-
-def _served_attributes(result: EmbedResult) -> dict[str, int]:
-    return {f"ragcache.served.{name}": count for name, count in result.served.items()}
-
-
-def _to_numpy(vectors: torch.Tensor) -> np.ndarray:
-    # numpy has no bfloat16: those vectors widen to float32, which is exact.
-    if vectors.dtype == torch.bfloat16:
-        vectors = vectors.float()
-    return vectors.numpy() if vectors.is_cpu else vectors.cpu().numpy()  # .cpu() is a torch call even on the CPU
