@@ -10,6 +10,9 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -26,6 +29,27 @@ PROVEN_IN_CI = {"vllm": "vLLM", "ray": "Ray"}
 
 def in_ci() -> bool:
     return os.environ.get("CI", "").lower() in {"1", "true", "yes"}
+
+
+@contextmanager
+def running_infinity(model: Path, log_folder: Path) -> Iterator:
+    """A real Infinity server (its own venv, mk/infinity.mk, its python in RAGCACHE_INFINITY_PYTHON) serving the
+    model folder ``model`` on a free loopback port, stopped after. Without that venv the test skips, except
+    under CI, where it fails: CI must prove the provider path works."""
+    from ragcache_testing.infinity import InfinityServer, InfinityServerConfig
+
+    python = os.environ.get("RAGCACHE_INFINITY_PYTHON")
+    if not python or not Path(python).exists():
+        message = "no Infinity environment: run `make infinity-env` (make test builds it and sets RAGCACHE_INFINITY_PYTHON)"
+        if in_ci():
+            pytest.fail(message)
+        pytest.skip(message)
+    server = InfinityServer(InfinityServerConfig(python=Path(python), model=model, log_path=log_folder / "server.log"))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -11,29 +11,18 @@ local, ONNX and remote encoders alike):
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import pytest
 
-from ragcache_testing.infinity import InfinityServer, InfinityServerConfig, packaged_model_folder
-from tests.conftest import in_ci
+from ragcache_testing.infinity import packaged_model_folder
+from tests.conftest import running_infinity
 
 
 @pytest.fixture(scope="session")
 def infinity(tmp_path_factory):
-    python = os.environ.get("RAGCACHE_INFINITY_PYTHON")
-    if not python or not Path(python).exists():
-        message = "no Infinity environment: run `make infinity-env` (make test builds it and sets RAGCACHE_INFINITY_PYTHON)"
-        if in_ci():
-            pytest.fail(message)
-        pytest.skip(message)
-    log_path = tmp_path_factory.mktemp("infinity") / "server.log"
-    server = InfinityServer(InfinityServerConfig(python=Path(python), model=packaged_model_folder(), log_path=log_path))
-    server.start()
-    print(f"Infinity started in {server.startup_s:.1f}s on {server.base_url} (log: {log_path})")
-    yield server
-    server.stop()
+    log_folder = tmp_path_factory.mktemp("infinity")
+    with running_infinity(packaged_model_folder(), log_folder) as server:
+        print(f"Infinity started in {server.startup_s:.1f}s on {server.base_url} (log: {log_folder / 'server.log'})")
+        yield server
 
 
 @pytest.fixture(scope="session")

@@ -10,14 +10,11 @@ import pytest
 from pymilvus import DataType
 from pymilvus.exceptions import MilvusException
 
-from ragcache.build import build_cache
 from ragcache.errors import InvalidInputError
 from ragcache.retrieval.documents import milvus_collection_name
 from ragcache.retrieval.keyword import SPARSE_FIELD
 from ragcache.retrieval.knowledge import DESCRIPTION_FORMAT, KnowledgeBase
 from ragcache.retrieval.ranking import SearchOptions
-from ragcache.settings import Settings
-from ragcache.storage.stores import Stores
 
 DOCS = [
     {"id": "manual.md#0", "text": "Error E4711 means the pump stalled: clear the intake and restart it.",
@@ -34,13 +31,6 @@ DOCS = [
      "metadata": {"lang": "en"}},
     {"id": "berlin", "text": "Berlin ist die Hauptstadt von Deutschland, mit einer pump station.", "metadata": {"lang": "de"}},
 ]
-
-
-@pytest.fixture(scope="module")
-def cache(encoder):
-    settings = Settings(redis_url="off", milvus_uri="off", write_behind=False)
-    with build_cache(settings, Stores(None, None), encoder) as embedding_cache:
-        yield embedding_cache
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ Without RAGCACHE_INFINITY_PYTHON (make test sets it) the tests skip, except unde
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import httpx
@@ -16,8 +15,7 @@ import pytest
 from ragcache.rerank.local import CrossEncoderReranker
 from ragcache.rerank.remote import RemoteReranker
 from ragcache.settings import Settings
-from ragcache_testing.infinity import InfinityServer, InfinityServerConfig
-from tests.conftest import in_ci
+from tests.conftest import running_infinity
 from tests.live_server import LiveServer
 
 QUERY = "which sense of the word is meant?"
@@ -26,17 +24,8 @@ TEXTS = ["a financial institution that accepts deposits", "sloping land beside a
 
 @pytest.fixture(scope="module")
 def infinity_reranker(tiny_cross_encoder, tmp_path_factory):
-    python = os.environ.get("RAGCACHE_INFINITY_PYTHON")
-    if not python or not Path(python).exists():
-        message = "no Infinity environment: run `make infinity-env` (make test builds it and sets RAGCACHE_INFINITY_PYTHON)"
-        if in_ci():
-            pytest.fail(message)
-        pytest.skip(message)
-    log_path = tmp_path_factory.mktemp("infinity-rerank") / "server.log"
-    server = InfinityServer(InfinityServerConfig(python=Path(python), model=Path(tiny_cross_encoder), log_path=log_path))
-    server.start()
-    yield server
-    server.stop()
+    with running_infinity(Path(tiny_cross_encoder), tmp_path_factory.mktemp("infinity-rerank")) as server:
+        yield server
 
 
 def test_infinity_scores_equal_the_local_cross_encoders(infinity_reranker, tiny_cross_encoder):

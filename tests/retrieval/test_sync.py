@@ -8,13 +8,11 @@ import json
 import httpx
 import pytest
 
-from ragcache.build import build_cache
 from ragcache.errors import InvalidInputError
 from ragcache.retrieval.documents import Document, content_hash
 from ragcache.retrieval.knowledge import KnowledgeBase
 from ragcache.retrieval.sync import SyncOptions
 from ragcache.settings import Settings
-from ragcache.storage.stores import Stores
 from ragcache_cli.cli import main
 from tests.live_server import LiveServer
 
@@ -36,13 +34,6 @@ class CountingMilvus:
 
     def __getattr__(self, name):
         return getattr(self._client, name)
-
-
-@pytest.fixture(scope="module")
-def cache(encoder):
-    settings = Settings(redis_url="off", milvus_uri="off", write_behind=False)
-    with build_cache(settings, Stores(None, None), encoder) as embedding_cache:
-        yield embedding_cache
 
 
 @pytest.fixture

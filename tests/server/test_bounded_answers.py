@@ -32,12 +32,6 @@ def server(redis_server, tmp_path_factory):
         yield live
 
 
-@pytest.fixture(scope="module")
-def http(server):
-    with httpx.Client(base_url=server.url, timeout=120) as client:
-        yield client
-
-
 def assert_answer_too_large(response: httpx.Response) -> None:
     assert response.status_code == 413, response.text
     error = response.json()["error"]

@@ -26,12 +26,6 @@ def server(redis_server, tmp_path_factory):
         yield live
 
 
-@pytest.fixture(scope="module")
-def http(server):
-    with httpx.Client(base_url=server.url, timeout=60) as client:
-        yield client
-
-
 def search(http, **body):
     response = http.post("/search", json={"collection": COLLECTION, **body})
     assert response.status_code == 200, response.text
