@@ -13,8 +13,7 @@ from starlette.responses import Response
 import ragcache
 from ragcache.core import Scope
 from ragcache.models import DriftState, upstream_figures
-from ragcache.observe import redact_url
-from ragcache.observe.compiled import implementations
+from ragcache.observe import implementations, redact_url
 from ragcache.retrieval import own_named
 from ragcache_server.auth import principal_of
 from ragcache_server.deps import metrics_registry_of, state_of

@@ -9,7 +9,7 @@ import pybase64
 from starlette.responses import Response
 
 from ragcache.core import EmbedResult
-from ragcache.observe.compiled import choose
+from ragcache.observe import choose
 from ragcache_server import _base64_answer_py
 from ragcache_server.deps import served_count_headers
 from ragcache_server.embedding.plan import EmbedPlan
