@@ -131,3 +131,22 @@ def test_a_bad_value_is_one_line_naming_its_variable(monkeypatch, capsys):
     assert "\n" not in str(info.value) and "lots" not in str(info.value)
     assert main(["config"]) == 1
     assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_ingest_reads_pdf_and_html_into_a_live_service_and_names_the_rest(redis_url, tmp_path, capsys):
+    from tests.live_server import LiveServer
+    from tests.retrieval.test_ingest_formats import HTML, pdf_bytes
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "paper.pdf").write_bytes(pdf_bytes([["Lobsters molt their shells to grow."], ["Page two: tide pools."]]))
+    (corpus / "page.html").write_text(HTML)
+    (corpus / "photo.png").write_bytes(b"\x89PNG")
+    with LiveServer(Settings(redis_url=redis_url, data_dir=tmp_path / "data")) as live:
+        assert main(["ingest", str(corpus), "--collection", "formats", "--url", live.url, "--quiet"]) == 0
+        shown = capsys.readouterr()
+        assert "2 documents in 'formats'" in shown.out  # one chunk each: the PDF's two pages fit one chunk
+        named = [line for line in shown.err.splitlines() if line.startswith("skipped")]  # (the in-process server's model logs too)
+        assert named == ["skipped photo.png: not a kind ingest reads (.htm, .html, .jsonl, .markdown, .md, .pdf, .rst, .txt)"]
+        assert main(["search", "how do lobsters grow?", "--collection", "formats", "--top-k", "1", "--url", live.url]) == 0
+        assert "paper.pdf#0" in capsys.readouterr().out
