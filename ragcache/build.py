@@ -24,7 +24,7 @@ from ragcache.storage.stores import Stores
 from ragcache.tiers.disk import DiskTier
 from ragcache.tiers.memory import MemoryTier
 from ragcache.tiers.milvus import MilvusTier
-from ragcache.tiers.milvus_budget import L3Budget
+from ragcache.tiers.milvus_budget import L3Budget, default_max_rows
 from ragcache.tiers.redis import RedisTier
 from ragcache.tiers.spaces import PerSpaceTier
 
@@ -94,7 +94,11 @@ def _l3(settings: Settings, stores: Stores, space: EmbeddingSpace, device: torch
     dtype = TORCH_DTYPES[space.dtype]
     # One collection per space id, the key's: a drift switch moves to another collection, and a late write of
     # the old generation still goes to the old one (ragcache.tiers.spaces).
-    budget = L3Budget(max_rows=settings.levels.l3_max_rows, max_age_s=settings.levels.l3_max_age_s)
+    # Unset: bounded all the same, by the volume (ragcache.tiers.milvus_budget.default_max_rows); 0: no bound.
+    max_rows = settings.levels.l3_max_rows
+    if max_rows is None:
+        max_rows = default_max_rows(getattr(milvus, "uri", ""), space.dim, settings.levels.data_dir)
+    budget = L3Budget(max_rows=max_rows or None, max_age_s=settings.levels.l3_max_age_s)
     recheck_s = settings.levels.l3_empty_recheck_s
     per_space = lambda space_id: MilvusTier(milvus, space_id=space_id, dim=space.dim, dtype=dtype, budget=budget,  # noqa: E731
                                             empty_recheck_s=recheck_s)

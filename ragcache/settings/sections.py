@@ -89,7 +89,9 @@ class Levels(_Section):
     milvus_user: str | None = Field(None, repr=False, description="Milvus user (with milvus_password)")
     milvus_password: str | None = Field(None, repr=False, description="Milvus password")
     milvus_token: str | None = Field(None, repr=False, description="Milvus token ('user:password' or an API key); wins over user/password")
-    l3_max_rows: int | None = Field(None, gt=0, description="L3 size budget per space: the oldest written rows go beyond it; unset = none")
+    l3_max_rows: int | None = Field(
+        None, ge=0, description="L3 size budget per space: the oldest written rows go beyond it; unset: a tenth of Milvus Lite's "
+        "volume in rows, at most 1,000,000 (a server: 1,000,000); 0: no bound")
     l3_max_age_s: float | None = Field(None, gt=0, description="L3 age budget: rows last written longer ago go; unset = none")
     data_dir: Path = Field(Path("data"), description="local state: the embedded Redis's snapshots, the default Milvus Lite file")
     write_behind: bool = Field(True, description="store in L2/L3 from a worker thread per level")

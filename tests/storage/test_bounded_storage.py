@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import uuid
 
 import pytest
@@ -169,3 +170,49 @@ def test_the_l3_age_budget_deletes_rows_written_too_long_ago(patient_milvus):
         level.put_many([key], torch.full((1, 4), float(number)))
     # Written at t+1 .. t+10; the last write, at t+10, deleted what was written before t+5.
     assert level.get_many(keys).index == list(range(4, 10))
+
+
+class Volume:
+    """``os.statvfs`` of a volume of ``total_bytes``, for ``default_max_rows``."""
+
+    def __init__(self, total_bytes: int):
+        self.total_bytes, self.asked = total_bytes, []
+
+    def __call__(self, path: str):
+        self.asked.append(path)
+        return os.statvfs_result((4096, 4096, self.total_bytes // 4096, 0, 0, 0, 0, 0, 0, 255))
+
+
+def test_l3_is_bounded_by_default_by_a_tenth_of_its_volume_in_rows(tmp_path):
+    from ragcache.tiers.milvus_budget import DEFAULT_MAX_ROWS, default_max_rows
+
+    row_bytes = 384 * 4 + 520  # measured on Milvus Lite: 2,053 bytes of milvus.db a row at 384 dimensions
+    small = Volume(24 << 20)  # the audit's 24 MiB volume: L3 alone could have filled it
+    assert default_max_rows(str(tmp_path / "milvus.db"), 384, tmp_path, statvfs=small) == (24 << 20) // 10 // row_bytes
+    assert small.asked == [str(tmp_path)]
+    assert default_max_rows(str(tmp_path / "milvus.db"), 384, tmp_path, statvfs=Volume(1 << 40)) == DEFAULT_MAX_ROWS
+    assert default_max_rows(str(tmp_path / "milvus.db"), 384, tmp_path, statvfs=Volume(1 << 20)) == 1_000  # the floor
+    shared = Volume(1 << 30)  # --workers: the shared Milvus Lite's file is in the data folder
+    assert default_max_rows("unix:/tmp/rc-milvus-x/milvus.sock", 384, tmp_path / "data", statvfs=shared) == (1 << 30) // 10 // row_bytes
+    assert shared.asked == [str(tmp_path)]  # the data folder is not made yet: the volume it will be made on
+    assert default_max_rows("http://milvus:19530", 384, tmp_path, statvfs=Volume(1)) == DEFAULT_MAX_ROWS  # a server's own disk
+
+
+def test_an_l3_built_without_a_size_budget_gets_the_default_one_and_0_means_none(tmp_path, encoder):
+    from ragcache.storage.stores import open_milvus
+    from ragcache.tiers.milvus_budget import default_max_rows
+    from ragcache.tiers.spaces import PerSpaceTier
+
+    db = str(tmp_path / "l3" / "milvus.db")
+    stores = Stores(None, open_milvus(db, timeout_s=600))
+    try:
+        budgets = []
+        for configured in (None, 0, 500):
+            settings = Settings(redis_url="off", milvus_uri=db, data_dir=tmp_path, write_behind=False, l3_max_rows=configured)
+            with build_cache(settings, stores, encoder) as cache:
+                l3 = next(tier for tier in cache.tiers if isinstance(tier, PerSpaceTier))
+                budgets.append(l3.tier_for(cache.space.space_id).budget.budget.max_rows)
+                dim = cache.space.dim
+        assert budgets == [default_max_rows(db, dim, tmp_path), None, 500]  # before: None (no bound) when unset
+    finally:
+        stores.milvus.close()
