@@ -129,14 +129,18 @@ def test_milvus_alone_keeps_the_generation_when_redis_lost_it(redis_client, milv
     assert RedisFingerprints(redis_client).load(encoder.space.space_id).generation == 1  # put back
 
 
-def test_two_replicas_noticing_at_once_agree_on_one_generation(redis_client, swappable):
-    encoder = swappable()
-    replicas = [DriftGuard("fake", encoder, Fingerprints.of(redis_client), Generation()) for _ in range(2)]
+def two_replicas_agree_on_one_generation(client, encoder) -> None:
+    """Two replicas' guards over one store notice a new model at once: one bumps the generation, the other adopts it."""
+    replicas = [DriftGuard("fake", encoder, Fingerprints.of(client), Generation()) for _ in range(2)]
     for guard in replicas:
         guard.check()
     encoder.version = 1
     assert [guard.check() for guard in replicas] == [True, True]  # one bumped it, the other adopted it
     assert [guard.state().generation for guard in replicas] == [1, 1]
+
+
+def test_two_replicas_noticing_at_once_agree_on_one_generation(redis_client, swappable):
+    two_replicas_agree_on_one_generation(redis_client, swappable())
 
 
 def test_a_replica_with_another_model_never_shares_a_generation(redis_client, swappable):
@@ -258,10 +262,5 @@ def test_a_collection_of_the_old_model_refuses_new_queries_and_says_why(redis_cl
 
 def test_the_compare_and_set_works_on_a_redis_cluster(redis_cluster_client, swappable):
     encoder = swappable()
-    replicas = [DriftGuard("fake", encoder, Fingerprints.of(redis_cluster_client), Generation()) for _ in range(2)]
-    for guard in replicas:
-        guard.check()
-    encoder.version = 1
-    assert [guard.check() for guard in replicas] == [True, True]
-    assert [guard.state().generation for guard in replicas] == [1, 1]
+    two_replicas_agree_on_one_generation(redis_cluster_client, encoder)
     assert RedisFingerprints(redis_cluster_client).load(encoder.space.space_id).generation == 1
