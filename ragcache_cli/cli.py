@@ -74,7 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_argument("--api-key", default=os.environ.get("RAGCACHE_API_KEY"),
                          help="the service's API key (default: RAGCACHE_API_KEY); needed when the service has keys")
         if name == "ingest":
-            sub.add_argument("path", help="a .txt/.md/.rst/.pdf/.html/.jsonl file, or a folder of them")
+            sub.add_argument("path", help="a .txt/.md/.rst/.pdf/.html/.jsonl file, or a folder of them; a file skipped or unreadable "
+                                          "is named on stderr, and exits 1 if one could not be read or nothing was ingested")
             sub.add_argument("--collection", required=True, help="the collection to add to (created on first use)")
             sub.add_argument("--chunk-chars", type=int, default=1200,
                              help="the longest chunk, in characters: paragraphs are merged up to it (default: 1200)")
