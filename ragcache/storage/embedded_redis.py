@@ -176,10 +176,22 @@ def _stop_orphan(pid_file: Path, timeout_s: float = 30.0) -> None:
         return
     if b"redis-server" not in command:
         return
+    if _parent_of(pid) == os.getpid():
+        # Not an orphan: this process runs it (a second cache on one folder). Stopping it would leave the first
+        # cache without its Redis, and its supervisor would stop this one's in turn.
+        raise ConfigError(f"the embedded Redis of {pid_file.parent} already runs in this process: one cache per data "
+                          "folder (close the first, or give this one another RAGCACHE_DATA_DIR)")
     os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and _running(pid):
         time.sleep(0.05)
+
+
+def _parent_of(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def _running(pid: int) -> bool:

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import redis
 
+from ragcache.errors import ConfigError
 from ragcache.storage.embedded_milvus import MilvusLiteServer
 from ragcache.storage.embedded_redis import EmbeddedRedis
 from ragcache.storage.processes import ProcessExited, poll_until
@@ -189,3 +190,14 @@ def _state(pid: int) -> str:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except OSError:
         return "gone"
+
+
+def test_a_second_embedded_redis_on_one_folder_in_one_process_is_refused(tmp_path):
+    # Before: the second stopped the first's server as an "orphan"; supervised, the two would stop each other in turn.
+    first = EmbeddedRedis(tmp_path / "redis", unix_socket=True, supervise=True)
+    try:
+        with pytest.raises(ConfigError, match="already runs in this process"):
+            EmbeddedRedis(tmp_path / "redis", unix_socket=True, supervise=True)
+        assert first.process.poll() is None and first.num_restarts == 0
+    finally:
+        first.stop()
