@@ -26,7 +26,7 @@ from ragcache_server.error_shapes import ErrorShapes
 from ragcache_server.errors import install_error_handlers
 from ragcache_server.limits import LimitsMiddleware, RateLimiter
 from ragcache_server.probes import LevelProbes
-from ragcache_server.schemas import ERROR_RESPONSES
+from ragcache_server.schemas import ERROR_RESPONSES, bounded_to_service
 from ragcache_server.state import ServiceState, local_models
 from ragcache_server.tenants import TenantCaches
 from ragcache_server.tracing import TracingMiddleware
@@ -93,6 +93,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     for router in routers:
         # The embedding routes name their own error bodies, OpenAI's and TEI's (ragcache_server/error_shapes.py).
         app.include_router(router, responses=None if router is embedding.router else ERROR_RESPONSES)
+    app.openapi = _bounded_openapi(app, settings)  # type: ignore[method-assign]
     # The last added runs first: keys and rate limits are checked before a body is read (docs/SECURITY.md).
     app.state.workers = WorkerPool(settings.service.max_worker_threads)
     # Innermost: the embedding routes' fast path answers inside every check below (embedding/fast_path.py).
@@ -114,6 +115,36 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # Outermost: a request's span (RAGCACHE_TRACING) covers the refusals above as well.
     app.add_middleware(TracingMiddleware)
     return app
+
+
+def _bounded_openapi(app: FastAPI, settings: Settings):
+    """``app.openapi`` with this service's bounds in the schema (``schemas.bounded_to_service``): what it allows is
+    what the service serves. Made once the models are loaded (the first /openapi.json), for their vocabularies."""
+    generate = app.openapi
+
+    def openapi() -> dict:
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        state: ServiceState | None = getattr(app.state, "ragcache", None)
+        if state is None:
+            schema = bounded_to_service(generate(), max_batch=settings.service.max_batch)
+        else:
+            schema = bounded_to_service(
+                generate(), max_batch=settings.service.max_batch, max_token_id=_last_token_id(state),
+                prompt_names={name for prompts in state.prompts.values() for name in prompts},
+                dimensions={cache.space.dim for cache in state.caches.values()}, rerankers=bool(state.rerankers))
+        if state is None:  # asked before start-up (a test): not kept, the vocabularies are not known yet
+            app.openapi_schema = None
+        return schema
+
+    return openapi
+
+
+def _last_token_id(state: ServiceState) -> int | None:
+    """The last token id every served local model's tokenizer knows (None: none known)."""
+    sizes = [len(tokenizer) for cache in state.caches.values()
+             if (tokenizer := getattr(cache.encoder, "tokenizer", None)) is not None]  # a local model's own tokenizer
+    return min(sizes) - 1 if sizes else None
 
 
 def app_from_environment() -> FastAPI:

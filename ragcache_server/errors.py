@@ -13,6 +13,7 @@ import time
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from ragcache import (
     ComputeError,
@@ -117,7 +118,9 @@ def error_response(status: int, type_: str, message: str, field: str | None = No
 
 
 def field_path(loc: tuple) -> str:
-    parts = [part for part in loc if part != "body" and not _is_union_tag(part)]
+    # A location starts with where the value came from (body, path, query): the field is named without it.
+    parts = [part for index, part in enumerate(loc) if not (index == 0 and part in ("body", "path", "query"))
+             and not _is_union_tag(part)]
     path = ""
     for part in parts:
         path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
@@ -142,6 +145,16 @@ def _validation_response(exc: RequestValidationError) -> JSONResponse:
     messages = [f"{error['path']}: {error['msg']}" for error in best.values()]
     first = next(iter(best.values()))
     return error_response(422, "invalid_request", "; ".join(messages), first["path"])
+
+
+def _methods_of(request: Request) -> list[str]:
+    """The methods some route serves at the request's path, asked the router itself (included routers too)."""
+    allowed = []
+    for method in ("GET", "POST", "PUT", "PATCH", "DELETE"):
+        scope = {**request.scope, "method": method}
+        if any(route.matches(scope)[0] == Match.FULL for route in request.app.routes):
+            allowed.append(method)
+    return allowed
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -173,9 +186,14 @@ def install_error_handlers(app: FastAPI) -> None:
         message = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
         if exc.status_code == 404:
             message = f"no route {request.method} {request.url.path}; see /docs for the API"
-        elif exc.status_code == 405:
+        headers = getattr(exc, "headers", None)
+        if exc.status_code == 405:
             message = f"method {request.method} is not allowed on {request.url.path}; see /docs"
-        return error_response(exc.status_code, "http", message, headers=getattr(exc, "headers", None))
+            # Every route of the path, not only the first one the router tried (DELETE and POST /documents).
+            allowed = _methods_of(request)
+            if allowed:
+                headers = {**(headers or {}), "Allow": ", ".join(allowed)}
+        return error_response(exc.status_code, "http", message, headers=headers)
 
     @app.exception_handler(Exception)
     async def on_unexpected(request: Request, exc: Exception):

@@ -29,6 +29,7 @@ from ragcache_server.responses import JSONResponse
 from ragcache_server.schemas import (
     AddDocumentsRequest,
     BatchSearchRequest,
+    CollectionPath,
     DeleteDocumentsRequest,
     GetDocumentsRequest,
     ListIdsRequest,
@@ -118,7 +119,7 @@ async def get_documents(body: GetDocumentsRequest, request: Request) -> JSONResp
 
 
 @router.delete("/collections/{collection}", summary="Drop a collection and all its documents")
-async def drop_collection(collection: str, request: Request) -> JSONResponse:
+async def drop_collection(collection: CollectionPath, request: Request) -> JSONResponse:
     """404 when it does not exist (for a tenant: when it is not the tenant's)."""
     name = CollectionName.of(collection, principal_of(request).tenant)
     async with naming_existing_collections(request):

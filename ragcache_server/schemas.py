@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, field_validator
+from fastapi import Path
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, field_validator
 
 from ragcache import InvalidInputError
 from ragcache.retrieval import COLLECTION_NAME_PATTERN, MAX_FILTER_CHARS, MAX_GROUP_SIZE, MAX_OFFSET, MAX_QUERIES, RRF_K, SearchOptions
@@ -15,6 +17,7 @@ from ragcache.settings import MAX_BATCH_CEILING
 MAX_METADATA_DEPTH = 32
 
 
+InputType = Literal["query", "document", "search_query", "search_document"]  # ragcache.models.prompts.INPUT_TYPES
 INPUT_TYPE_HELP = "query, document, search_query or search_document (Voyage, Cohere): that prompt, when the model has one"
 
 # Every list a body may carry is declared with this cap, so that validation stops at the first item past it
@@ -23,10 +26,15 @@ INPUT_TYPE_HELP = "query, document, search_query or search_document (Voyage, Coh
 TextList = Annotated[list[StrictStr], Field(max_length=MAX_BATCH_CEILING)]
 # Token ids one /decode or embedding request may carry, all rows together: 2048 texts of 512 tokens.
 MAX_DECODE_IDS = 1 << 20
-TokenIds = list[StrictInt]
+# A token id: the schema's maximum is the served vocabulary's (``bounded_to_service``, set once the models are loaded).
+TokenId = Annotated[StrictInt, Field(ge=0, json_schema_extra={"x-token-id": True}), BeforeValidator(lambda value: _integral(value))]
+TokenIds = list[TokenId]
+# An embedding request's lists hold at least one text (one text's token ids: at least one id).
+InputList = Annotated[list[StrictStr], Field(min_length=1, max_length=MAX_BATCH_CEILING)]
+InputIds = Annotated[list[TokenId], Field(min_length=1)]
 # An embedding request's input: a text, texts, one text's token ids, or several texts' (OpenAI's and TEI's references
 # both take ids; they are decoded with the served model's tokenizer, ragcache_server/embedding/plan.py).
-EmbedInputs = StrictStr | TextList | TokenIds | Annotated[list[TokenIds], Field(max_length=MAX_BATCH_CEILING)]
+EmbedInputs = StrictStr | InputList | InputIds | Annotated[list[TokenIds], Field(min_length=1, max_length=MAX_BATCH_CEILING)]
 
 
 def count_ids(value: object, field: str) -> object:
@@ -45,6 +53,11 @@ def count_ids(value: object, field: str) -> object:
 _LEFT, _RIGHT = "[Ll][Ee][Ff][Tt]", "[Rr][Ii][Gg][Hh][Tt]"
 
 
+def _integral(value: object) -> object:
+    """A JSON number with no fraction (``1.0``) as the integer it is: JSON Schema's ``integer`` allows it."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
 class Body(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -60,8 +73,9 @@ class EmbedRequest(Body):
         "Right", pattern=f"^({_LEFT}|{_RIGHT})$",
         description="Left or Right, in any case (TEI's enum; huggingface_hub sends it lowercase): which end of an "
                     "over-long text is cut when truncating")
-    prompt_name: StrictStr | None = Field(None, description="a named prompt of the model (GET /info lists them)")
-    input_type: StrictStr | None = Field(None, description=INPUT_TYPE_HELP)
+    prompt_name: StrictStr | None = Field(None, description="a named prompt of the model (GET /info lists them)",
+                                          json_schema_extra={"x-served": "prompt_name"})
+    input_type: InputType | None = Field(None, description=INPUT_TYPE_HELP)
     model: StrictStr | None = Field(None, description="served model name; default: the server's model")
 
     @field_validator("inputs", mode="before")
@@ -73,16 +87,16 @@ class EmbedRequest(Body):
 class TokenizeRequest(Body):
     """text-embeddings-inference's /tokenize body."""
 
-    inputs: StrictStr | TextList = Field(description="one text or a list")
+    inputs: StrictStr | InputList = Field(description="one text or a list")
     add_special_tokens: StrictBool = Field(True, description="include the model's special tokens ([CLS], [SEP])")
-    prompt_name: StrictStr | None = Field(None, description="not supported: prompts are part of the server's space")
+    prompt_name: None = Field(None, description="not supported: prompts are part of the server's space")
     model: StrictStr | None = Field(None, description="served model name; default: the server's model")
 
 
 class DecodeRequest(Body):
     """text-embeddings-inference's /decode body."""
 
-    ids: list[StrictInt] | Annotated[list[list[StrictInt]], Field(max_length=MAX_BATCH_CEILING)] = Field(
+    ids: TokenIds | Annotated[list[TokenIds], Field(max_length=MAX_BATCH_CEILING)] = Field(
         description=f"one list of token ids, or a list of them; at most {MAX_DECODE_IDS} ids in all")
     skip_special_tokens: StrictBool = Field(True, description="leave the model's special tokens out of the text")
     model: StrictStr | None = Field(None, description="served model name; default: the server's model")
@@ -100,10 +114,12 @@ class OpenAIEmbeddingsRequest(BaseModel):
                                            "read with the model's tokenizer)")
     model: StrictStr | None = None
     encoding_format: Literal["float", "base64"] = "float"
-    dimensions: StrictInt | None = Field(None, gt=0)
+    dimensions: StrictInt | None = Field(None, gt=0, description="only the model's own is served",
+                                         json_schema_extra={"x-served": "dimensions"})
     user: StrictStr | None = None
-    prompt_name: StrictStr | None = Field(None, description="a named prompt of the model (GET /info lists them)")
-    input_type: StrictStr | None = Field(None, description=INPUT_TYPE_HELP)
+    prompt_name: StrictStr | None = Field(None, description="a named prompt of the model (GET /info lists them)",
+                                          json_schema_extra={"x-served": "prompt_name"})
+    input_type: InputType | None = Field(None, description=INPUT_TYPE_HELP)
 
     @field_validator("input", mode="before")
     @classmethod
@@ -116,11 +132,14 @@ COLLECTION = Field(
     pattern=f"^{COLLECTION_NAME_PATTERN.pattern}$",
     description="a letter, then up to 62 letters, digits, '_' or '-'",
 )
+# The same rule for a collection named in a path (DELETE /collections/{collection}).
+CollectionPath = Annotated[str, Path(pattern=f"^{COLLECTION_NAME_PATTERN.pattern}$",
+                                     description="a letter, then up to 62 letters, digits, '_' or '-'")]
 
 
 class DocumentIn(Body):
     id: StrictStr = Field(min_length=1)
-    text: StrictStr
+    text: StrictStr = Field(min_length=1)
     metadata: dict[str, Any] = Field(default_factory=dict, description=f"JSON, nested at most {MAX_METADATA_DEPTH} deep")
 
     @field_validator("metadata")
@@ -147,6 +166,12 @@ def _depth(value: object) -> int:
 class SyncIn(Body):
     """Delete what is gone from the source after this ingest (ragcache.retrieval.sync); needs the ``admin`` scope."""
 
+    # A scope limits a full cleanup only (ragcache.retrieval.sync refuses it with an incremental one): in the schema too.
+    model_config = ConfigDict(extra="forbid", json_schema_extra={
+        "if": {"properties": {"scope": {"type": "string"}}, "required": ["scope"]},
+        "then": {"properties": {"cleanup": {"const": "full"}}, "required": ["cleanup"]},
+    })
+
     cleanup: Literal["incremental", "full"] = Field(
         "incremental",
         description="incremental: documents of this request's sources (metadata.source) that it did not send; "
@@ -169,12 +194,12 @@ class ListIdsRequest(Body):
 
 class DeleteDocumentsRequest(Body):
     collection: StrictStr = COLLECTION
-    ids: list[StrictStr] = Field(min_length=1, max_length=MAX_BATCH_CEILING)
+    ids: list[Annotated[StrictStr, Field(min_length=1)]] = Field(min_length=1, max_length=MAX_BATCH_CEILING)
 
 
 class GetDocumentsRequest(Body):
     collection: StrictStr = COLLECTION
-    ids: list[StrictStr] = Field(min_length=1, max_length=MAX_BATCH_CEILING)
+    ids: list[Annotated[StrictStr, Field(min_length=1)]] = Field(min_length=1, max_length=MAX_BATCH_CEILING)
 
 
 class SearchOptionsBody(Body):
@@ -207,9 +232,10 @@ class RerankStage(Body):
 
 
 class SearchRequest(SearchOptionsBody):
-    query: StrictStr
+    query: StrictStr = Field(min_length=1)
     collection: StrictStr = COLLECTION
-    rerank: RerankStage | None = Field(None, description="reorder the hits by a reranker's scores")
+    rerank: RerankStage | None = Field(None, description="reorder the hits by a reranker's scores",
+                                       json_schema_extra={"x-served": "reranker"})
     prompt_prefix: StrictStr | None = Field(
         None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$",
         description="a registered (plain) prefix: the answer adds `prompt` = the prefix, the hits by id, `prompt_volatile` last")
@@ -218,9 +244,10 @@ class SearchRequest(SearchOptionsBody):
 
 
 class BatchSearchRequest(SearchOptionsBody):
-    queries: list[StrictStr] = Field(min_length=1, max_length=MAX_QUERIES)
+    queries: list[Annotated[StrictStr, Field(min_length=1)]] = Field(min_length=1, max_length=MAX_QUERIES)
     collection: StrictStr = COLLECTION
-    rerank: RerankStage | None = Field(None, description="reorder each query's hits by a reranker's scores")
+    rerank: RerankStage | None = Field(None, description="reorder each query's hits by a reranker's scores",
+                                       json_schema_extra={"x-served": "reranker"})
     include_text: StrictBool = Field(True, description="false: hits without their text (id, score, metadata), a far smaller answer")
 
 
@@ -233,10 +260,12 @@ class RerankRequest(Body):
     ``top_n``, ``model``, ``return_documents``) is accepted too, and answered in its own shape."""
 
     query: StrictStr
-    texts: TextList | None = Field(None, description="TEI: the texts to score against the query")
-    documents: list[StrictStr | CohereDocument] | None = Field(
-        None, max_length=MAX_BATCH_CEILING, description="Cohere/Infinity: the texts (or {text})"
-    )
+    # Exactly one of texts and documents, neither null: what ``texts_given`` checks, stated in the schema.
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"oneOf": [{"required": ["texts"]}, {"required": ["documents"]}]})
+
+    texts: TextList = Field(None, description="TEI: the texts to score against the query")  # type: ignore[arg-type]
+    documents: Annotated[list[StrictStr | CohereDocument], Field(max_length=MAX_BATCH_CEILING)] = Field(
+        None, description="Cohere/Infinity: the texts (or {text})")  # type: ignore[arg-type]
     return_text: StrictBool = Field(False, description="TEI: echo each text in its result")
     return_documents: StrictBool = Field(False, description="Cohere/Infinity: echo each document in its result")
     truncate: StrictBool | None = Field(None, description="truncate over-long pairs; default: the server setting")
@@ -327,3 +356,33 @@ RERANK_ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     status: {"model": TEIErrorResponse | ErrorResponse, "description": description}
     for status, description in ERROR_STATUSES
 }
+
+
+def bounded_to_service(schema: dict[str, Any], *, max_batch: int, max_token_id: int | None = None,
+                       prompt_names: Collection[str] = (), dimensions: Collection[int] = (), rerankers: bool = True) -> dict[str, Any]:
+    """The OpenAPI ``schema`` with what this service serves, so that a request it allows is one the service serves:
+    every list declared at the ceiling (``TextList``, ids, documents) at ``max_batch`` (the routes' 413 past it), token
+    ids up to the served vocabulary's last (None: no local tokenizer), the named prompts and dimensions the models
+    have, and no rerank route or stage when no reranker is served."""
+    served: dict[str, list[Any]] = {"prompt_name": [*sorted(prompt_names), None], "dimensions": [*sorted(dimensions), None]}
+    if not rerankers:
+        schema.get("paths", {}).pop("/rerank", None)
+    pending: list[Any] = [schema]
+    while pending:
+        node = pending.pop()
+        if isinstance(node, dict):
+            if node.get("maxItems") == MAX_BATCH_CEILING:
+                node["maxItems"] = max_batch
+            if node.pop("x-token-id", False) and max_token_id is not None:
+                node["maximum"] = max_token_id
+            kind = node.pop("x-served", None)
+            if kind in served:
+                node["enum"] = served[kind]
+            properties = node.get("properties")
+            if not rerankers and isinstance(properties, dict):
+                for name in [name for name, value in properties.items() if isinstance(value, dict) and value.get("x-served") == "reranker"]:
+                    del properties[name]
+            pending.extend(node.values())
+        elif isinstance(node, list):
+            pending.extend(node)
+    return schema

@@ -12,6 +12,7 @@ from ragcache.client import AsyncClient, Client, SearchOptions
 from ragcache.retrieval.knowledge import KnowledgeBase
 from ragcache.settings import Settings
 from ragcache_cli.cli import main
+from tests.errors import error_of
 from tests.live_server import LiveServer
 from tests.retrieval.test_hybrid import DOCS, FailingKeywordMilvus
 
@@ -127,8 +128,8 @@ def test_a_model_without_prompts_behaves_as_before(http):
     typed = http.post("/embed", json={"inputs": ["pump"], "input_type": "search_query"})
     assert typed.status_code == 200 and typed.json() == plain.json()
     named = http.post("/embed", json={"inputs": ["pump"], "prompt_name": "query"})
-    assert named.status_code == 422 and named.json()["error"]["field"] == "prompt_name"
-    assert "no prompt named 'query'" in named.json()["error"]["message"]
+    assert named.status_code == 422 and error_of(named)["field"] == "prompt_name"
+    assert "no prompt named 'query'" in error_of(named)["message"]
 
 
 def test_get_documents_by_id_in_the_order_asked(http, server):

@@ -199,7 +199,8 @@ def test_stats_metrics_health_info(http):
     assert info["models"][0]["dim"] == 384 and info["versions"]["torch"].startswith("2.13")
     openapi = http.get("/openapi.json").json()
     embed_responses = openapi["paths"]["/embed"]["post"]["responses"]
-    assert embed_responses["422"]["content"]["application/json"]["schema"]["$ref"].endswith("/ErrorResponse")
+    # /embed is TEI's route: its errors are TEI's body (ragcache_server/error_shapes.py).
+    assert embed_responses["422"]["content"]["application/json"]["schema"]["$ref"].endswith("/TEIErrorResponse")
     assert {"400", "404", "413"} <= set(embed_responses)
 
 
