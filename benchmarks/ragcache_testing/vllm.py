@@ -9,6 +9,8 @@ be caused on demand.
 from __future__ import annotations
 
 import json
+import os
+import signal
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,16 +40,22 @@ class VLLMServerConfig:
     scheduling_policy: str = "fcfs"
     # Requests running at once (None: vLLM's default); 1 makes every other request wait in the queue.
     max_num_seqs: int | None = None
-    # KV events (--kv-events-config): the PUB and replay ports on 127.0.0.1; None: no events.
+    # KV events (--kv-events-config): the PUB and replay ports on 127.0.0.1, or (kv_events_dir) two ipc:// sockets in
+    # a folder only this user can enter, which nobody else can bind (docs/kv-events.md); None: no events.
     kv_events_port: int | None = None
     kv_replay_port: int | None = None
+    kv_events_dir: Path | None = None
 
     @property
     def kv_events_endpoint(self) -> str | None:
+        if self.kv_events_dir is not None:
+            return f"ipc://{self.kv_events_dir}/events.sock"
         return None if self.kv_events_port is None else f"tcp://127.0.0.1:{self.kv_events_port}"
 
     @property
     def kv_replay_endpoint(self) -> str | None:
+        if self.kv_events_dir is not None:
+            return f"ipc://{self.kv_events_dir}/replay.sock"
         return None if self.kv_replay_port is None else f"tcp://127.0.0.1:{self.kv_replay_port}"
 
 
@@ -77,12 +85,25 @@ class VLLMServer(HttpServerProcess):
             "--gpu-memory-utilization", str(c.memory_utilization),
             "--disable-uvicorn-access-log", "--scheduling-policy", c.scheduling_policy,
             *(["--max-num-seqs", str(c.max_num_seqs)] if c.max_num_seqs is not None else []),
-            *(["--kv-events-config", self._kv_events_config()] if c.kv_events_port is not None else []),
+            *(["--kv-events-config", self._kv_events_config()] if c.kv_events_endpoint is not None else []),
         ]
 
     def _kv_events_config(self) -> str:
         c = self.config
-        config = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{c.kv_events_port}"}
-        if c.kv_replay_port is not None:
-            config["replay_endpoint"] = f"tcp://*:{c.kv_replay_port}"
-        return json.dumps(config)
+        if c.kv_events_dir is not None:  # vLLM binds ipc:// addresses (its publisher connects only to tcp:// hosts)
+            events = {"endpoint": c.kv_events_endpoint, "replay_endpoint": c.kv_replay_endpoint}
+        else:
+            events = {"endpoint": f"tcp://*:{c.kv_events_port}"}
+            if c.kv_replay_port is not None:
+                events["replay_endpoint"] = f"tcp://*:{c.kv_replay_port}"
+        return json.dumps({"enable_kv_cache_events": True, "publisher": "zmq", **events})
+
+    def signal(self, signum: int) -> None:
+        """Send ``signum`` to the server's whole process group (API server and engine core): SIGSTOP freezes it (its
+        sockets still accept, nothing answers), SIGCONT thaws it, SIGKILL kills it without a word."""
+        if self._proc is None:
+            raise RuntimeError("vLLM is not running")
+        os.killpg(self._proc.pid, signum)
+        if signum == signal.SIGKILL:
+            self._proc.wait(timeout=30)
+            self._proc = None

@@ -19,6 +19,7 @@ from .metrics import PrefixMetricsCollector, register_prefix_metrics
 from .model import (
     MAX_USES_PER_REPORT,
     EndpointResidency,
+    EventsStats,
     Prefix,
     PrefixName,
     PrefixSpec,
@@ -45,6 +46,7 @@ __all__ = [
     "Chunk",
     "EndpointResidency",
     "EventsConfig",
+    "EventsStats",
     "FilePrefixStore",
     "Prefix",
     "PrefixMetricsCollector",

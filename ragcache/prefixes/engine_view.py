@@ -10,6 +10,7 @@ from the tick after its first warm on.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -23,6 +24,8 @@ from .text import template_head
 from .trust import EventsTrust, claim_checked
 
 __all__ = ["Claim", "EngineView", "ResidencyView", "common_prefix", "engine_tokens"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,11 @@ class EngineView:
         self._vllm = vllm
         self._config = registry_config or PrefixRegistryConfig()
         self._clock = clock
+        for url, given in events.items():
+            if not given.endpoint.startswith("ipc://"):
+                log.warning("KV events of %s come from %s: whoever binds that address is believed (until warms find "
+                            "otherwise); an ipc:// path in a folder only vLLM's user writes is one nobody else can bind "
+                            "(docs/kv-events.md)", url, given.endpoint)
         # The subscribers keep real time (socket deadlines, their breakers' back-off), whatever clock the registry has.
         self._subscribers = {url: KVEventSubscriber(url, config, on_change=self._changed) for url, config in events.items()}
         # The first check falls due verify_interval_s after the start, as every later one after the last warm.

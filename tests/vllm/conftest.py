@@ -14,8 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from ragcache.prefixes import Target
-from ragcache.storage.processes import free_port
+from ragcache.prefixes import EventsConfig, Target
 from ragcache_testing.vllm import VLLMServer, VLLMServerConfig
 
 # 128 blocks of 32 tokens = a 4096-token KV cache: a few 1k-token prompts evict everything.
@@ -43,6 +42,18 @@ def started_with_events(registry, vllm_server):
     return registry
 
 
+def private_folder(tmp_path_factory, name: str) -> Path:
+    """A folder only this user may enter, for the ipc:// event sockets (a short path: a socket's is at most 107 bytes)."""
+    folder = tmp_path_factory.mktemp(name)
+    folder.chmod(0o700)
+    return folder
+
+
+def events_of(*servers) -> dict[str, EventsConfig]:
+    """The registry's KV-events config for ``servers`` (each started with kv_events_dir)."""
+    return {s.base_url: EventsConfig(s.config.kv_events_endpoint, s.config.kv_replay_endpoint) for s in servers}
+
+
 @pytest.fixture(scope="session")
 def vllm_paths() -> tuple[Path, Path]:
     python = os.environ.get("RAGCACHE_VLLM_PYTHON")
@@ -57,10 +68,11 @@ def vllm_server(vllm_paths, tmp_path_factory):
     """One real vLLM server for the session, with prefix caching on and a small KV cache."""
     python, model = vllm_paths
     log_path = tmp_path_factory.mktemp("vllm") / "server.log"
-    # KV events on (issue 30): the event tests subscribe to them; the others do not notice.
+    # KV events on (issue 30): the event tests subscribe to them; the others do not notice. On ipc:// sockets in a
+    # folder of this user's own (pytest makes it 0700): an address nobody else can bind (docs/kv-events.md).
     server = VLLMServer(VLLMServerConfig(python=python, model=model, block_size=BLOCK_SIZE,
-                                         num_blocks=NUM_BLOCKS, log_path=log_path, kv_events_port=free_port(),
-                                         kv_replay_port=free_port()))
+                                         num_blocks=NUM_BLOCKS, log_path=log_path,
+                                         kv_events_dir=private_folder(tmp_path_factory, "vllm-events")))
     server.start()
     print(f"vLLM started in {server.startup_s:.1f}s on {server.base_url} (log: {log_path})")
     yield server
@@ -74,7 +86,8 @@ def second_vllm_server(vllm_paths, tmp_path_factory):
     python, model = vllm_paths
     log_path = tmp_path_factory.mktemp("vllm-b") / "server.log"
     server = VLLMServer(VLLMServerConfig(python=python, model=model, block_size=BLOCK_SIZE,
-                                         num_blocks=NUM_BLOCKS, log_path=log_path))
+                                         num_blocks=NUM_BLOCKS, log_path=log_path,
+                                         kv_events_dir=private_folder(tmp_path_factory, "vllm-b-events")))
     server.start()
     print(f"second vLLM started in {server.startup_s:.1f}s on {server.base_url} (log: {log_path})")
     yield server

@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from ragcache.prefixes import EventsConfig, PrefixRegistry, PrefixRegistryConfig, PrefixSpec
+from ragcache.prefixes import EventsConfig, PrefixRegistry, PrefixRegistryConfig, PrefixSpec, PromptForm
 from ragcache_bench.prefixes import build_prefix_text
 from tests.vllm.conftest import BLOCK_SIZE, started_with_events, wait_for
 
@@ -71,3 +71,21 @@ def test_no_timer_warm_while_the_events_show_the_prefix_whole(registry, http, ta
     wait_for(lambda: _endpoint(registry, "events-quiet").num_warms_avoided >= 1, 30, "the due warm avoided")
     assert registry.prefix_stats("events-quiet").num_warms == warms
 
+
+
+def test_a_chat_prefix_is_resident_block_for_block_as_vllm_holds_it(registry, http, target):
+    """Issue 42, item 1: ragcache read 0 of 12 blocks of a chat prefix while vLLM held 12 of 12 (it tokenized the prefix
+    as a completion; a chat starts with the chat template's tokens). Now its count is vLLM's own: a chat on the prefix
+    finds exactly the blocks ragcache reports resident."""
+    registry.register(PrefixSpec("events-chat", build_prefix_text(http, target, 400), target, form=PromptForm.CHAT))
+    wait_for(lambda: (_endpoint(registry, "events-chat").num_blocks or 0) > 0 and
+              _endpoint(registry, "events-chat").resident_blocks == _endpoint(registry, "events-chat").num_blocks,
+              60, "the chat prefix's blocks in the engine's events")
+    stats = _endpoint(registry, "events-chat")
+    messages = registry.messages("events-chat", "What does a KV cache hold?")
+    r = http.post(f"{target.base_url}/v1/chat/completions", json={"model": target.model, "messages": messages, "max_tokens": 1})
+    r.raise_for_status()
+    cached = r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+    print(f"chat prefix: ragcache {stats.resident_blocks}/{stats.num_blocks} blocks; vLLM cached {cached} tokens")
+    assert cached == stats.resident_blocks * BLOCK_SIZE and stats.num_blocks >= 400 // BLOCK_SIZE - 1
+    assert registry.route("events-chat").reason == "resident"

@@ -4,6 +4,8 @@ both, churn on one of them, and two real ragcache processes sharing one Redis an
 from __future__ import annotations
 
 import random
+import signal
+import threading
 import time
 
 import httpx
@@ -14,7 +16,7 @@ from ragcache.prefixes.model import WarmOutcome
 from ragcache.prefixes.policy import judge_residency
 from ragcache_bench.prefixes import build_prefix_text, count_tokens
 from ragcache_testing.service import ServiceProcess
-from tests.vllm.conftest import BLOCK_SIZE, wait_for
+from tests.vllm.conftest import BLOCK_SIZE, events_of, wait_for
 
 pytestmark = pytest.mark.vllm
 
@@ -128,3 +130,85 @@ def test_two_ragcache_replicas_send_one_schedule_and_a_survivor_takes_over(
     ragcache_pair[holder].process.kill()  # dies without a word: its leases only expire
     wait_for(lambda: all(n > start[url] for url, n in warms_by_endpoint(survivor).items()),
               LEASE_TTL_S + 15, "the survivor to warm both endpoints")
+
+
+def _whole(registry: PrefixRegistry, name: str, url: str) -> bool:
+    view = next(r for r in registry.view(name).residency if r.base_url == url)
+    return (view.num_blocks or 0) > 0 and view.resident_blocks == view.num_blocks
+
+
+def _rewarmed_after_churn(registry: PrefixRegistry, http: httpx.Client, target: Target, name: str) -> float:
+    """Churn ``target`` until the events show ``name`` evicted there; seconds until they show it whole again."""
+    while _whole(registry, name, target.base_url):
+        churn(http, target, num_prompts=1)
+    evicted_at = time.monotonic()
+    wait_for(lambda: _whole(registry, name, target.base_url), 60, f"{name} whole again on {target.base_url}")
+    return time.monotonic() - evicted_at
+
+
+def test_a_frozen_replica_costs_only_its_own_and_a_restarted_one_is_never_stale(
+        vllm_server, second_vllm_server, tmp_path):
+    """Issue 42, items 3 and 2, on two real replicas publishing KV events. With B SIGSTOPped, an eviction on A was
+    re-warmed only after 6.1-6.3 s (0.21 s normally): one loop read B's /metrics with a 30 s timeout. And for 18-23 s
+    after B restarted empty, ragcache reported the dead engine's blocks as held by the new one."""
+    a = Target(vllm_server.base_url, vllm_server.config.served_model_name)
+    b = Target(second_vllm_server.base_url, a.model)
+    config = PrefixRegistryConfig(file_path=tmp_path / "prefixes.json", initial_rewarm_interval_s=30.0,
+                                  min_rewarm_interval_s=5.0, max_rewarm_interval_s=60.0, tick_interval_s=0.05,
+                                  metrics_interval_s=0.5, default_block_size=BLOCK_SIZE, warm_max_waiting=None,
+                                  kv_events=events_of(vllm_server, second_vllm_server))
+    with httpx.Client(timeout=120) as http:
+        registry = PrefixRegistry.create(config, http=http)
+        registry.start()
+        try:
+            for url in (a.base_url, b.base_url):
+                subscriber = registry._keep_warm.engines.subscriber(url)
+                assert subscriber is not None
+                wait_for(lambda subscriber=subscriber: subscriber.synced, 30, f"the events of {url} synced")
+            text = build_prefix_text(http, a, 600)
+            registry.register(PrefixSpec("kept", text, a, endpoints=(b.base_url,)))
+            # Another prompt from its first token on: none of its blocks is one of "kept"'s.
+            other = "A prompt of its own, sharing nothing with the other one.\n" + text[: len(text) // 2]
+            registry.register(PrefixSpec("left", other, a, pinned=False, endpoints=(b.base_url,)))
+            registry.warm("left", b.base_url)  # on B only, and never again (not pinned)
+            for name, url in (("kept", a.base_url), ("kept", b.base_url), ("left", b.base_url)):
+                wait_for(lambda name=name, url=url: _whole(registry, name, url), 60, f"{name} whole on {url}")
+
+            normal_s = _rewarmed_after_churn(registry, http, a, "kept")
+            second_vllm_server.signal(signal.SIGSTOP)
+            try:
+                frozen_s = _rewarmed_after_churn(registry, http, a, "kept")
+                assert _whole(registry, "kept", a.base_url)  # re-warmed on A while B is still frozen
+            finally:
+                second_vllm_server.signal(signal.SIGCONT)
+            print(f"A's re-warm after an eviction: {normal_s:.2f} s normally, {frozen_s:.2f} s with B frozen")
+
+            second_vllm_server.signal(signal.SIGKILL)
+            seen: list[tuple[str, int | None]] = []
+            done = threading.Event()
+
+            def watch() -> None:  # B's residency of "left" from the kill until B is back and synced
+                while not done.is_set():
+                    view = next(r for r in registry.view("left").residency if r.base_url == b.base_url)
+                    seen.append((view.events, view.resident_blocks))
+                    time.sleep(0.02)
+
+            watcher = threading.Thread(target=watch, daemon=True)
+            watcher.start()
+            second_vllm_server.start()  # the same ports and sockets, an empty engine
+            subscriber = registry._keep_warm.engines.subscriber(b.base_url)
+            assert subscriber is not None
+            wait_for(lambda: subscriber.synced and subscriber.num_new_streams >= 1, 60, "B's events synced again")
+            wait_for(lambda: _whole(registry, "kept", b.base_url), 60, "the pinned prefix warmed again on the new B")
+            done.set()
+            watcher.join()
+            # Until the subscriber hears that B died (its socket closed: a few ms), it reads what B last held; from
+            # then on, nothing: out of sync, syncing, then synced with the new, empty engine's blocks.
+            noticed = next(i for i, (events, _) in enumerate(seen) if events != "synced")
+            after = seen[noticed:]
+            print(f"B's residency of the unpinned prefix, every 20 ms from the kill on: {noticed} samples before the "
+                  f"death was noticed, then {sorted(set(after))}")
+            assert [(events, blocks) for events, blocks in after if blocks] == []  # never the dead engine's blocks
+            assert after[-1] == ("synced", 0)
+        finally:
+            registry.close()
