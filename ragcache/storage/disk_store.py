@@ -371,9 +371,13 @@ class DiskStore:
         self._bump_epoch()
 
     def _bump_epoch(self) -> None:
-        with self._meta.begin(write=True) as txn:
-            self._epoch += 1
-            txn.put(_EPOCH, str(self._epoch).encode())
+        try:
+            with self._meta.begin(write=True) as txn:
+                txn.put(_EPOCH, str(self._epoch + 1).encode())
+        except lmdb.Error as exc:  # a full volume: the others see the change at their next listing (the watch's)
+            self._availability.set_unavailable(f"the epoch could not be written: {exc}")
+            return
+        self._epoch += 1
 
     def _retire(self, gens: list[Generation]) -> None:
         """Close ``gens`` (no longer in ``self._gens``) once no call that may have taken them is in flight."""
