@@ -18,9 +18,8 @@ import socket
 from collections.abc import Iterator
 from typing import Any
 
-from ragcache.errors import ConfigError
-from ragcache.storage.data_folder import PRIVATE_UMASK, hold_data_folder
-from ragcache.storage.supervision import write_shared_restarts
+from ragcache import ConfigError
+from ragcache.storage import PRIVATE_UMASK, EmbeddedRedis, MilvusLiteServer, hold_data_folder, write_shared_restarts
 
 __all__ = ["PortInUseError", "bind_port", "serve_guard", "shared_embedded_stores"]
 
@@ -76,9 +75,6 @@ def shared_embedded_stores(settings: Any, workers: int) -> Iterator[None]:
     if workers <= 1 or not (embedded_redis or milvus_lite):
         yield
         return
-    from ragcache.storage.embedded_milvus import MilvusLiteServer
-    from ragcache.storage.embedded_redis import EmbeddedRedis
-
     restarts = dict.fromkeys((["redis"] if embedded_redis else []) + (["milvus"] if milvus_lite else []), 0)
 
     def counted(server: str):

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from ragcache.observe.exports import lazy_exports
 
 _EXPORTS = {
-    ".metrics": ("CacheCollector", "DriftCollector"),
+    ".metrics": ("CacheCollector", "DriftCollector", "ServerRestartsCollector"),
     ".allocator": ("retain_freed_memory",),
     ".torch_threads": ("torch_threads",),
 }
@@ -20,5 +20,5 @@ __all__, __getattr__ = lazy_exports(__name__, _EXPORTS)
 
 if TYPE_CHECKING:
     from ragcache.app.allocator import retain_freed_memory
-    from ragcache.app.metrics import CacheCollector, DriftCollector
+    from ragcache.app.metrics import CacheCollector, DriftCollector, ServerRestartsCollector
     from ragcache.app.torch_threads import torch_threads
