@@ -1,3 +1,3 @@
-"""OpenAI's base64 answer assembled in C (``_base64_answer.c``; ``embed_path._join_rows`` is the same in Python)."""
+"""OpenAI's base64 answer assembled in C (``_base64_answer.c``; ``_base64_answer_py.join_rows`` is its Python twin)."""
 
 def join_rows(encoded: bytes | memoryview, width: int, head: bytes, tail: bytes, /) -> bytes: ...
