@@ -1,4 +1,5 @@
-/* OpenAI's base64 answer assembled in one pass (ragcache_server/embedding/wire.py, ``openai_base64_answer``; its Python twin: _base64_answer_py.py).
+/* OpenAI's base64 answer assembled in one pass (ragcache_server/embedding/wire.py, ``openai_base64_answer``; its
+ * Python twin: _base64_answer_py.py).
  *
  * Why: the answer is 32 rows of 2,048 base64 characters framed by a few bytes each; joined in Python (a slice, a
  * framing string and a list entry a row) that framing cost several times the copy itself, about a sixth of an L1
