@@ -14,7 +14,6 @@ from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 
 from ragcache.app import CacheCollector, DriftCollector, ServerRestartsCollector, retain_freed_memory, torch_threads
-from ragcache.app.metrics import ServerRestartsCollector
 from ragcache.models import UpstreamCollector
 from ragcache.prefixes import register_prefix_metrics
 from ragcache.settings import Settings
@@ -57,7 +56,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             register_prefix_metrics(state.prefixes, app.state.metrics_registry)
             app.state.metrics_registry.register(DriftCollector(lambda: state.drift.states() if state.drift else []))
             app.state.metrics_registry.register(UpstreamCollector(lambda: state.caches.items()))
-            app.state.metrics_registry.register(ServerRestartsCollector(state.stores.server_restarts))
             app.state.metrics_registry.register(ServerRestartsCollector(state.stores.server_restarts))
             # What start-up made (the model, its tokenizer, the libraries: ~500,000 objects with the default model)
             # lives as long as the service: out of the cyclic collector's sight, a full collection scans only what
