@@ -106,6 +106,7 @@ def add_bench_commands(subparsers) -> argparse.ArgumentParser:
     _add_vllm(commands, "kv", "TTFT and tokens/s at concurrency 1-16, prefix caching off/on/kept warm (needs vLLM)")
     _add_vllm(commands, "kv-route", "routing by prefix residency vs round-robin, two vLLM replicas with KV events (needs vLLM)")
     _add_load(commands)
+    _add_soak(commands)
     _add_gpu_l1(commands)
     return bench
 
@@ -153,6 +154,16 @@ def _add_load(commands) -> None:
     parser = commands.add_parser("load", help="mixed /embed, /v1/embeddings, /search load: zero errors, stable memory")
     load.add_arguments(parser)
     parser.set_defaults(run=load.run)
+
+
+def _add_soak(commands) -> None:
+    """``bench soak``: the service on its embedded defaults under steady load for ``--seconds``, every process's memory
+    sampled (levels off, or not); never part of ``all``."""
+    from ragcache_bench import soak
+
+    parser = commands.add_parser("soak", help="steady load for --seconds on the embedded defaults: every process's memory levels off")
+    soak.add_arguments(parser)
+    parser.set_defaults(run=soak.run)
 
 
 def _run_command(args: argparse.Namespace) -> int:
