@@ -3,6 +3,7 @@
     target.py        Target (one deployment: base URL and served model) and PromptForm (completion or chat)
     vllm_client.py   VLLMClient: vLLM's HTTP API (one-token completions, /tokenize, /metrics) and LMCache's /pin
     vllm_events.py   KVEventSubscriber: vLLM's KV events (ZMQ PUB + replay ROUTER) applied to a BlockIndex
+    vllm_wire.py     their wire format: EventsConfig, decode_batch (bounded in bytes), KVEventsError
     block_index.py   BlockIndex: which KV blocks one engine holds, by a digest of each block's tokens and all before it
     msgpack_lite.py  the bounded MessagePack reader the subscriber decodes with
 
@@ -25,7 +26,8 @@ from .vllm_client import (
     VLLMClient,
     parse_prefix_cache_counters,
 )
-from .vllm_events import EventsConfig, KVEventsError, KVEventSubscriber, decode_batch
+from .vllm_events import KVEventSubscriber
+from .vllm_wire import EventsConfig, KVEventsError, decode_batch
 
 __all__ = [
     "AllBlocksCleared",
