@@ -51,7 +51,7 @@ def open_generation(seq: int, path: Path, *, map_bytes: int) -> Generation:
     Raises ``OSError`` (no room for the lock file), ``lmdb.Error`` or ``ShortFileError``."""
     allocate_lock_file(path, MAX_READERS)
     env = lmdb.open(str(path), map_size=map_bytes, max_dbs=2, max_readers=MAX_READERS, sync=False, metasync=False,
-                    readahead=False, meminit=False, create=False)
+                    readahead=False, meminit=False, create=False, mode=0o600)
     try:
         # Opening read the two meta pages (pread) and mapped the file; nothing has read a tree page yet.
         page_bytes = int(env.stat()["psize"])

@@ -114,7 +114,7 @@ class DiskStore:
         self._lock = threading.Lock()
         allocate_lock_file(self.root / "meta", _META_READERS, make_folder=True)
         self._meta = lmdb.open(str(self.root / "meta"), map_size=_META_MAP_BYTES, max_dbs=0, max_readers=_META_READERS,
-                               sync=False)
+                               sync=False, mode=0o600)
         self._gens: tuple[Generation, ...] = ()  # oldest first; replaced whole, so readers take it without the lock
         # Dropped generations stay open while a call that may have taken them is in flight: closing an environment
         # under another thread's read would free the map it reads from.

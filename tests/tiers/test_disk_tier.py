@@ -211,3 +211,16 @@ def test_threads_read_while_another_thread_rotates_the_generations_under_them(tm
         tier.store.close()
     assert failures == [] and num_hits[0] >= 3 * 256
     assert figures.num_evicted > 0 and left_open == []
+
+
+def test_every_file_of_the_disk_level_is_private_to_its_user(tmp_path):
+    # The folder holds tenants' vectors: no other local user may read them, in a service or used as a library
+    # (where no umask of `ragcache serve` applies).
+    tier = open_tier(str(tmp_path), CAPACITY)
+    try:
+        write(tier, 0, 10)
+    finally:
+        tier.store.close()
+    modes = {path.relative_to(tmp_path).as_posix(): oct(path.stat().st_mode & 0o777) for path in tmp_path.rglob("*") if path.is_file()}
+    assert any(name.endswith("data.mdb") for name in modes) and any(name.endswith("lock.mdb") for name in modes)
+    assert modes == dict.fromkeys(modes, "0o600")
