@@ -52,7 +52,7 @@ from .model import (
     content_hash,
 )
 from .quota import PrefixQuota
-from .routing import Placements, RoundRobin, RouteCandidate, RouteResult, choose_route
+from .routing import Router, RouteResult
 from .store import PrefixStore, make_store
 from .targets import Targets
 from .text import find_volatile, render_messages, render_text, template_head
@@ -92,14 +92,13 @@ class PrefixRegistry:
         self._token_counter = token_counter
         self._policy = TargetPolicy(self.config)
         self._quota = PrefixQuota(self.config, clock)
-        self._turns = RoundRobin()
-        self._placements = Placements()
         self._clock = clock
         gate = gate or LocalWarmGate(TenantBudgets(self.config.warm_budget_per_minute,
                                                    self.config.warm_budget_per_tenant_per_minute, clock))
         self._targets = Targets(vllm, self.config, clock=clock)
-        self._keep_warm = KeepWarmLoop(self._known, self._targets, vllm, self.config, gate=gate, clock=clock,
+        self._keep_warm = keep_warm = KeepWarmLoop(self._known, self._targets, vllm, self.config, gate=gate, clock=clock,
                                    wall_clock=wall_clock, policy=self._policy)
+        self._router = Router(keep_warm, self._targets, self.config, clock)
 
     @classmethod
     def create(
@@ -223,7 +222,7 @@ class PrefixRegistry:
         name = PrefixName.of(name)
         self._known.delete(name)
         self._keep_warm.forget(name.stored)
-        self._placements.forget(name.stored)
+        self._router.forget(name.stored)
 
     # ----- prompt building ----------------------------------------------------------------------
 
@@ -267,50 +266,10 @@ class PrefixRegistry:
         name = PrefixName.of(name)
         prefix = self._known.get(name)
         self._keep_warm.record_activity(prefix.name)
-        now = self._clock()
-        others = [p for p in self._known.copies() if p.name != prefix.name]
-        candidates = [self._candidate(prefix, url, others, now) for url in self.endpoints_of(prefix)]
-        if not candidates:
+        result = self._router.route(prefix, self._known.copies())
+        if result is None:
             raise InvalidInputError(f"prefix {name.public!r} has no endpoint this service may call", field="name")
-        result = choose_route(name.public, candidates, self._turns.next(name.stored))
-        chosen = next(c for c in candidates if c.base_url == result.endpoint)
-        # Sent where it is not whole (yet): the requests routed before its blocks show there follow this one.
-        if chosen.events == "synced" and not chosen.pending and (chosen.resident_blocks or 0) < (chosen.num_blocks or 1):
-            self._placements.place(prefix.name, chosen.base_url, now + self.config.route_pending_s)
-        return result
-
-    def _candidate(self, prefix: Prefix, url: str, others: builtins.list[Prefix], now: float) -> RouteCandidate:
-        """``url`` as a route for ``prefix`` sees it: its residency and room by the engine's events, its load and
-        KV cache's size by its last /metrics, its health, and whether a recent route placed the prefix there."""
-        view = self._keep_warm.residency(prefix, url)
-        if view.fully_resident:
-            self._placements.settle(prefix.name, url)
-        counters = self._targets.counters_of(url)
-        load = None
-        if counters is not None and counters.num_running is not None and counters.num_waiting is not None:
-            load = counters.num_running + counters.num_waiting
-        # Only a synced feed whose events are believed places anything: while an endpoint syncs (a restarted engine's
-        # index being rebuilt) or is untrusted, nothing there counts as resident, a recent placement included.
-        synced = view.events == "synced"
-        return RouteCandidate(
-            url, not self._targets.health_of(url).is_down, view.events, view.resident_blocks, view.num_blocks, load,
-            held_blocks=self._keep_warm.engines.held_blocks(url),
-            other_prefix_blocks=self._other_prefix_blocks(others, url, now) if synced else None,
-            capacity_blocks=counters.num_gpu_blocks if counters is not None else None,
-            pending=synced and self._placements.pending(prefix.name, url, now))
-
-    def _other_prefix_blocks(self, others: builtins.list[Prefix], url: str, now: float) -> int:
-        """Blocks of the prefixes in ``others`` that ``url`` holds by its events, a pending placement counted whole."""
-        total = 0
-        for other in others:
-            if url not in self.endpoints_of(other):
-                continue
-            view = self._keep_warm.residency(other, url)
-            held = view.resident_blocks or 0
-            if view.num_blocks is not None and self._placements.pending(other.name, url, now):
-                held = max(held, view.num_blocks)
-            total += held
-        return total
+        return name.named(result)
 
     def scrape(self, url: str) -> PrefixCacheCounters | None:
         """Read a target's prefix-cache counters; also a health probe (and restart detector)."""

@@ -17,10 +17,15 @@ from __future__ import annotations
 
 import itertools
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-__all__ = ["RouteCandidate", "RouteResult", "choose_route", "RoundRobin", "Placements"]
+from .config import PrefixRegistryConfig
+from .model import Prefix
+from .targets import Targets
+from .warming import KeepWarm
+
+__all__ = ["RouteCandidate", "RouteResult", "Router", "choose_route", "RoundRobin", "Placements"]
 
 
 @dataclass(frozen=True)
@@ -160,3 +165,66 @@ def choose_route(name: str, candidates: Sequence[RouteCandidate], turn: int) -> 
         if any(c.held_blocks != roomiest.held_blocks for c in held):
             return result(roomiest, "least_cost")
     return result(pool[turn % len(pool)], "round_robin")
+
+
+class Router:
+    """The routes of requests on prefixes: each endpoint as a route sees it (its residency and room by the engine's
+    events, its load and KV cache's size by its last /metrics, its health, a recent placement), then
+    :func:`choose_route` (thread-safe)."""
+
+    def __init__(self, keep_warm: KeepWarm, targets: Targets, config: PrefixRegistryConfig,
+                 clock: Callable[[], float]) -> None:
+        self._keep_warm = keep_warm
+        self._targets = targets
+        self._config = config
+        self._clock = clock
+        self._turns = RoundRobin()
+        self._placements = Placements()
+
+    def route(self, prefix: Prefix, prefixes: Sequence[Prefix]) -> RouteResult | None:
+        """Where a request on ``prefix`` goes, among ``prefixes`` (every one known); None when it has no endpoint."""
+        now = self._clock()
+        others = [p for p in prefixes if p.name != prefix.name]
+        candidates = [self._candidate(prefix, url, others, now) for url in self._keep_warm.endpoints_of(prefix)]
+        if not candidates:
+            return None
+        result = choose_route(prefix.name, candidates, self._turns.next(prefix.name))
+        chosen = next(c for c in candidates if c.base_url == result.endpoint)
+        # Sent where it is not whole (yet): the requests routed before its blocks show there follow this one.
+        if chosen.events == "synced" and not chosen.pending and (chosen.resident_blocks or 0) < (chosen.num_blocks or 1):
+            self._placements.place(prefix.name, chosen.base_url, now + self._config.route_pending_s)
+        return result
+
+    def forget(self, name: str) -> None:
+        self._placements.forget(name)
+
+    def _candidate(self, prefix: Prefix, url: str, others: list[Prefix], now: float) -> RouteCandidate:
+        view = self._keep_warm.residency(prefix, url)
+        if view.fully_resident:
+            self._placements.settle(prefix.name, url)
+        counters = self._targets.counters_of(url)
+        load = None
+        if counters is not None and counters.num_running is not None and counters.num_waiting is not None:
+            load = counters.num_running + counters.num_waiting
+        # Only a synced feed whose events are believed places anything: while an endpoint syncs (a restarted engine's
+        # index being rebuilt) or is untrusted, nothing there counts as resident, a recent placement included.
+        synced = view.events == "synced"
+        return RouteCandidate(
+            url, not self._targets.health_of(url).is_down, view.events, view.resident_blocks, view.num_blocks, load,
+            held_blocks=self._keep_warm.engines.held_blocks(url),
+            other_prefix_blocks=self._other_prefix_blocks(others, url, now) if synced else None,
+            capacity_blocks=counters.num_gpu_blocks if counters is not None else None,
+            pending=synced and self._placements.pending(prefix.name, url, now))
+
+    def _other_prefix_blocks(self, others: list[Prefix], url: str, now: float) -> int:
+        """Blocks of the prefixes in ``others`` that ``url`` holds by its events, a pending placement counted whole."""
+        total = 0
+        for other in others:
+            if url not in self._keep_warm.endpoints_of(other):
+                continue
+            view = self._keep_warm.residency(other, url)
+            held = view.resident_blocks or 0
+            if view.num_blocks is not None and self._placements.pending(other.name, url, now):
+                held = max(held, view.num_blocks)
+            total += held
+        return total
