@@ -14,12 +14,11 @@ import redis
 from pymilvus import MilvusException
 from pymilvus.client.types import LoadState
 
-from ragcache.build import build_cache
 from ragcache.errors import ConflictError, InvalidInputError, NotFoundError, TierUnavailableError
 from ragcache.retrieval.documents import Document, milvus_collection_name
 from ragcache.retrieval.knowledge import KnowledgeBase
-from ragcache.settings import Settings
-from ragcache.storage.stores import Stores, open_milvus
+from ragcache.storage.stores import open_milvus
+from tests.retrieval.conftest import l1_only_cache
 
 DOCS = [
     {"id": "kv", "text": "vLLM keeps the attention keys and values of a prompt prefix in its KV cache.",
@@ -32,23 +31,12 @@ DOCS = [
 ]
 
 
-def _cache(encoder):
-    # L1 only: the knowledge base is what is under test, and each test controls what the cache holds.
-    return build_cache(Settings(redis_url="off", milvus_uri="off", write_behind=False), Stores(None, None), encoder)
-
-
-@pytest.fixture(scope="module")
-def cache(encoder):
-    with _cache(encoder) as embedding_cache:
-        yield embedding_cache
-
-
 @pytest.fixture(scope="module")
 def other_cache():
     """A second space: the same model with an instruction prompt, so every vector differs."""
     from ragcache.models.local import ModelEncoder
 
-    with _cache(ModelEncoder(prompt="query: ")) as embedding_cache:
+    with l1_only_cache(ModelEncoder(prompt="query: ")) as embedding_cache:
         yield embedding_cache
 
 

@@ -21,11 +21,6 @@ def server(redis_server, tmp_path_factory):
         yield live
 
 
-@pytest.fixture(scope="module")
-def http(server):
-    with httpx.Client(base_url=server.url, timeout=120) as client:
-        yield client
-
 
 @pytest.fixture(scope="module")
 def collection(http):

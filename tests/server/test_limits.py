@@ -109,11 +109,6 @@ def server(redis_server, tmp_path_factory):
         yield live
 
 
-@pytest.fixture(scope="module")
-def http(server):
-    with httpx.Client(base_url=server.url, timeout=120) as client:
-        yield client
-
 
 def assert_error(response, status, field=None, words=""):
     assert response.status_code == status, response.text

@@ -28,11 +28,6 @@ def server(redis_server, tmp_path_factory):
         yield live
 
 
-@pytest.fixture(scope="module")
-def http(server):
-    with httpx.Client(base_url=server.url, timeout=60) as client:
-        yield client
-
 # /health's drift section for the packaged model when its fingerprint has never changed (docs/drift.md).
 STABLE = {"sentence-transformers/all-MiniLM-L6-v2": {"generation": 0, "last_drift_at": None, "num_drift_events": 0, "status": "stable"}}
 
