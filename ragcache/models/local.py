@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TypedDict
 
 import torch
 import xxhash
@@ -21,7 +22,7 @@ from ragcache.core.tokens import Token
 from ragcache.errors import ConfigError, InvalidInputError
 from ragcache.tiers.memory import resolve_device
 
-__all__ = ["ModelEncoder", "EncoderStats", "PACKAGED_MODEL", "TORCH_DTYPES", "resolve_model_path"]
+__all__ = ["LocalModelOptions", "ModelEncoder", "EncoderStats", "PACKAGED_MODEL", "TORCH_DTYPES", "resolve_model_path"]
 
 PACKAGED_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -56,6 +57,19 @@ def fingerprint_weights(model: torch.nn.Module) -> str:
         digest.update(name.encode())
         digest.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()[:16]
+
+
+class LocalModelOptions(TypedDict, total=False):
+    """What every local backend takes alike, as ``ModelEncoder``'s keywords (absent: its defaults): another backend
+    (``OnnxEncoder``) takes these through and adds only what is its own."""
+
+    revision: str | None
+    dtype: str
+    normalize: bool
+    max_seq_length: int | None
+    prompt: str | None
+    text_normalization: str | None
+    batch_size: int
 
 
 class ModelEncoder:

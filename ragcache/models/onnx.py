@@ -22,12 +22,13 @@ import os
 import uuid
 import warnings
 from pathlib import Path
+from typing import Unpack
 
 import numpy as np
 import torch
 
 from ragcache.errors import ConfigError
-from ragcache.models.local import PACKAGED_MODEL, ModelEncoder, fingerprint_weights
+from ragcache.models.local import PACKAGED_MODEL, LocalModelOptions, ModelEncoder, fingerprint_weights
 from ragcache.observe.logs import DropMessages
 
 __all__ = ["BACKENDS", "OnnxEncoder", "export_transformer"]
@@ -111,7 +112,8 @@ class OnnxEncoder(ModelEncoder):
     """A ``ModelEncoder`` whose transformer runs on ONNX Runtime (CPU): same interface, its own space.
 
     ``backend``: "onnx" (float32) or "onnx-int8" (int8 weights, dynamic quantisation). ``cache_dir``: where
-    the exported files are kept (``<data_dir>/onnx`` from settings). Vectors come back float32 on the CPU."""
+    the exported files are kept (``<data_dir>/onnx`` from settings). The rest is what every local backend takes
+    (``LocalModelOptions``, as ``ModelEncoder``). Vectors come back float32 on the CPU."""
 
     def __init__(
         self,
@@ -119,24 +121,17 @@ class OnnxEncoder(ModelEncoder):
         *,
         backend: str = "onnx",
         cache_dir: Path,
-        revision: str | None = None,
-        dtype: str = "float32",
-        normalize: bool = False,
-        max_seq_length: int | None = None,
-        prompt: str | None = None,
-        text_normalization: str | None = None,
-        batch_size: int = 32,
         num_threads: int | None = None,
+        **shared: Unpack[LocalModelOptions],
     ):
         if backend not in BACKENDS[1:]:
             raise ConfigError(f"an ONNX backend is one of {BACKENDS[1:]}, got {backend!r}")
+        dtype = shared.get("dtype", "float32")
         if dtype != "float32":
             raise ConfigError(f"the ONNX backend computes float32 vectors; dtype {dtype!r} needs the torch backend")
         import onnxruntime
 
-        super().__init__(model, revision=revision, device="cpu", dtype=dtype, normalize=normalize,
-                         max_seq_length=max_seq_length, prompt=prompt, text_normalization=text_normalization,
-                         batch_size=batch_size)
+        super().__init__(model, device="cpu", **shared)
         self.backend = backend
         self.space = dataclasses.replace(self.space, backend=backend)
         folder = Path(cache_dir) / f"{fingerprint_weights(self.model)}-opset{OPSET}-torch{torch.__version__}"
