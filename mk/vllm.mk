@@ -1,8 +1,8 @@
 # The vLLM test path: a second virtual environment with the CPU build of vLLM, a tiny random Llama
 # built locally, and the tests in tests/vllm that start a real vLLM server from them.
 # Measured on the 2-core development machine: venv ~80 s (wheels on local disk), model ~6 s,
-# server start ~30 s idle (70-100 s under load); the whole suite (10 tests; the fleet tests run a second vLLM
-# server and two ragcache services beside the first) 7 min at a load average of 10.
+# server start ~30 s idle (70-160 s under load); the whole suite (18 tests; the fleet tests run a second vLLM
+# server, restart it, and two ragcache services beside the first) 13.3 min at a load average of 10-12.
 VLLM_VENV := .venv-vllm
 VLLM_PY := $(VLLM_VENV)/bin/python
 VLLM_STAMP := $(VLLM_VENV)/.installed
