@@ -19,8 +19,16 @@ from ragcache import InvalidInputError, NotFoundError, TierUnavailableError
 from ragcache.models import DOCUMENT, QUERY
 from ragcache.prefixes import Prefix, PrefixName, PrefixRegistry, assemble_prompt, render_text
 from ragcache.rerank import RerankCache, rerank_result
-from ragcache.retrieval import FILTER_EXAMPLE, CollectionName, KnowledgeBase, SearchResult, SyncOptions, own_named, tenant_prefix
-from ragcache.retrieval.names import public_name
+from ragcache.retrieval import (
+    FILTER_EXAMPLE,
+    CollectionName,
+    KnowledgeBase,
+    SearchResult,
+    SyncOptions,
+    own_named,
+    public_name,
+    tenant_prefix,
+)
 from ragcache_server.answers import SEARCH_ADVICE, check_answer_bytes, documents_within, fill_texts, may_pass, without_texts
 from ragcache_server.auth import principal_of
 from ragcache_server.deps import blocking, cache_of, check_count, check_text_size, prefixes_of, rerank_scope, state_of

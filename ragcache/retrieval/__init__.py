@@ -15,7 +15,7 @@ _EXPORTS = {
     ".search": ("MAX_QUERIES",),
     ".document_store": ("in_order_asked", "DocumentQuota"),
     ".documents": ("Document", "COLLECTION_NAME_PATTERN", "FILTER_EXAMPLE", "MAX_FILTER_CHARS", "MAX_TEXT_BYTES", "check_collection_name"),
-    ".names": ("CollectionName", "TenantName", "own_named", "tenant_prefix"),
+    ".names": ("CollectionName", "TenantName", "own_named", "public_name", "tenant_prefix"),
     ".ranking": ("SearchOptions", "MAX_GROUP_SIZE", "MAX_OFFSET"),
     ".fusion": ("RRF_K",),
     ".results": ("SearchResult", "SearchHit", "SearchGroup", "SearchTimings", "CollectionInfo", "IngestResult"),
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from ragcache.retrieval.fusion import RRF_K
     from ragcache.retrieval.ingest import SkippedFile, file_documents, find_sources, iter_documents, read_documents, source_files
     from ragcache.retrieval.knowledge import KnowledgeBase
-    from ragcache.retrieval.names import CollectionName, TenantName, own_named, tenant_prefix
+    from ragcache.retrieval.names import CollectionName, TenantName, own_named, public_name, tenant_prefix
     from ragcache.retrieval.ranking import MAX_GROUP_SIZE, MAX_OFFSET, SearchOptions
     from ragcache.retrieval.results import CollectionInfo, IngestResult, SearchGroup, SearchHit, SearchResult, SearchTimings
     from ragcache.retrieval.search import MAX_QUERIES
