@@ -77,7 +77,7 @@ def test_empty_string_is_a_valid_text(http):
         ({"inputs": "x", "unknown": 1}, 422, "unknown"),
         ({"inputs": ["t"] * (MAX_BATCH + 1)}, 413, "inputs"),
         ({"inputs": ["short", "word " * 400], "truncate": False}, 413, "inputs[1]"),
-        ({"inputs": "x", "model": "no-such-model"}, 404, None),
+        ({"inputs": "x", "model": "no-such-model"}, 404, "model"),  # the 404 names what is missing (issue 39.1)
     ],
 )
 def test_bad_embed_input_is_a_clear_4xx(http, body, status, field):
@@ -148,7 +148,7 @@ def test_documents_search_collections_delete(http):
 @pytest.mark.parametrize(
     "body, status, field",
     [
-        ({"collection": "no_such_collection", "query": "x"}, 404, None),
+        ({"collection": "no_such_collection", "query": "x"}, 404, "collection"),
         ({"collection": "c", "query": "x", "top_k": 0}, 422, "top_k"),
         ({"collection": "c", "query": 3}, 422, "query"),
         ({"query": "x"}, 422, "collection"),
