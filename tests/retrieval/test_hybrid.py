@@ -4,17 +4,14 @@ Milvus Lite, a real Redis and the real packaged model. Collections are per test 
 
 from __future__ import annotations
 
-import json
-
 import pytest
-from pymilvus import DataType
 from pymilvus.exceptions import MilvusException
 
 from ragcache.errors import InvalidInputError
-from ragcache.retrieval.documents import milvus_collection_name
 from ragcache.retrieval.keyword import SPARSE_FIELD
-from ragcache.retrieval.knowledge import DESCRIPTION_FORMAT, KnowledgeBase
+from ragcache.retrieval.knowledge import KnowledgeBase
 from ragcache.retrieval.ranking import SearchOptions
+from tests.retrieval.conftest import earlier_collection
 
 DOCS = [
     {"id": "manual.md#0", "text": "Error E4711 means the pump stalled: clear the intake and restart it.",
@@ -182,17 +179,7 @@ def test_a_failing_keyword_index_falls_back_to_dense_and_says_so(milvus_client, 
 def test_a_collection_without_keyword_index_refuses_keyword_modes(milvus_client, cache):
     """A collection made before the BM25 field existed (the same description, no sparse field)."""
     name = "no-keyword-index"
-    description = {"format": DESCRIPTION_FORMAT, "name": name, "space_id": cache.space.space_id,
-                   "model": cache.space.model, "dim": cache.space.dim, "uid": "0123456789abcdef"}
-    schema = milvus_client.create_schema(auto_id=False, description=json.dumps(description))
-    schema.add_field("pk", DataType.VARCHAR, is_primary=True, max_length=32)
-    schema.add_field("id", DataType.VARCHAR, max_length=512)
-    schema.add_field("text", DataType.VARCHAR, max_length=65535)
-    schema.add_field("metadata", DataType.JSON)
-    schema.add_field("vector", DataType.FLOAT_VECTOR, dim=cache.space.dim)
-    index_params = milvus_client.prepare_index_params()
-    index_params.add_index(field_name="vector", index_type="AUTOINDEX", metric_type="COSINE")
-    milvus_client.create_collection(milvus_collection_name(name), schema=schema, index_params=index_params)
+    earlier_collection(milvus_client, cache, name)
     kb = KnowledgeBase(milvus_client)
     kb.add_documents(name, DOCS[:2], cache=cache)
     assert ids(kb.search(name, "pump", cache=cache, top_k=1)) == ["manual.md#1"]

@@ -15,6 +15,7 @@ from ragcache.retrieval.sync import SyncOptions
 from ragcache.settings import Settings
 from ragcache_cli.cli import main
 from tests.live_server import LiveServer
+from tests.retrieval.conftest import earlier_collection
 
 
 def docs(source: str, texts: list[str], **metadata) -> list[dict]:
@@ -144,25 +145,8 @@ def test_cli_ingest_sync_deletes_files_gone_from_the_folder(live, tmp_path, caps
 
 def test_a_collection_made_before_content_hashes_is_compared_by_its_stored_text(milvus_client, cache):
     """Collections written before the content_hash field existed: the stored text and metadata are hashed."""
-    import secrets
-
-    from pymilvus import DataType, MilvusClient
-
-    from ragcache.retrieval.documents import milvus_collection_name
-    from ragcache.retrieval.knowledge import DESCRIPTION_FORMAT, METRIC
-
     name = "sync_old"
-    description = {"format": DESCRIPTION_FORMAT, "name": name, "space_id": cache.space.space_id, "model": cache.space.model,
-                   "dim": cache.space.dim, "uid": secrets.token_hex(8)}
-    schema = MilvusClient.create_schema(auto_id=False, enable_dynamic_field=False, description=json.dumps(description))
-    schema.add_field("pk", DataType.VARCHAR, is_primary=True, max_length=32)
-    schema.add_field("id", DataType.VARCHAR, max_length=512)
-    schema.add_field("text", DataType.VARCHAR, max_length=65535)
-    schema.add_field("metadata", DataType.JSON)
-    schema.add_field("vector", DataType.FLOAT_VECTOR, dim=cache.space.dim)
-    index_params = MilvusClient.prepare_index_params()
-    index_params.add_index(field_name="vector", index_type="AUTOINDEX", metric_type=METRIC)
-    milvus_client.create_collection(milvus_collection_name(name), schema=schema, index_params=index_params, consistency_level="Strong")
+    earlier_collection(milvus_client, cache, name)
     kb = KnowledgeBase(milvus_client)
     assert kb.add_documents(name, docs("a.md", ["one", "two"]), cache=cache).num_inserted == 2
     again = kb.add_documents(name, docs("a.md", ["one", "two, edited"]), cache=cache)
@@ -172,28 +156,10 @@ def test_a_collection_made_before_content_hashes_is_compared_by_its_stored_text(
 def test_a_collection_of_format_2_keeps_its_xxh3_primary_keys(milvus_client, cache):
     """Format 2 named documents by xxh3-128 of their id (format 3: BLAKE2b, which chosen ids cannot collide). A
     collection written then is still read with its own hash: a re-sent document replaces its row, none is doubled."""
-    import secrets
-
     import xxhash
-    from pymilvus import DataType, MilvusClient
-
-    from ragcache.retrieval.documents import milvus_collection_name
-    from ragcache.retrieval.knowledge import METRIC
 
     name = "sync_format2"
-    description = {"format": "ragcache.knowledge/2", "name": name, "space_id": cache.space.space_id,
-                   "model": cache.space.model, "dim": cache.space.dim, "uid": secrets.token_hex(8)}
-    schema = MilvusClient.create_schema(auto_id=False, enable_dynamic_field=False, description=json.dumps(description))
-    schema.add_field("pk", DataType.VARCHAR, is_primary=True, max_length=32)
-    schema.add_field("id", DataType.VARCHAR, max_length=512)
-    schema.add_field("text", DataType.VARCHAR, max_length=65535)
-    schema.add_field("metadata", DataType.JSON)
-    schema.add_field("content_hash", DataType.VARCHAR, max_length=32)
-    schema.add_field("vector", DataType.FLOAT_VECTOR, dim=cache.space.dim)
-    index_params = MilvusClient.prepare_index_params()
-    index_params.add_index(field_name="vector", index_type="AUTOINDEX", metric_type=METRIC)
-    milvus_collection = milvus_collection_name(name)
-    milvus_client.create_collection(milvus_collection, schema=schema, index_params=index_params, consistency_level="Strong")
+    milvus_collection = earlier_collection(milvus_client, cache, name, format="ragcache.knowledge/2", content_hash=True)
     kb = KnowledgeBase(milvus_client)
     assert kb.add_documents(name, docs("a.md", ["one", "two"]), cache=cache).num_inserted == 2
     stored = milvus_client.query(milvus_collection, filter="", output_fields=["pk", "id"], limit=10)
