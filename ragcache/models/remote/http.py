@@ -240,6 +240,11 @@ class RemoteEncoder:
                     field=f"{field}[{index}]",
                 )
 
+    @property
+    def health(self) -> TierHealth:
+        """The model's breaker; each caller key's own breaker (pass-through) is made from its back-off and clock."""
+        return self._health
+
     def stats(self) -> UpstreamStats:
         return self._recorder.snapshot(
             provider=self.model.provider,
