@@ -24,6 +24,9 @@ lands on both sides.
   wears off), and the phase with ``learn_s`` untimed seconds of keep-warm under the churn (the adaptive interval
   starts at 10 s and learns the eviction horizon, once, as a deployment does). ``--variant`` adds keep-warm
   configurations with other registry settings to the same alternation (reported, not judged).
+  ``--alternate`` (issue 42): under churn each user alternates the registered system prompt and an unregistered one
+  of the same size (half the users starting on each); the unregistered one's requests are reported as
+  ``<configuration> (unregistered)``, unjudged, and the verdicts judge the registered prompt's.
 
 The local server runs ``--scheduling-policy priority``: warms carry the registry's ``warm_priority`` and wait
 behind every user request. Verdicts (exit 1 on a MISS, like every ``ragcache bench``): at every concurrency,
@@ -95,6 +98,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--variant", action="append", default=[], metavar="LABEL:NAME=VALUE[,NAME=VALUE]",
                         help="one more keep-warm configuration under the same churn, alternating with the others "
                         "(reported, not judged), e.g. 'gate off:warm_max_waiting=none' (repeatable)")
+    parser.add_argument("--alternate", action="store_true",
+                        help="under churn, each user alternates the registered prompt and an unregistered one of the "
+                        "same size (issue 42)")
     parser.add_argument("--rag-requests", type=int, default=60, help="requests of the RAG assembly run (0: skip it)")
     parser.add_argument("--rag-system-tokens", type=int, default=200, help="system prompt of the RAG run")
     parser.add_argument("--rag-chunks", type=int, default=200, help="chunks in the RAG corpus (120 words each)")
@@ -111,7 +117,7 @@ def kv_config(args: argparse.Namespace) -> KVConfig:
     changes: dict[str, Any] = dict(
         max_tokens=args.max_tokens, think_s=args.think_s, churn_think_s=args.churn_think_s,
         churn_streams=args.churn_streams, churn_tokens=args.churn_tokens, churn_tokens_per_s=args.churn_tokens_per_s,
-        settle_s=args.settle_s)
+        settle_s=args.settle_s, alternate=args.alternate)
     if args.concurrency:
         changes["concurrency"] = tuple(int(c) for c in args.concurrency.split(","))
     if args.rounds:
@@ -184,10 +190,12 @@ def _measure(target: Target, config: KVConfig, registries: dict[str, PrefixRegis
     with httpx.Client(timeout=300) as http:
         system = build_prefix_text(http, target, args.prefix_tokens)
         prefix_tokens = count_tokens(http, target, system)
+        # Different from its first token (block hashes chain, so no block of it is one of the registered prompt's).
+        unregistered = "Unregistered. " + system if config.alternate else None
         spec = PrefixSpec(PREFIX_NAME, system, target, pinned=False)
         keep_warms = {name: KeepWarm(settings, spec) for name, settings in registries.items()}
         try:
-            runner = Runner(target, system, config, http, keep_warms)
+            runner = Runner(target, system, config, http, keep_warms, unregistered)
             runner.phase(CACHING, quiet=args.quiet)
             with churning(target, config, meter):
                 # Each registry learns this churn's eviction horizon alone, untimed: side by side, each would

@@ -13,7 +13,16 @@ import httpx
 from ragcache.engines import VLLMClient
 from ragcache.prefixes import Target
 from ragcache_bench.kv_keep_warm import KeepWarm
-from ragcache_bench.kv_workload import CACHING, CHURN, KVConfig, RequestResult, questions, run_requests
+from ragcache_bench.kv_workload import (
+    CACHING,
+    CHURN,
+    UNREGISTERED,
+    KVConfig,
+    RequestResult,
+    questions,
+    run_requests,
+    user_lanes,
+)
 
 __all__ = ["LevelResult", "Runner"]
 
@@ -57,8 +66,11 @@ class Runner:
     """Runs blocks of each configuration against one target and gathers them per (configuration, level)."""
 
     def __init__(self, target: Target, system: str, config: KVConfig, http: httpx.Client,
-                 keep_warms: dict[str, KeepWarm]) -> None:
+                 keep_warms: dict[str, KeepWarm], unregistered: str | None = None) -> None:
         self.target, self.system, self.config, self.http = target, system, config, http
+        # The prefix of the same size that no registry knows, which users alternate with ``system`` under churn
+        # (config.alternate); its requests are gathered as "<configuration> (unregistered)".
+        self.unregistered = unregistered
         self.vllm = VLLMClient(http)
         # The keep-warm configuration each registry process serves ("on+churn+keep-warm" and any variants).
         self.keep_warms = keep_warms
@@ -81,11 +93,22 @@ class Runner:
             time.sleep(config.settle_s)
         prompts = [self.system + q for q in questions(config, config.block_requests(concurrency), concurrency,
                                                         block_index)]
+        lanes = None
+        if churn and config.alternate and self.unregistered is not None:
+            # Its own questions (a block index no other block uses), so no request shares a block with another.
+            others = [self.unregistered + q for q in questions(config, len(prompts), concurrency, 1000 + block_index)]
+            lanes = user_lanes(prompts, others, concurrency)
         before = _hit_tokens(self.vllm, self.target.base_url)
         results, num_errors, wall_s = asyncio.run(run_requests(
             self.target, prompts, concurrency, max_tokens=config.max_tokens,
-            think_s=config.churn_think_s if churn else config.think_s, salted=configuration == "off"))
+            think_s=config.churn_think_s if churn else config.think_s, salted=configuration == "off", lanes=lanes))
         after = _hit_tokens(self.vllm, self.target.base_url)
+        if lanes is not None:
+            control = self.blocks.setdefault((f"{configuration} ({UNREGISTERED})", concurrency), _Block())
+            control.results += [r for r in results if r.tag == UNREGISTERED]
+            control.wall_s += wall_s
+            control.hit_tokens = None  # /metrics counts the block as a whole: its hits are on the registered row
+            results = [r for r in results if r.tag != UNREGISTERED]
         gathered = self.blocks.setdefault((configuration, concurrency), _Block())
         gathered.results += results
         gathered.num_errors += num_errors
@@ -114,9 +137,13 @@ class Runner:
                         bar.update(1)
 
     def rows(self) -> list[LevelResult]:
+        def key(item: tuple[tuple[str, int], _Block]) -> tuple[int, bool, int]:
+            (configuration, concurrency), _ = item
+            base = configuration.removesuffix(f" ({UNREGISTERED})")
+            return self.order.index(base), base != configuration, concurrency
+
         return [_level_result(configuration, concurrency, block)
-                for (configuration, concurrency), block in sorted(
-                    self.blocks.items(), key=lambda item: (self.order.index(item[0][0]), item[0][1]))]
+                for (configuration, concurrency), block in sorted(self.blocks.items(), key=key)]
 
 
 def _level_result(configuration: str, concurrency: int, block: _Block) -> LevelResult:

@@ -7,6 +7,7 @@ The protocol itself (which blocks, in what order) is in :mod:`ragcache_bench.kv`
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import random
 import threading
@@ -20,12 +21,14 @@ import httpx
 
 from ragcache.prefixes import Target
 
-__all__ = ["CACHING", "CHURN", "QUICK", "WORDS", "ChurnMeter", "KVConfig", "RequestResult", "StreamError", "churning",
-           "questions", "run_requests", "stream_one"]
+__all__ = ["CACHING", "CHURN", "QUICK", "UNREGISTERED", "WORDS", "ChurnMeter", "KVConfig", "RequestResult",
+           "StreamError", "churning", "questions", "run_requests", "stream_one", "user_lanes"]
 
 # The configurations of each phase, in the order the table shows them.
 CACHING = ("off", "on")
 CHURN = ("on+churn", "on+churn+keep-warm")
+# The tag of the unregistered prefix's requests when users alternate (KVConfig.alternate).
+UNREGISTERED = "unregistered"
 WORDS = ("cache", "vector", "prefix", "token", "block", "model", "query", "index", "shard", "replica", "latency",
          "memory", "batch", "stream", "server", "client", "answer", "context", "document", "search", "score")
 
@@ -52,6 +55,9 @@ class KVConfig:
     learn_s: float = 30.0
     vocab_size: int = 8192
     seed: int = 0
+    # Under churn, each user alternates the registered prefix and an unregistered one of the same size (issue 42):
+    # the registered prefix then sees half the traffic, and the unregistered one is the no-keep-warm control.
+    alternate: bool = False
 
     def block_requests(self, concurrency: int) -> int:
         return max(self.min_block_requests, self.block_requests_per_worker * concurrency)
@@ -72,6 +78,8 @@ class RequestResult:
     num_completion_tokens: int
     num_prompt_tokens: int
     num_cached_tokens: int
+    # Which prompt it was, where a block mixes two (``user_lanes``); "" otherwise.
+    tag: str = ""
 
 
 
@@ -112,32 +120,52 @@ async def stream_one(http: httpx.AsyncClient, target: Target, prompt: str, max_t
                          num_cached_tokens=int(details.get("cached_tokens") or 0))
 
 
+def user_lanes(registered: list[str], unregistered: list[str], concurrency: int) -> list[list[tuple[str, str]]]:
+    """What each of ``concurrency`` users sends, in order, as (tag, prompt): every user alternates the registered
+    prefix's prompts (tag "") and the unregistered one's, half of the users starting on each, so at any moment
+    both prefixes are in use."""
+    lanes: list[list[tuple[str, str]]] = [[] for _ in range(concurrency)]
+    sources = {"": iter(registered), UNREGISTERED: iter(unregistered)}
+    for turn in range(-(-(len(registered) + len(unregistered)) // concurrency)):
+        for user, lane in enumerate(lanes):
+            tag = "" if (turn + user) % 2 == 0 else UNREGISTERED
+            prompt = next(sources[tag], None)
+            if prompt is not None:
+                lane.append((tag, prompt))
+    return lanes
+
+
 async def run_requests(target: Target, prompts: list[str], concurrency: int, *, max_tokens: int, think_s: float,
-                       salted: bool) -> tuple[list[RequestResult], int, float]:
-    """Send ``prompts`` from ``concurrency`` workers, each pausing ``think_s`` after a request;
-    (results, streams that failed, wall seconds)."""
-    pending = list(reversed(prompts))
+                       salted: bool, lanes: list[list[tuple[str, str]]] | None = None,
+                       ) -> tuple[list[RequestResult], int, float]:
+    """Send ``prompts`` from ``concurrency`` workers sharing one queue, or each worker its own lane of ``lanes``
+    (then ``prompts`` is ignored and each result carries its lane entry's tag), each pausing ``think_s`` after a
+    request; (results, streams that failed, wall seconds)."""
+    shared = [("", prompt) for prompt in reversed(prompts)]
+    queues = [list(reversed(lane)) for lane in lanes] if lanes is not None else [shared] * concurrency
+    total = sum(len(lane) for lane in lanes) if lanes is not None else len(prompts)
     results: list[RequestResult] = []
     errors: list[BaseException] = []
 
-    async def worker(http: httpx.AsyncClient) -> None:
+    async def worker(http: httpx.AsyncClient, pending: list[tuple[str, str]]) -> None:
         while pending:
-            prompt = pending.pop()
+            tag, prompt = pending.pop()
             salt = f"bench-{len(pending)}-{random.random()}" if salted else None
             try:
-                results.append(await stream_one(http, target, prompt, max_tokens, salt))
+                result = await stream_one(http, target, prompt, max_tokens, salt)
+                results.append(dataclasses.replace(result, tag=tag) if tag else result)
             except (StreamError, httpx.HTTPError, ValueError) as exc:
                 errors.append(exc)
             if pending:
                 await asyncio.sleep(think_s)
 
-    limits = httpx.Limits(max_connections=concurrency + 2)
+    limits = httpx.Limits(max_connections=len(queues) + 2)
     async with httpx.AsyncClient(timeout=300, limits=limits) as http:
         start = time.perf_counter()
-        await asyncio.gather(*(worker(http) for _ in range(concurrency)))
+        await asyncio.gather(*(worker(http, queue) for queue in queues))
         wall_s = time.perf_counter() - start
     if errors:
-        print(f"  {len(errors)} of {len(prompts)} streams failed, e.g. {errors[0]}")
+        print(f"  {len(errors)} of {total} streams failed, e.g. {errors[0]}")
     return results, len(errors), wall_s
 
 

@@ -16,7 +16,15 @@ from ragcache_bench.kv_blocks import LevelResult
 from ragcache_bench.kv_keep_warm import registry_config
 from ragcache_bench.kv_rag import naive_prompt, rag_requests
 from ragcache_bench.kv_report import format_report, verdicts
-from ragcache_bench.kv_workload import KVConfig, RequestResult, StreamError, questions, stream_one
+from ragcache_bench.kv_workload import (
+    UNREGISTERED,
+    KVConfig,
+    RequestResult,
+    StreamError,
+    questions,
+    stream_one,
+    user_lanes,
+)
 
 
 def test_rag_requests_are_deterministic_zipf_draws_of_distinct_chunks():
@@ -42,6 +50,18 @@ def test_questions_are_unique_and_the_same_for_every_configuration_of_a_block():
     config = KVConfig()
     assert questions(config, 16, 4, 0) == questions(config, 16, 4, 0)
     assert len(set(questions(config, 16, 4, 0) + questions(config, 16, 4, 1))) == 32  # fresh per block
+
+
+def test_users_alternate_the_registered_prefix_and_the_unregistered_one():
+    registered, unregistered = [f"r{i}" for i in range(8)], [f"u{i}" for i in range(8)]
+    lanes = user_lanes(registered, unregistered, 4)
+    # Every prompt sent once, each user switching prefix at every request, half the users starting on each.
+    assert sorted(p for lane in lanes for _, p in lane) == sorted(registered + unregistered)
+    for lane in lanes:
+        tags = [tag for tag, _ in lane]
+        assert all(a != b for a, b in zip(tags, tags[1:], strict=False)) and len(lane) == 4
+        assert all(p.startswith("u" if tag == UNREGISTERED else "r") for tag, p in lane)
+    assert [lane[0][0] for lane in lanes] == ["", UNREGISTERED, "", UNREGISTERED]
 
 
 def _row(configuration: str, concurrency: int, *, ttft: float, cached: float = 0.0, errors: int = 0) -> LevelResult:
