@@ -66,7 +66,9 @@ def drop(client: Client, collection: str) -> None:
 
 # ---- embeddings -----------------------------------------------------------------------------------------------
 
-class TestEmbeddingsUnitClientOnly(EmbeddingsUnitTests):
+class ClientOnlyEmbeddings:
+    """The embeddings under test, over a ``Client`` only (the standard classes ask for these two properties)."""
+
     @pytest.fixture(autouse=True)
     def _given(self, client: Client) -> None:
         self.client = client
@@ -80,7 +82,9 @@ class TestEmbeddingsUnitClientOnly(EmbeddingsUnitTests):
         return {"client": self.client}
 
 
-class TestEmbeddingsUnitBothClients(TestEmbeddingsUnitClientOnly):
+class BothClientsEmbeddings(ClientOnlyEmbeddings):
+    """... over a ``Client`` and an ``AsyncClient`` (the async methods take the async one)."""
+
     @pytest.fixture(autouse=True)
     def _given(self, client: Client, async_client: AsyncClient) -> None:
         self.client, self.async_client = client, async_client
@@ -90,28 +94,20 @@ class TestEmbeddingsUnitBothClients(TestEmbeddingsUnitClientOnly):
         return {"client": self.client, "async_client": self.async_client}
 
 
-class TestEmbeddingsIntegrationClientOnly(EmbeddingsIntegrationTests):
-    @pytest.fixture(autouse=True)
-    def _given(self, client: Client) -> None:
-        self.client = client
-
-    @property
-    def embeddings_class(self) -> type[RagCacheEmbeddings]:
-        return RagCacheEmbeddings
-
-    @property
-    def embedding_model_params(self) -> dict[str, Any]:
-        return {"client": self.client}
+class TestEmbeddingsUnitClientOnly(ClientOnlyEmbeddings, EmbeddingsUnitTests):
+    pass
 
 
-class TestEmbeddingsIntegrationBothClients(TestEmbeddingsIntegrationClientOnly):
-    @pytest.fixture(autouse=True)
-    def _given(self, client: Client, async_client: AsyncClient) -> None:
-        self.client, self.async_client = client, async_client
+class TestEmbeddingsUnitBothClients(BothClientsEmbeddings, EmbeddingsUnitTests):
+    pass
 
-    @property
-    def embedding_model_params(self) -> dict[str, Any]:
-        return {"client": self.client, "async_client": self.async_client}
+
+class TestEmbeddingsIntegrationClientOnly(ClientOnlyEmbeddings, EmbeddingsIntegrationTests):
+    pass
+
+
+class TestEmbeddingsIntegrationBothClients(BothClientsEmbeddings, EmbeddingsIntegrationTests):
+    pass
 
 
 # ---- vector store ---------------------------------------------------------------------------------------------
