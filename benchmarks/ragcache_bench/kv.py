@@ -27,6 +27,9 @@ lands on both sides.
   ``--alternate`` (issue 42): under churn each user alternates the registered system prompt and an unregistered one
   of the same size (half the users starting on each); the unregistered one's requests are reported as
   ``<configuration> (unregistered)``, unjudged, and the verdicts judge the registered prompt's.
+  ``--chat-prefix`` (with ``--events``, issue 42): the events registry also keeps a chat-form copy of the system
+  prompt pinned the whole run, used by nobody; judged: its warms per eviction (warms sent / warms that vLLM's
+  ``cached_tokens`` showed it had lost) <= 1.5, beside the completion prompt's.
 
 The local server runs ``--scheduling-policy priority``: warms carry the registry's ``warm_priority`` and wait
 behind every user request. Verdicts (exit 1 on a MISS, like every ``ragcache bench``): at every concurrency,
@@ -52,7 +55,7 @@ from typing import Any
 
 import httpx
 
-from ragcache.prefixes import EventsConfig, PrefixRegistryConfig, PrefixSpec, Target
+from ragcache.prefixes import EventsConfig, PrefixRegistryConfig, PrefixSpec, PromptForm, Target
 from ragcache.storage.processes import free_port
 from ragcache_bench.kv_blocks import LevelResult, Runner
 from ragcache_bench.kv_keep_warm import KeepWarm, registry_config
@@ -66,6 +69,7 @@ from ragcache_testing.vllm import VLLMServer, VLLMServerConfig
 __all__ = ["add_arguments", "main", "run"]
 
 PREFIX_NAME = "bench-kv-system"
+CHAT_PREFIX_NAME = "bench-kv-chat"
 EVENTS = f"{CHURN[1]} (events)"
 
 
@@ -101,6 +105,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--alternate", action="store_true",
                         help="under churn, each user alternates the registered prompt and an unregistered one of the "
                         "same size (issue 42)")
+    parser.add_argument("--chat-prefix", action="store_true",
+                        help="with --events: the events registry also keeps an idle chat-form prefix pinned (issue 42)")
     parser.add_argument("--rag-requests", type=int, default=60, help="requests of the RAG assembly run (0: skip it)")
     parser.add_argument("--rag-system-tokens", type=int, default=200, help="system prompt of the RAG run")
     parser.add_argument("--rag-chunks", type=int, default=200, help="chunks in the RAG corpus (120 words each)")
@@ -135,6 +141,8 @@ def run(args: argparse.Namespace) -> BenchResult:
         *args.registry_setting, *settings]) for label, settings in _variants(args.variant)}}
     machine = machine_info()  # now: the commit that runs, not the one checked out when it ends
     started = time.perf_counter()
+    if args.chat_prefix and not args.events:
+        raise SystemExit("--chat-prefix needs --events (the chat prefix is kept by the events registry)")
     if args.base_url:
         measured = _measure(Target(args.base_url, args.model), config, registries, args)
         label = args.label or f"vLLM at {args.base_url} ({args.model})"
@@ -193,7 +201,9 @@ def _measure(target: Target, config: KVConfig, registries: dict[str, PrefixRegis
         # Different from its first token (block hashes chain, so no block of it is one of the registered prompt's).
         unregistered = "Unregistered. " + system if config.alternate else None
         spec = PrefixSpec(PREFIX_NAME, system, target, pinned=False)
-        keep_warms = {name: KeepWarm(settings, spec) for name, settings in registries.items()}
+        chat = (PrefixSpec(CHAT_PREFIX_NAME, system, target, form=PromptForm.CHAT),) if args.chat_prefix else ()
+        keep_warms = {name: KeepWarm(settings, spec, chat if name == EVENTS else ())
+                      for name, settings in registries.items()}
         try:
             runner = Runner(target, system, config, http, keep_warms, unregistered)
             runner.phase(CACHING, quiet=args.quiet)

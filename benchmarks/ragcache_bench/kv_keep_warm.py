@@ -17,13 +17,17 @@ from ragcache.prefixes import PrefixRegistry, PrefixRegistryConfig, PrefixSpec
 __all__ = ["KeepWarm", "registry_config"]
 
 
-def _registry_process(connection: Connection, config: PrefixRegistryConfig, spec: PrefixSpec) -> None:
+def _registry_process(connection: Connection, config: PrefixRegistryConfig, spec: PrefixSpec,
+                      extras: tuple[PrefixSpec, ...] = ()) -> None:
     """The keep-warm registry in a process of its own, as in a deployment (it lives in the ragcache service, not
     in the users' clients): its loop then never holds the GIL of the process that times TTFT. Commands: True
-    (keep warm) or False (stop warming; the learned schedule is kept), None (stop: answers the stats)."""
+    (keep warm) or False (stop warming; the learned schedule is kept), None (stop: answers the stats).
+    ``extras`` are registered as given for the whole run (``bench kv --chat-prefix``: an idle chat prefix)."""
     with httpx.Client(timeout=config.request_timeout_s) as http:
         registry = PrefixRegistry.create(config, http=http)
         registry.start()
+        for extra in extras:
+            registry.register(extra)
         try:
             while (command := connection.recv()) is not None:
                 registry.register(dataclasses.replace(spec, pinned=command))
@@ -32,7 +36,8 @@ def _registry_process(connection: Connection, config: PrefixRegistryConfig, spec
             connection.send({"num_warms_sent": stats.num_warms_sent, "num_warms_deferred": stats.num_warms_deferred,
                              "num_warms_held_busy": stats.num_warms_held_busy,
                              "num_warms_avoided": stats.num_warms_avoided,
-                             "prefix": asdict(registry.prefix_stats(spec.name))})
+                             "prefix": asdict(registry.prefix_stats(spec.name)),
+                             "extras": {e.name: asdict(registry.prefix_stats(e.name)) for e in extras}})
         finally:
             registry.close()
 
@@ -40,10 +45,10 @@ def _registry_process(connection: Connection, config: PrefixRegistryConfig, spec
 class KeepWarm:
     """Drives :func:`_registry_process`: pin or unpin the system prompt between blocks."""
 
-    def __init__(self, config: PrefixRegistryConfig, spec: PrefixSpec) -> None:
+    def __init__(self, config: PrefixRegistryConfig, spec: PrefixSpec, extras: tuple[PrefixSpec, ...] = ()) -> None:
         context = multiprocessing.get_context("spawn")
         self._connection, child = context.Pipe()
-        self._process = context.Process(target=_registry_process, args=(child, config, spec), daemon=True)
+        self._process = context.Process(target=_registry_process, args=(child, config, spec, extras), daemon=True)
         self._process.start()
         self.stats: dict[str, Any] = {}
 

@@ -53,6 +53,15 @@ def verdicts(rows: list[LevelResult], prefix_tokens: int, concurrency: tuple[int
         result.add("warms sent, events / timer", _ratio(by_events["num_warms_sent"], timer["num_warms_sent"]), "x",
                    target=Goal("<=", 0.334), note=f"{by_events['num_warms_sent']} vs {timer['num_warms_sent']} warms; "
                    f"{by_events.get('num_warms_avoided', 0)} due timer warms not sent (the events showed it whole)")
+    if by_events and by_events.get("extras"):
+        mine = by_events["prefix"]
+        for name, chat in by_events["extras"].items():
+            result.add(f"warms per eviction, chat prefix {name} (events)",
+                       _ratio(chat["num_warms"], chat["num_evicted"]), "warms", target=Goal("<=", 1.5),
+                       note=f"{chat['num_warms']} warms, {chat['num_evicted']} found it evicted, "
+                       f"{chat['num_resident']} resident; completion prefix: {mine['num_warms']} warms, "
+                       f"{mine['num_evicted']} evicted ({_ratio(mine['num_warms'], mine['num_evicted'])})",
+                       requires={"an eviction was seen": chat["num_evicted"] > 0})
     return result
 
 

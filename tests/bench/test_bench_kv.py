@@ -133,3 +133,15 @@ def test_registry_settings_start_at_the_defaults_and_change_only_what_is_named()
     assert config.default_block_size == 32
     with pytest.raises(SystemExit):
         registry_config(32, ["redis_key=x"])
+
+
+def test_a_chat_prefix_is_judged_by_its_warms_per_eviction():
+    def stats(warms: int, evicted: int) -> dict:
+        return {"num_warms": warms, "num_evicted": evicted, "num_resident": warms - evicted}
+
+    events = {"num_warms_sent": 10, "prefix": stats(6, 5), "extras": {"chat": stats(9, 6)}}
+    (figure,) = verdicts([], 1301, (4,), {"on+churn+keep-warm (events)": events}).figures
+    assert (figure.value, figure.verdict) == (1.5, "PASS") and "completion prefix: 6 warms, 5 evicted" in figure.note
+    events["extras"] = {"chat": stats(9, 0)}  # never seen evicted: no figure to judge it by
+    (figure,) = verdicts([], 1301, (4,), {"on+churn+keep-warm (events)": events}).figures
+    assert figure.verdict == "MISS" and figure.failed_requirements == ["an eviction was seen"]
