@@ -41,6 +41,8 @@ def runs(results: Path = RESULTS) -> list[Run]:
         machine = payload.get("machine") or {}
         load = machine.get("load_avg") or []
         for result in payload.get("results") or ([payload["result"]] if "result" in payload else []):
+            if not isinstance(result, dict) or "name" not in result or "figures" not in result:
+                continue  # not the bench format (a soak's samples, an A/B script's own JSON): nothing to tally
             found.append(Run(
                 path=path,
                 full=payload.get("mode") == "full",

@@ -9,8 +9,10 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 
 import httpx
+import psutil
 import pytest
 import redis
 
@@ -96,17 +98,35 @@ def test_the_embedded_redis_saves_appends_and_listens_only_on_a_private_socket(t
         reopened.stop()
 
 
+# A process that starts an embedded Redis on a folder, writes one key through it and waits to be killed.
+ORPHANS_PARENT = """
+import sys, time, redis
+from ragcache.storage.embedded_redis import EmbeddedRedis
+server = EmbeddedRedis(sys.argv[1], unix_socket=True)
+client = redis.Redis.from_url(server.url)
+client.set("written by the orphan", "kept")
+client.close()
+print(server.process.pid, flush=True)
+time.sleep(600)
+"""
+
+
 def test_a_redis_orphaned_on_the_folder_is_stopped_before_a_new_one_starts(tmp_path):
-    orphan = EmbeddedRedis(tmp_path / "redis", unix_socket=True)  # as if the process that started it was killed
-    client = redis.Redis.from_url(orphan.url)
-    client.set("written by the orphan", "kept")
-    client.close()
+    # The orphan's parent is another process, killed -9 as a crashed service would be: its redis-server lives on.
+    # (A second Redis on the same folder from this very process is refused instead: test_processes.)
+    parent = subprocess.Popen([sys.executable, "-c", ORPHANS_PARENT, str(tmp_path / "redis")], stdout=subprocess.PIPE,
+                              text=True)
+    assert parent.stdout is not None
+    orphan = psutil.Process(int(parent.stdout.readline()))
+    parent.kill()
+    parent.wait(timeout=30)
+    assert orphan.is_running() and orphan.status() != psutil.STATUS_ZOMBIE
     successor = EmbeddedRedis(tmp_path / "redis", unix_socket=True)
     try:
-        assert orphan.process.wait(timeout=30) == 0  # stopped with SIGTERM: it synced its file and exited
+        # Stopped with SIGTERM before the successor started: it synced its file and exited, so what it took is kept.
+        assert not orphan.is_running() or orphan.status() == psutil.STATUS_ZOMBIE
         client = redis.Redis.from_url(successor.url)
         assert client.get("written by the orphan") == b"kept"
         client.close()
     finally:
         successor.stop()
-        orphan.stop()
