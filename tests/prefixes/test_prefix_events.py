@@ -387,3 +387,21 @@ def test_an_eviction_that_races_a_check_is_not_held_against_the_events(setup, pu
         assert len(vllm.prompts) == sent + 1
     events = registry.stats().events[0]
     assert (events.state, events.num_disagreements) == ("synced", 0)
+
+
+def test_warms_sent_on_eviction_events_are_not_read_as_a_cache_that_never_reuses():
+    # With believed events a warm goes out when the events report the prefix evicted (issue 42.4): it finds nothing
+    # cached by design, so three such warms say nothing about the engine's reuse. On a timer they would.
+    from ragcache.prefixes.engine_view import ResidencyView
+    from ragcache.prefixes.policy import Schedule
+    from ragcache.prefixes.reasons import why_not_cached
+    from ragcache.prefixes.state import WarmState
+
+    state = WarmState(version=1, base_url=TARGET.base_url, schedule=Schedule(10.0), primed=True, num_warms=4,
+                      num_evicted=3)
+    never_reused = "every re-warm found nothing cached (3 of 3): the engine does not reuse this model's cache"
+    on_events = why_not_cached("a system prompt", 64, 16, None, ResidencyView("synced", 0, 4), state)
+    on_a_timer = why_not_cached("a system prompt", 64, 16, None, ResidencyView("off"), state)
+    assert not any(reason.startswith(never_reused) for reason in on_events)
+    assert [reason for reason in on_a_timer if reason.startswith(never_reused)] == [
+        never_reused + " (hybrid/Mamba models), or evicts it at once"]
