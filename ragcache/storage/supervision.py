@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import subprocess
 import threading
 import time
@@ -30,6 +31,10 @@ __all__ = ["RESTARTS_FILE", "Supervisor", "shared_restarts", "write_shared_resta
 log = logging.getLogger(__name__)
 
 RESTARTS_FILE = "server-restarts.json"
+# A server stopped by SIGTERM or SIGINT was most likely sent it with the whole process group (Ctrl-C, a service
+# manager stopping the service): the service's own stop follows within moments, and restarting the server in between
+# would start a server only to stop it. Such an exit is restarted after this grace instead of the back-off.
+STOPPED_BY_SIGNAL_GRACE_S = 5.0
 
 
 class Supervisor:
@@ -63,9 +68,15 @@ class Supervisor:
                 continue
             if self._clock() - started_at >= self._stable_s:
                 backoff_s = self._min_backoff_s  # it had been up a while: not a crash loop
-            log.warning("the embedded %s exited with %s; starting it again in %.1f s on the same files",
-                        self.name, process.returncode, backoff_s)
-            if self._sleep(backoff_s):
+            wait_s = backoff_s
+            if process.returncode in (-signal.SIGTERM, -signal.SIGINT):
+                wait_s = max(backoff_s, STOPPED_BY_SIGNAL_GRACE_S)
+                log.info("the embedded %s was stopped by a signal; starting it again in %.1f s unless the service "
+                         "stops meanwhile", self.name, wait_s)
+            else:
+                log.warning("the embedded %s exited with %s; starting it again in %.1f s on the same files",
+                            self.name, process.returncode, wait_s)
+            if self._sleep(wait_s):
                 return
             backoff_s = min(backoff_s * 2, self._max_backoff_s)
             started_at = self._clock()

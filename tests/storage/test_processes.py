@@ -9,6 +9,7 @@ import signal
 import stat
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from ragcache.storage.embedded_milvus import MilvusLiteServer
 from ragcache.storage.embedded_redis import EmbeddedRedis
 from ragcache.storage.processes import ProcessExited, poll_until
 from ragcache.storage.stores import open_milvus
-from ragcache.storage.supervision import Supervisor
+from ragcache.storage.supervision import STOPPED_BY_SIGNAL_GRACE_S, Supervisor
 from tests.processes import children_named
 
 
@@ -68,8 +69,8 @@ class _Child:
     def poll(self):
         return self.returncode
 
-    def die(self):
-        self.returncode = -9
+    def die(self, returncode: int = -9):
+        self.returncode = returncode
 
 
 def test_the_back_off_doubles_while_starts_fail_and_resets_once_the_server_stayed_up():
@@ -103,6 +104,27 @@ def test_the_back_off_doubles_while_starts_fail_and_resets_once_the_server_staye
         stopped = []
         supervisor.stop_and(lambda: stopped.append(True))
     assert stopped == [True]
+
+
+def test_a_server_stopped_by_the_groups_signal_waits_for_the_services_own_stop():
+    # Ctrl-C or a service manager signals the whole process group: the server's SIGTERM exit is not restarted at once
+    # (the service stops it in a moment), and when the stop comes during the grace nothing is started.
+    delays: list[float] = []
+    children = [_Child()]
+    stopping = threading.Event()
+
+    def sleep(seconds):
+        delays.append(seconds)
+        stopping.wait()
+        return True  # stop was asked meanwhile
+
+    supervisor = Supervisor("fake", lambda: children[-1], lambda: children.append(_Child()), min_backoff_s=0.5,
+                            poll_s=0.001, sleep=sleep)
+    children[-1].die(-signal.SIGTERM)
+    assert poll_until(lambda: delays == [STOPPED_BY_SIGNAL_GRACE_S], timeout_s=60, interval_s=0.001)
+    stopping.set()
+    supervisor.stop_and(lambda: None)
+    assert len(children) == 1 and supervisor.num_restarts == 0
 
 
 def test_a_killed_supervised_redis_comes_back_on_its_files(tmp_path):
