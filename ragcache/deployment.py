@@ -44,7 +44,10 @@ def remote_models(settings: Settings) -> dict[str, RemoteModel]:
 def served_models(settings: Settings) -> list[str]:
     """Every model a deployment of ``settings`` serves: the remote ones, then the local ones no remote model names
     (a remote model may be the default, ``RAGCACHE_MODEL=<its name>``: then no local model is loaded for it)."""
-    remote = remote_models(settings)
+    return _served(settings, remote_models(settings))
+
+
+def _served(settings: Settings, remote: Mapping[str, RemoteModel]) -> list[str]:
     return [*remote, *(model for model in settings.space.models if model not in remote)]
 
 
@@ -83,7 +86,7 @@ class Deployment:
             stores = Stores.open(settings)
             stack.callback(stores.close)
             caches: dict[str, EmbeddingCache] = {}
-            for name in served_models(settings) if models is None else models:
+            for name in _served(settings, remote) if models is None else models:  # the models file read once
                 encoder = open_encoder(settings, name, remote)
                 if isinstance(encoder, RemoteEncoder):
                     stack.callback(encoder.close)  # its connections and upstream threads, after its cache flushed
