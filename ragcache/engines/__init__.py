@@ -2,7 +2,8 @@
 
     target.py        Target (one deployment: base URL and served model) and PromptForm (completion or chat)
     vllm_client.py   VLLMClient: vLLM's HTTP API (one-token completions, /tokenize, /metrics) and LMCache's /pin
-    vllm_events.py   KVEventSubscriber: vLLM's KV events (ZMQ PUB + replay ROUTER) applied to a BlockIndex
+    vllm_events.py   KVEventSubscriber: vLLM's KV events applied to a BlockIndex (sync state, queue, breaker)
+    vllm_stream.py   KVEventStream: its receiving half (ZMQ PUB + replay ROUTER: the sequence and its proof)
     vllm_wire.py     their wire format: EventsConfig, decode_batch (bounded in bytes), KVEventsError
     block_index.py   BlockIndex: which KV blocks one engine holds, by a digest of each block's tokens and all before it
     msgpack_lite.py  the bounded MessagePack reader the subscriber decodes with
