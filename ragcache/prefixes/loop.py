@@ -82,8 +82,8 @@ class KeepWarmLoop(KeepWarm):
         due = self._not_held_busy(due, url, scraped)
         # Prefixes in use first (the budget follows use), then the longest-waiting first, so a spent budget delays
         # every prefix fairly instead of starving the ones that sort last; an idle one leaves the budget's reserve.
-        idle = {name for _, name, _ in due if self.idle_s(name) is not None}
-        reserve = self.idle_reserve()
+        idle = {name for _, name, _ in due if self.uses.idle_s(name) is not None}
+        reserve = self.uses.idle_reserve()
         return [(key, self.warm(PrefixName(key[1], key[1]), url, reserve=reserve if key[1] in idle else 0))
                 for key in sorted(due, key=lambda key: (key[1] in idle, key))]
 

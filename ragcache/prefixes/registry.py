@@ -15,7 +15,8 @@ A prefix is named by a string, or by a :class:`~.model.PrefixName` (a tenant's n
 ``ragcache.retrieval.names``): errors and answers then carry the name the caller knows, never the stored one.
 
 The registry is a facade: the prefixes themselves live in the store (:mod:`.known` keeps this process's last copy),
-the schedules and loop of keep-warm in :mod:`.warming`, the vLLM endpoints' health and counters in :mod:`.targets`.
+the schedules of keep-warm in :mod:`.warming` and its loop in :mod:`.loop`, which prefixes requests use in :mod:`.usage`,
+keep-warm's residency views and stats in :mod:`.report`, the vLLM endpoints' health and counters in :mod:`.targets`.
 """
 
 from __future__ import annotations
@@ -52,11 +53,13 @@ from .model import (
     content_hash,
 )
 from .quota import PrefixQuota
+from .report import KeepWarmReport
 from .routing import Router, RouteResult
 from .store import PrefixStore, make_store
 from .targets import Targets
 from .text import find_volatile, render_messages, render_text, template_head
 from .tokens import LocalTokenCounter
+from .usage import PrefixUse
 
 __all__ = ["PrefixRegistry"]
 
@@ -96,9 +99,11 @@ class PrefixRegistry:
         gate = gate or LocalWarmGate(TenantBudgets(self.config.warm_budget_per_minute,
                                                    self.config.warm_budget_per_tenant_per_minute, clock))
         self._targets = Targets(vllm, self.config, clock=clock)
+        self._uses = PrefixUse(self.config, clock)
         self._keep_warm = keep_warm = KeepWarmLoop(self._known, self._targets, vllm, self.config, gate=gate, clock=clock,
-                                   wall_clock=wall_clock, policy=self._policy)
-        self._router = Router(keep_warm, self._targets, self.config, clock)
+                                   wall_clock=wall_clock, policy=self._policy, uses=self._uses)
+        self._report = KeepWarmReport(keep_warm, keep_warm.engines, self._targets, self._uses)
+        self._router = Router(keep_warm, keep_warm.engines, self._targets, self.config, clock)
 
     @classmethod
     def create(
@@ -211,7 +216,7 @@ class PrefixRegistry:
         name = PrefixName.of(name)
         prefix = self._known.get(name)
         fields = {field.name: getattr(prefix, field.name) for field in dataclasses.fields(Prefix)}
-        return name.named(PrefixView(**fields, residency=self._keep_warm.residency_of(prefix)))
+        return name.named(PrefixView(**fields, residency=self._report.residency_of(prefix)))
 
     def list(self) -> list[Prefix]:
         """Every registered prefix, by name."""
@@ -230,14 +235,14 @@ class PrefixRegistry:
         """The prompt for prefix ``name``: its head byte for byte, then the slots filled in."""
         name = PrefixName.of(name)
         text = render_text(self.get(name), slots)
-        self._keep_warm.record_use(name.stored, 1)  # not record_use: it would read the prefix from the store again
+        self._uses.record_use(name.stored, 1)  # not record_use: it would read the prefix from the store again
         return text
 
     def messages(self, name: str | PrefixName, user: str, **slots: Any) -> builtins.list[dict[str, str]]:
         """Chat form of :meth:`render`: the prefix as the first (system) message, then ``user``."""
         name = PrefixName.of(name)
         out = render_messages(self.get(name), user, slots)
-        self._keep_warm.record_use(name.stored, 1)
+        self._uses.record_use(name.stored, 1)
         return out
 
     def record_use(self, name: str | PrefixName, count: int = 1) -> None:
@@ -247,7 +252,7 @@ class PrefixRegistry:
         if not 0 <= count <= MAX_USES_PER_REPORT:
             raise InvalidInputError(f"count must be 0 to {MAX_USES_PER_REPORT}: report more uses in several calls", field="count")
         self._known.get(name)
-        self._keep_warm.record_use(name.stored, count)
+        self._uses.record_use(name.stored, count)
 
     # ----- keep-warm (:mod:`.warming`) ----------------------------------------------------------
 
@@ -265,7 +270,7 @@ class PrefixRegistry:
         they report, else by load, else in turn; the answer carries the caller's name."""
         name = PrefixName.of(name)
         prefix = self._known.get(name)
-        self._keep_warm.record_activity(prefix.name)
+        self._uses.record_activity(prefix.name)
         result = self._router.route(prefix, self._known.copies())
         if result is None:
             raise InvalidInputError(f"prefix {name.public!r} has no endpoint this service may call", field="name")
@@ -293,12 +298,12 @@ class PrefixRegistry:
     def prefix_stats(self, name: str | PrefixName) -> PrefixStats:
         """Counters of prefix ``name`` in this process, summed and per endpoint."""
         name = PrefixName.of(name)
-        return name.named(self._keep_warm.summary(self._known.get(name)))
+        return name.named(self._report.summary(self._known.get(name)))
 
     def stats(self) -> RegistryStats:
         """Counters of every known prefix and endpoint (endpoints from their last scrape)."""
         prefixes = self._known.copies()
-        per_prefix = tuple(self._keep_warm.summary(p) for p in prefixes)
+        per_prefix = tuple(self._report.summary(p) for p in prefixes)
         per_target = self._targets.stats({url for p in prefixes for url in self.endpoints_of(p)})
         keep_warm = self._keep_warm
         return RegistryStats(per_prefix, per_target, keep_warm.num_warms_sent, keep_warm.num_warms_deferred,

@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from .config import PrefixRegistryConfig
+from .engine_view import EngineView
 from .model import Prefix
 from .targets import Targets
 from .warming import KeepWarm
@@ -172,9 +173,10 @@ class Router:
     events, its load and KV cache's size by its last /metrics, its health, a recent placement), then
     :func:`choose_route` (thread-safe)."""
 
-    def __init__(self, keep_warm: KeepWarm, targets: Targets, config: PrefixRegistryConfig,
+    def __init__(self, keep_warm: KeepWarm, engines: EngineView, targets: Targets, config: PrefixRegistryConfig,
                  clock: Callable[[], float]) -> None:
-        self._keep_warm = keep_warm
+        self._keep_warm = keep_warm  # only for each prefix's endpoints
+        self._engines = engines
         self._targets = targets
         self._config = config
         self._clock = clock
@@ -199,7 +201,7 @@ class Router:
         self._placements.forget(name)
 
     def _candidate(self, prefix: Prefix, url: str, others: list[Prefix], now: float) -> RouteCandidate:
-        view = self._keep_warm.residency(prefix, url)
+        view = self._engines.view(prefix, url)
         if view.fully_resident:
             self._placements.settle(prefix.name, url)
         counters = self._targets.counters_of(url)
@@ -211,7 +213,7 @@ class Router:
         synced = view.events == "synced"
         return RouteCandidate(
             url, not self._targets.health_of(url).is_down, view.events, view.resident_blocks, view.num_blocks, load,
-            held_blocks=self._keep_warm.engines.held_blocks(url),
+            held_blocks=self._engines.held_blocks(url),
             other_prefix_blocks=self._other_prefix_blocks(others, url, now) if synced else None,
             capacity_blocks=counters.num_gpu_blocks if counters is not None else None,
             pending=synced and self._placements.pending(prefix.name, url, now))
@@ -222,7 +224,7 @@ class Router:
         for other in others:
             if url not in self._keep_warm.endpoints_of(other):
                 continue
-            view = self._keep_warm.residency(other, url)
+            view = self._engines.view(other, url)
             held = view.resident_blocks or 0
             if view.num_blocks is not None and self._placements.pending(other.name, url, now):
                 held = max(held, view.num_blocks)

@@ -5,10 +5,12 @@
 A warm is the prefix sent as a one-token completion; ``usage.prompt_tokens_details.cached_tokens`` says whether
 it was still resident, and the interval adapts (:mod:`.policy`). A target that fails is backed off; one that
 comes back (or restarted, its counters gone backwards) lost its KV cache, and its prefixes are primed again.
+Which prefixes requests use is :mod:`.usage`'s; what keep-warm reports (residency views, stats) is :mod:`.report`'s.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import logging
 import threading
@@ -22,15 +24,15 @@ from ragcache.retrieval.names import tenant_of
 
 from .allow import TargetPolicy
 from .config import PrefixRegistryConfig
-from .engine_view import EngineView, ResidencyView
+from .engine_view import EngineView
 from .known import KnownPrefixes
 from .lease import WarmGate
-from .model import EndpointResidency, EndpointStats, Prefix, PrefixName, PrefixStats, PromptForm, Target, WarmOutcome, WarmResult
+from .model import Prefix, PrefixName, PromptForm, Target, WarmOutcome, WarmResult
 from .policy import Schedule, judge_residency, next_schedule
-from .reasons import why_not_cached
-from .state import WarmState, summarize
+from .state import WarmState
 from .targets import Targets
 from .text import template_head
+from .usage import PrefixUse
 
 __all__ = ["KeepWarm"]
 
@@ -59,10 +61,12 @@ class KeepWarm:
         wall_clock: Callable[[], float],
         policy: TargetPolicy | None = None,
         engines: EngineView | None = None,
+        uses: PrefixUse | None = None,
     ) -> None:
         self.config = config
         self._policy = policy or TargetPolicy(config)
         self.engines = engines or EngineView(config.kv_events, vllm, config, clock=clock)
+        self.uses = uses or PrefixUse(config, clock)  # which prefixes requests use: those first, an idle one in the room
         self._known = known
         self._targets = targets
         self._vllm = vllm  # for LMCache's pin API; the warms themselves go through the targets
@@ -72,9 +76,6 @@ class KeepWarm:
         self._lock = threading.RLock()
         # (prefix name, endpoint base URL) -> the warm state of the prefix's current version there.
         self._states: dict[tuple[str, str], WarmState] = {}
-        self._uses: dict[str, int] = {}  # prefix name -> requests that used it (reported by clients)
-        # prefix name -> when a request last used it (a use reported, a route asked; monotonic), or it was first seen.
-        self._active_at: dict[str, float] = {}
         self._store_read_at = float("-inf")
         self.num_warms_sent = 0
         self.num_warms_deferred = 0
@@ -89,6 +90,11 @@ class KeepWarm:
         # A record stored before the operator's list allowed none of its URLs is kept but warmed nowhere.
         return self._policy.allowed_of(urls, tenant_of(prefix.name))
 
+    def states_of(self, prefix: Prefix) -> list[WarmState]:
+        """Copies of ``prefix``'s warm states on each of its endpoints (the target first), for reports."""
+        with self._lock:
+            return [copy.copy(self._state_for(prefix, url)) for url in self.endpoints_of(prefix)]
+
     def all_primed(self, prefix: Prefix) -> bool:
         """Whether ``prefix``'s current version was warmed on every one of its endpoints."""
         with self._lock:
@@ -96,36 +102,11 @@ class KeepWarm:
         return all(state.primed for state in states)
 
     def forget(self, name: str) -> None:
-        """Drop the warm states and the use count of prefix ``name`` (it was deleted)."""
+        """Drop the warm states and the uses of prefix ``name`` (it was deleted)."""
         with self._lock:
             self._states = {key: state for key, state in self._states.items() if key[0] != name}
-            self._uses.pop(name, None)
-            self._active_at.pop(name, None)
+        self.uses.forget(name)
         self.engines.forget(name)
-
-    def record_use(self, name: str, count: int) -> None:
-        """Count ``count`` more requests that used prefix ``name``."""
-        with self._lock:
-            self._uses[name] = self._uses.get(name, 0) + count
-            if count:
-                self._active_at[name] = self._clock()
-
-    def record_activity(self, name: str) -> None:
-        """A request is about to use prefix ``name`` (a route was asked for it): it is not idle."""
-        with self._lock:
-            self._active_at[name] = self._clock()
-
-    def idle_s(self, name: str) -> float | None:
-        """For how long prefix ``name`` has been idle (no request used it for ``idle_after_s``); None while in use."""
-        now = self._clock()
-        with self._lock:
-            quiet_s = now - self._active_at.setdefault(name, now)
-        return quiet_s if quiet_s >= self.config.idle_after_s else None
-
-    def idle_reserve(self) -> int:
-        """Warms of each minute's budget an idle prefix's warm leaves to the prefixes in use."""
-        budget = min(self.config.warm_budget_per_minute, self.config.warm_budget_per_tenant_per_minute)
-        return int(budget * self.config.idle_budget_share)
 
     # ----- warming ------------------------------------------------------------------------------
 
@@ -251,7 +232,7 @@ class KeepWarm:
     def _state_for(self, prefix: Prefix, url: str) -> WarmState:
         """The warm state of ``prefix``'s current version on ``url``; a new version starts afresh (caller locks)."""
         state = self._states.get((prefix.name, url))
-        self._active_at.setdefault(prefix.name, self._clock())  # first seen: idle from here on until a use
+        self.uses.seen(prefix.name)  # first seen: idle from here on until a use
         if state is None or state.version != prefix.version:
             state = WarmState(version=prefix.version, base_url=url,
                               schedule=Schedule(self.config.initial_rewarm_interval_s), next_due_at=self._clock())
@@ -273,38 +254,3 @@ class KeepWarm:
                     self._states = {key: s for key, s in self._states.items() if key in live}
                 self._store_read_at = now
         return self._known.copies()
-
-    def residency(self, prefix: Prefix, url: str) -> ResidencyView:
-        """The prefix's residency on ``url`` by the engine's events."""
-        return self.engines.view(prefix, url)
-
-    def residency_of(self, prefix: Prefix) -> tuple[EndpointResidency, ...]:
-        """The prefix's residency on each of its endpoints (the target first), by the engines' events."""
-        out = []
-        for url in self.endpoints_of(prefix):
-            view = self.engines.view(prefix, url)
-            with self._lock:
-                keepable = self._state_for(prefix, url).not_keepable_until is None
-            out.append(EndpointResidency(url, view.events, view.resident_blocks, view.num_blocks, keepable))
-        return tuple(out)
-
-    # ----- stats --------------------------------------------------------------------------------
-
-    def summary(self, prefix: Prefix) -> PrefixStats:
-        """Counters of ``prefix`` in this process, summed and per endpoint."""
-        with self._lock:
-            states = [self._state_for(prefix, url) for url in self.endpoints_of(prefix)]
-            stats = summarize(prefix, states, self._uses.get(prefix.name, 0))
-            endpoints = tuple(self._with_residency(prefix, state, snapshot) for state, snapshot in zip(states, stats.endpoints))
-        return dataclasses.replace(stats, endpoints=endpoints)
-
-    def _with_residency(self, prefix: Prefix, state: WarmState, snapshot: EndpointStats) -> EndpointStats:
-        """An endpoint's stats with what the engine's events say and why it cannot keep the prefix (caller locks)."""
-        view = self.engines.view(prefix, state.base_url)
-        counters = self._targets.counters_of(state.base_url)
-        block_size = self._targets.block_size(Target(state.base_url, prefix.target.model))
-        reasons = why_not_cached(template_head(prefix.text, prefix.is_template), prefix.num_tokens, block_size, counters,
-                                 view, state, self.idle_s(prefix.name))
-        return dataclasses.replace(snapshot, events=view.events, resident_blocks=view.resident_blocks,
-                                   num_blocks=view.num_blocks, keepable=state.not_keepable_until is None,
-                                   num_warms_avoided=state.num_warms_avoided, why_not_cached=reasons)
