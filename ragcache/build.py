@@ -1,5 +1,5 @@
-"""Build one model's cache from settings: the table of levels, and the one place that knows which concrete level
-goes where. ``ragcache.deployment`` opens whole deployments from these parts."""
+"""Build one model's cache, or one reranker's score cache, from settings: the table of levels, and the one place that
+knows which concrete level goes where. ``ragcache.deployment`` opens whole deployments from these parts."""
 
 from __future__ import annotations
 
@@ -19,6 +19,8 @@ from ragcache.models.drift import DriftGuard, DriftMonitor
 from ragcache.models.fingerprints import Fingerprints
 from ragcache.models.local import TORCH_DTYPES, ModelEncoder
 from ragcache.models.remote import RemoteEncoder
+from ragcache.rerank.base import Reranker
+from ragcache.rerank.scores import PairEncoder, RerankCache
 from ragcache.settings import Settings
 from ragcache.storage.stores import Stores
 from ragcache.tiers.disk import DiskTier
@@ -28,7 +30,7 @@ from ragcache.tiers.milvus_budget import L3Budget, default_max_rows
 from ragcache.tiers.redis import RedisTier
 from ragcache.tiers.spaces import PerSpaceTier
 
-__all__ = ["LEVELS", "LevelRow", "build_cache", "build_levels", "drift_monitor", "load_encoder"]
+__all__ = ["LEVELS", "LevelRow", "build_cache", "build_levels", "drift_monitor", "load_encoder", "score_cache"]
 
 
 def load_encoder(settings: Settings, model: str | None = None) -> ModelEncoder:
@@ -59,7 +61,8 @@ class LevelRow:
     (who else sees what it holds: this process, the host's processes, the fleet; single flight across processes
     publishes in the first fleet level below L1), ``make`` (its tier for one model, or None when the settings and
     stores leave it off), ``write_linger_ms`` (how long its write-behind gathers writes into one call) and
-    ``on_reuse`` (whether it stores only vectors that proved reuse, ``ragcache.core.levels``). The cache knows a
+    ``on_reuse`` (whether it stores only vectors that proved reuse, ``ragcache.core.levels``) and ``scores`` (its
+    tier for one reranker's score cache, ``score_cache``; None: the level keeps no scores). The cache knows a
     level by these columns, never by its place in the walk; the row's name is the level's, whatever its tier's
     own default (``Tier.name``)."""
 
@@ -68,6 +71,7 @@ class LevelRow:
     make: Callable[[Settings, Stores, EmbeddingSpace, torch.device], Tier | None]
     write_linger_ms: Callable[[Settings], float] = lambda settings: 0.0
     on_reuse: Callable[[Settings], bool] = lambda settings: False
+    scores: Callable[[Settings, Stores, EmbeddingSpace, torch.device], Tier | None] | None = None
 
 
 def _l1(settings: Settings, stores: Stores, space: EmbeddingSpace, device: torch.device) -> Tier:
@@ -80,11 +84,21 @@ def _disk(settings: Settings, stores: Stores, space: EmbeddingSpace, device: tor
     return DiskTier(stores.disk, dim=space.dim, dtype=TORCH_DTYPES[space.dtype])
 
 
+def _l1_scores(settings: Settings, stores: Stores, space: EmbeddingSpace, device: torch.device) -> Tier:
+    return MemoryTier(settings.rerank.rerank_l1_bytes, space.dim, TORCH_DTYPES[space.dtype], device=device)
+
+
 def _l2(settings: Settings, stores: Stores, space: EmbeddingSpace, device: torch.device) -> Tier | None:
     if stores.redis is None:
         return None
     return RedisTier(stores.redis, dim=space.dim, dtype=TORCH_DTYPES[space.dtype], ttl_s=settings.levels.redis_ttl_s,
                      refresh_ttl_on_hit=settings.levels.redis_refresh_ttl_on_hit)
+
+
+def _l2_scores(settings: Settings, stores: Stores, space: EmbeddingSpace, device: torch.device) -> Tier | None:
+    if stores.redis is None:
+        return None
+    return RedisTier(stores.redis, dim=space.dim, dtype=TORCH_DTYPES[space.dtype], ttl_s=settings.levels.redis_ttl_s)
 
 
 def _l3(settings: Settings, stores: Stores, space: EmbeddingSpace, device: torch.device) -> Tier | None:
@@ -105,12 +119,14 @@ def _l3(settings: Settings, stores: Stores, space: EmbeddingSpace, device: torch
     return PerSpaceTier(per_space, dim=space.dim, dtype=dtype)
 
 
-# The levels, fastest first: the one table a deployment's levels come from. Adding a level is a row here, its
-# tier in ragcache/tiers and its settings; nothing in ragcache/core knows which levels exist.
+# The levels, fastest first: the one table a deployment's levels come from, the embedding caches' and the score
+# caches'. Adding a level is a row here, its tier in ragcache/tiers and its settings; nothing in ragcache/core knows
+# which levels exist. Scores (four bytes each) stay off the disk and Milvus: recomputing one after Redis forgets it
+# is cheaper than a durable store for it.
 LEVELS: tuple[LevelRow, ...] = (
-    LevelRow("L1", "process", _l1),
+    LevelRow("L1", "process", _l1, scores=_l1_scores),
     LevelRow("disk", "host", _disk),
-    LevelRow("L2", "fleet", _l2),
+    LevelRow("L2", "fleet", _l2, scores=_l2_scores),
     LevelRow("L3", "fleet", _l3, write_linger_ms=lambda settings: settings.levels.l3_write_linger_ms,
              on_reuse=lambda settings: settings.levels.l3_on_reuse),
 )
@@ -137,11 +153,22 @@ def build_cache(
                           flight=_flight(settings, stores))
 
 
+def score_cache(settings: Settings, stores: Stores, reranker: Reranker) -> RerankCache:
+    """The reranker behind the levels of ``LEVELS`` that keep scores (L1 of ``rerank_l1_bytes``, then the shared
+    Redis when on), on the CPU."""
+    levels = build_levels(settings, stores, reranker.space, torch.device("cpu"), scores=True)
+    compute = ComputeConfig(max_batch=settings.compute.compute_batch_size,
+                            max_wait_s=settings.compute.compute_max_wait_ms / 1000)
+    return RerankCache(reranker, EmbeddingCache(PairEncoder(reranker), levels, compute=compute))
+
+
 def build_levels(settings: Settings, stores: Stores, space: EmbeddingSpace, device: torch.device,
-                 rows: tuple[LevelRow, ...] = LEVELS) -> Levels:
-    """The ``Levels`` of ``rows`` that the settings and stores turn on, for vectors of ``space`` on ``device``:
-    each level's name, linger, admission and reach from its row."""
-    built = [(row, tier) for row in rows if (tier := row.make(settings, stores, space, device)) is not None]
+                 rows: tuple[LevelRow, ...] = LEVELS, *, scores: bool = False) -> Levels:
+    """The ``Levels`` of ``rows`` that the settings and stores turn on, for vectors of ``space`` on ``device``
+    (``scores``: a score cache's, from the rows' ``scores`` tiers): each level's name, linger, admission and reach
+    from its row."""
+    made = [(row, row.scores if scores else row.make) for row in rows]
+    built = [(row, tier) for row, make in made if make is not None and (tier := make(settings, stores, space, device)) is not None]
     below_first = [row for row, _ in built[1:]]  # L1 is written at once and stores every vector
     return Levels(
         [tier for _, tier in built],

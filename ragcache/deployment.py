@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 
-from ragcache.build import build_cache, drift_monitor, load_encoder
+from ragcache.build import build_cache, drift_monitor, load_encoder, score_cache
 from ragcache.core.cache import EmbeddingCache
 from ragcache.errors import ConfigError
 from ragcache.models.drift import DriftMonitor
@@ -24,7 +24,7 @@ from ragcache.models.local import ModelEncoder
 from ragcache.models.remote import RemoteEncoder, RemoteModel, load_models, open_remote_encoder
 from ragcache.prefixes import PrefixRegistry
 from ragcache.prefixes.settings import registry_config
-from ragcache.rerank import RerankCache, build_rerankers, score_cache
+from ragcache.rerank import RerankCache, build_rerankers
 from ragcache.retrieval import DocumentQuota, KnowledgeBase
 from ragcache.settings import Settings
 from ragcache.storage.stores import Stores

@@ -87,7 +87,7 @@ class LabelledSet:
 
 def _reranker(ctx: BenchContext):
     """(the score cache of the configured cross-encoder, True) or (the tiny random one's, False)."""
-    from ragcache.rerank.build import score_cache
+    from ragcache.build import score_cache
     from ragcache.rerank.local import CrossEncoderReranker
     from ragcache.rerank.tiny import build_tiny_cross_encoder
     from ragcache.settings import Settings

@@ -6,7 +6,7 @@ the scores cached like vectors.
     remote    ``RemoteReranker`` (TEI or Cohere/Infinity ``/rerank`` through ``ragcache.outbound``)
     scores    ``RerankCache``: the scores in L1/L2, keyed by the reranker's space and the pair
     stage     ``rerank_result``: a search result reordered by a reranker
-    build     the served rerankers from settings
+    build     the served rerankers from settings (their score caches: ``ragcache.build.score_cache``)
     tiny      a tiny random cross-encoder built offline, for the mechanics only
 
 Each name is imported on first use: the HTTP client imports the result types and must not pull in torch, which
@@ -23,13 +23,13 @@ _EXPORTS = {
     ".base": ("Reranker", "RerankHit", "RerankResult", "score_space"),
     ".scores": ("RerankCache",),
     ".stage": ("rerank_result",),
-    ".build": ("build_rerankers", "score_cache"),
+    ".build": ("build_rerankers",),
 }
 
 __all__, __getattr__ = lazy_exports(__name__, _EXPORTS)
 
 if TYPE_CHECKING:
     from ragcache.rerank.base import Reranker, RerankHit, RerankResult, score_space
-    from ragcache.rerank.build import build_rerankers, score_cache
+    from ragcache.rerank.build import build_rerankers
     from ragcache.rerank.scores import RerankCache
     from ragcache.rerank.stage import rerank_result

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from ragcache import build
 from ragcache.client import AsyncClient, Client
 from ragcache.core.cache import EmbeddingCache
 from ragcache.core.levels import Levels
@@ -23,6 +24,7 @@ from ragcache.rerank.scores import PairEncoder, RerankCache
 from ragcache.retrieval.ranking import SearchOptions
 from ragcache.settings import Settings
 from ragcache.storage.processes import free_port
+from ragcache.storage.stores import Stores
 from ragcache.tiers.memory import MemoryTier
 from ragcache.tiers.redis import RedisTier
 from tests.errors import error_of
@@ -83,6 +85,24 @@ def test_bad_arguments_name_their_field(local):
         cache.rerank(QUERY, "not a list")
     assert raised.value.field == "texts"
     cache.close()
+
+
+def test_the_score_caches_levels_are_the_rows_of_the_table_of_levels_that_keep_scores(local, redis_client):
+    # Issue 41.1: a score cache's levels come from ragcache.build.LEVELS, as an embedding cache's do; a level that
+    # keeps scores is one more row (its ``scores`` tier), with the row's name, linger and reach.
+    settings = Settings(rerank_l1_bytes=1 << 14, redis_ttl_s=600, redis_refresh_ttl_on_hit=True)
+    with_redis = build.score_cache(settings, Stores(redis_client, None), local)
+    levels = with_redis.cache.levels
+    assert levels.names == ("L1", "L2") and levels.shared == 1  # no disk, no Milvus: scores are four bytes
+    assert levels.first.figures()["capacity_bytes"] == 1 << 14  # rerank_l1_bytes, not the embeddings' L1
+    assert levels.tiers[1].ttl_s == 600 and not levels.tiers[1].refresh_ttl_on_hit
+    assert with_redis.rerank(QUERY, TEXTS).served == {"L1": 0, "L2": 0, "compute": len(TEXTS)}
+    with_redis.close()
+    assert build.score_cache(settings, Stores(None, None), local).cache.levels.names == ("L1",)
+    slab = lambda settings, stores, space, device: MemoryTier(1 << 12, space.dim, torch.float32, device=device)  # noqa: E731
+    rows = (*build.LEVELS[:1], build.LevelRow("near", "host", slab, scores=slab))
+    levels = build.build_levels(settings, Stores(None, None), local.space, torch.device("cpu"), rows=rows, scores=True)
+    assert levels.names == ("L1", "near")
 
 
 @pytest.fixture(scope="module")
