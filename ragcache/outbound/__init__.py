@@ -13,9 +13,13 @@ the environment, retries of 429/5xx/dropped connections within the deadline (``R
 (``ragcache.core.tier.TierHealth``; a timeout opens it like a refusal; a caller's own key has its own), and masking:
 no key or URL credential appears in an error or log line, and a 401/403 body is never quoted. Failures are the
 ``UpstreamError`` family of ``ragcache.errors``.
+
+Inside: ``_upstream.py`` the call (deadline, slots, retries, breakers), ``_answers.py`` what one answer means (a
+status read into an error or a retry, masked), ``_wire.py`` the sockets, ``urls.py`` the URL rule.
 """
 
-from ragcache.outbound._upstream import CallLimits, CallObserver, Secret, Upstream, retry_after_s
+from ragcache.outbound._answers import Secret, retry_after_s
+from ragcache.outbound._upstream import CallLimits, CallObserver, Upstream
 from ragcache.outbound._wire import WireTransport
 from ragcache.outbound.urls import canonical_url
 

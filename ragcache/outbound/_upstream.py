@@ -1,12 +1,14 @@
-"""``Upstream``: one upstream service (a remote model's endpoint, a reranker, vLLM) and the only way to call it."""
+"""``Upstream``: one upstream service (a remote model's endpoint, a reranker, vLLM) and the only way to call it.
+
+Here: when to call, retry and open a breaker, and how a call is sent; what one answer means (a status read into an
+error, masked) is ``_answers.py``'s.
+"""
 
 from __future__ import annotations
 
-import email.utils
 import functools
 import hashlib
 import logging
-import math
 import random
 import threading
 import time
@@ -19,34 +21,32 @@ import httpx
 import orjson
 
 from ragcache.errors import UpstreamBadResponseError, UpstreamError, UpstreamTimeoutError, UpstreamUnavailableError
-from ragcache.observe.redact import redact_text, redact_url
+from ragcache.observe.redact import redact_url
+from ragcache.outbound._answers import (
+    CallersOwn,
+    CallersOwnUnavailable,
+    Retry,
+    Secret,
+    callers_own,
+    kind_of,
+    masked,
+    status_error,
+)
 from ragcache.outbound._wire import MAX_HEAD_BYTES, AnswerTooLarge, HeadTooLarge, WireTransport
 
 if TYPE_CHECKING:  # the breaker is handed in; importing the levels here would pull torch into the HTTP client
     from ragcache.core.health import TierHealth
 
-__all__ = ["CallLimits", "CallObserver", "Secret", "Upstream", "retry_after_s"]
+__all__ = ["CallLimits", "CallObserver", "Upstream"]
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
-PER_TEXT_STATUSES = frozenset({400, 413, 422})  # the upstream refused something in the request's texts
-CREDENTIAL_STATUSES = frozenset({401, 403})  # their messages quote parts of keys: never relayed
 MAX_BACKOFF_S = 8.0
-MAX_ERROR_EXCERPT = 200
 # Callers' keys whose breakers are remembered (pass-through); past it the least recently used is forgotten, which
 # only forgets that key's recent failures.
 MAX_CALLER_BREAKERS = 4096
-
-
-class Secret(Protocol):
-    """A key that does not print (``ragcache.models.remote.ApiKey``): the header that carries it, and a scrubber."""
-
-    def header(self) -> str: ...
-
-    def scrub(self, text: str) -> str: ...
 
 
 class CallObserver(Protocol):
@@ -70,32 +70,8 @@ class CallLimits:
     concurrency: int = 4  # most calls in flight at once (callers beyond it wait for a slot, within timeout_s)
 
 
-class _Retry(Exception):
-    """An attempt worth repeating; ``final`` is the error to raise when no retry is left."""
-
-    def __init__(self, final: UpstreamError, retry_after: float | None = None):
-        super().__init__(str(final))
-        self.final, self.retry_after_s = final, retry_after
-
-
 class _SlotsBusy(UpstreamTimeoutError):
     """Every connection stayed busy until the deadline: this process's queue, not the upstream failing."""
-
-
-class _CallersOwn(UpstreamError):
-    """Marks an answer refused for a caller's own key (pass-through): that caller's problem, not the upstream's."""
-
-
-class _CallersOwnUnavailable(_CallersOwn, UpstreamUnavailableError):
-    pass
-
-
-class _CallersOwnBadResponse(_CallersOwn, UpstreamBadResponseError):
-    pass
-
-
-class _CallersOwnTimeout(_CallersOwn, UpstreamTimeoutError):
-    pass
 
 
 class Upstream:
@@ -181,8 +157,8 @@ class Upstream:
         if health is not None and not health.should_try():
             self._count("failed", "breaker_open")
             if caller_key is not None:
-                raise _CallersOwnUnavailable(self.name, f"the upstream at {shown} failed for the caller's own key (pass-through) "
-                                                        f"and is skipped for it for a moment; last error: {health.last_error}")
+                raise CallersOwnUnavailable(self.name, f"the upstream at {shown} failed for the caller's own key (pass-through) "
+                                                       f"and is skipped for it for a moment; last error: {health.last_error}")
             raise UpstreamUnavailableError(
                 self.name, f"the upstream at {shown} is down and skipped for a moment; last error: {health.last_error}"
             )
@@ -191,7 +167,7 @@ class Upstream:
         while True:
             try:
                 value = self._attempt(method, url, content, deadline, max_bytes, caller_key, parse)
-            except _Retry as retry:
+            except Retry as retry:
                 wait_s = self._backoff_s(num_retries, retry.retry_after_s)
                 if num_retries >= self.limits.max_retries or self._clock() + wait_s >= deadline:
                     self._fail(retry.final, shown, health, caller_key)
@@ -245,9 +221,9 @@ class Upstream:
             try:
                 return parse(body)
             except (orjson.JSONDecodeError, ValueError, TypeError, KeyError, IndexError) as exc:
-                said = f"the answer of {_shown(url)} is not usable: {self._masked(str(exc), url, caller_key)}"
+                said = f"the answer of {_shown(url)} is not usable: {masked(str(exc), url, (caller_key, self._api_key))}"
                 raise UpstreamBadResponseError(self.name, said) from None
-        raise self._status_error(status, headers, body, url, caller_key)
+        raise status_error(self.name, status, headers, body, url, _shown(url), caller_key=caller_key, api_key=self._api_key)
 
     def _send(self, method: str, url: str, content: bytes | None, deadline: float, max_bytes: int,
               caller_key: Secret | None) -> tuple[int, Mapping[str, str], bytes]:
@@ -288,49 +264,13 @@ class Upstream:
             return response.status_code, response.headers, b"".join(chunks)
         except httpx.TimeoutException as exc:
             late = f"no answer from {shown} within {self.limits.timeout_s:g} s ({type(exc).__name__})"
-            raise _Retry(UpstreamTimeoutError(self.name, late)) from None
+            raise Retry(UpstreamTimeoutError(self.name, late)) from None
         except httpx.RequestError as exc:  # refused, reset or dropped: the request may not have been handled
-            raise _Retry(UpstreamUnavailableError(self.name, f"{shown} cannot be reached: {type(exc).__name__}")) from None
+            raise Retry(UpstreamUnavailableError(self.name, f"{shown} cannot be reached: {type(exc).__name__}")) from None
 
     def _head_too_large(self, shown: str, max_bytes: int) -> UpstreamBadResponseError:
         return UpstreamBadResponseError(self.name, f"the answer of {shown} has over {min(MAX_HEAD_BYTES, max_bytes)} "
                                                    "bytes of headers (a header flood is cut off there)")
-
-    def _status_error(self, status: int, headers: Mapping[str, str], body: bytes, url: str, caller_key: Secret | None) -> Exception:
-        """The error (or the retry) an answer's status means. The upstream's message is quoted cut short and
-        masked, never for 401/403, whose messages quote parts of keys."""
-        said = f"the upstream at {_shown(url)} answered {status}"
-        wait_s = retry_after_s(headers)
-        if status == 429:
-            said += " (rate limited" + (f"; it asked to wait {wait_s:g} s)" if wait_s is not None else ")")
-        if caller_key is not None and status < 500:
-            # The caller's own key was refused or rate-limited: theirs to fix, not a reason to retry or to
-            # close the model for everyone else.
-            said += " for the caller's own key (pass-through)"
-            callers_class = _CallersOwnUnavailable if status == 429 else _CallersOwnBadResponse
-            if status not in CREDENTIAL_STATUSES:
-                said += f": {self._excerpt(body, url, caller_key)}"
-            return callers_class(self.name, said, per_text=status in PER_TEXT_STATUSES, status_code=status)
-        if status in RETRY_STATUSES:
-            class_by_status = {429: UpstreamUnavailableError, 503: UpstreamUnavailableError, 504: UpstreamTimeoutError}
-            return _Retry(class_by_status.get(status, UpstreamBadResponseError)(self.name, said, status_code=status), wait_s)
-        if status in CREDENTIAL_STATUSES:
-            return UpstreamBadResponseError(self.name, f"{said}: it refused the credentials", status_code=status)
-        said += f": {self._excerpt(body, url, caller_key)}"
-        return UpstreamBadResponseError(self.name, said, per_text=status in PER_TEXT_STATUSES, status_code=status)
-
-    def _excerpt(self, body: bytes, url: str, caller_key: Secret | None) -> str:
-        """The first ``MAX_ERROR_EXCERPT`` bytes of an error body, masked first and cut after: cut first, a key that
-        straddles the cut would no longer match its mask and its start would be shown (the body is already within
-        the call's byte cap, and this is the failure path)."""
-        masked = self._masked(body.decode("utf-8", "replace"), url, caller_key).strip()
-        return masked.encode("utf-8")[:MAX_ERROR_EXCERPT].decode("utf-8", "ignore").strip()
-
-    def _masked(self, text: str, url: str, caller_key: Secret | None) -> str:
-        for key in (caller_key, self._api_key):
-            if key is not None:
-                text = key.scrub(text)
-        return redact_text(text, url)
 
     # ---- outcomes ----------------------------------------------------------------------------------------
 
@@ -338,13 +278,13 @@ class Upstream:
         """Count ``error`` and raise it; ``health`` (the upstream's breaker, or with ``caller_key`` that key's own)
         opens unless the fault was in the texts (per_text), a refusal of a caller's own key, or in this
         process's queue."""
-        self._count("failed", _kind(error))
-        opens = not (error.per_text or isinstance(error, (_CallersOwn, _SlotsBusy)))
+        self._count("failed", kind_of(error))
+        opens = not (error.per_text or isinstance(error, (CallersOwn, _SlotsBusy)))
         if opens and health is not None and health.record_failure(error) and caller_key is None:
             log.warning("%s: the upstream at %s is failing; calls needing it fail until it answers: %s", self.name, shown, error)
         if opens and caller_key is not None:
             # The caller's key alone is counted against; what the caller sees says so.
-            raise _callers_own(error) from None
+            raise callers_own(error) from None
         raise error
 
     def _backoff_s(self, num_retries: int, retry_after: float | None) -> float:
@@ -364,38 +304,3 @@ def _shown(url: str) -> str:
     """``url`` as errors and logs show it (credentials redacted); an upstream's few URLs are parsed once, not twice a
     call (~14 us each)."""
     return redact_url(url)
-
-
-def retry_after_s(headers: Mapping[str, str]) -> float | None:
-    """``Retry-After`` as seconds from now (the delay or the HTTP-date form), or None."""
-    value = headers.get("retry-after")
-    if value is None:
-        return None
-    try:
-        seconds = float(value)
-    except ValueError:
-        try:
-            seconds = email.utils.parsedate_to_datetime(value).timestamp() - time.time()
-        except (TypeError, ValueError):
-            return None
-    return max(0.0, seconds) if math.isfinite(seconds) else None
-
-
-def _callers_own(error: UpstreamError) -> UpstreamError:
-    """``error`` (of the same kind, so the same status for the caller) saying it was met with the caller's own key."""
-    if isinstance(error, UpstreamTimeoutError):
-        kind: type[UpstreamError] = _CallersOwnTimeout
-    elif isinstance(error, UpstreamUnavailableError):
-        kind = _CallersOwnUnavailable
-    else:
-        kind = _CallersOwnBadResponse
-    detail = f"{error.detail} (with the caller's own key, pass-through: counted against that key only)"
-    return kind(error.model, detail, status_code=error.status_code)
-
-
-def _kind(error: UpstreamError) -> str:
-    if isinstance(error, UpstreamTimeoutError):
-        return "timeout"
-    if isinstance(error, UpstreamUnavailableError):
-        return "unavailable"
-    return "bad_response"
