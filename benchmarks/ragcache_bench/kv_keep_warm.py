@@ -1,10 +1,20 @@
-"""``bench kv``'s keep-warm: the prefix registry in a process of its own, pinned or unpinned between blocks."""
+"""``bench kv``'s keep-warm: the prefix registry in a process of its own, pinned or unpinned between blocks.
+
+A command the process does not answer is reported with its cause (issue 42: two ``--chat-prefix`` runs stopped on
+"did not answer" and nothing said why): a command that raised comes back as its traceback, a process that died as
+its exit code, and one that hangs has every thread's stack dumped (``faulthandler``) into the error.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import faulthandler
 import multiprocessing
+import os
+import signal
 import tempfile
+import time
+import traceback
 from dataclasses import asdict
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -14,23 +24,43 @@ import httpx
 
 from ragcache.prefixes import PrefixRegistry, PrefixRegistryConfig, PrefixSpec
 
-__all__ = ["KeepWarm", "registry_config"]
+__all__ = ["KeepWarm", "KeepWarmProcessError", "registry_config"]
+
+# How long a pin or unpin may take: a registration that warms waits for one warm (request_timeout_s, 30 s) at most.
+ANSWER_TIMEOUT_S = 120.0
+
+
+class KeepWarmProcessError(RuntimeError):
+    """The keep-warm registry process did not do what it was asked; the message says why."""
 
 
 def _registry_process(connection: Connection, config: PrefixRegistryConfig, spec: PrefixSpec,
-                      extras: tuple[PrefixSpec, ...] = ()) -> None:
+                      extras: tuple[PrefixSpec, ...] = (), stacks_path: str | None = None) -> None:
     """The keep-warm registry in a process of its own, as in a deployment (it lives in the ragcache service, not
     in the users' clients): its loop then never holds the GIL of the process that times TTFT. Commands: True
-    (keep warm) or False (stop warming; the learned schedule is kept), None (stop: answers the stats).
+    (keep warm) or False (stop warming; the learned schedule is kept), None (stop: answers the stats). Each is
+    answered True, or with the traceback of what it raised. SIGUSR1 dumps every thread's stack to ``stacks_path``.
     ``extras`` are registered as given for the whole run (``bench kv --chat-prefix``: an idle chat prefix)."""
+    stacks = open(stacks_path, "w") if stacks_path else None  # noqa: SIM115 - open for the process's lifetime
+    if stacks is not None:
+        faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
     with httpx.Client(timeout=config.request_timeout_s) as http:
         registry = PrefixRegistry.create(config, http=http)
-        registry.start()
-        for extra in extras:
-            registry.register(extra)
+        try:
+            registry.start()
+            for extra in extras:
+                registry.register(extra)
+        except Exception:  # noqa: BLE001 - sent to the bench, which stops with it at its next command
+            connection.send(traceback.format_exc())
+            registry.close()
+            return
         try:
             while (command := connection.recv()) is not None:
-                registry.register(dataclasses.replace(spec, pinned=command))
+                try:
+                    registry.register(dataclasses.replace(spec, pinned=command))
+                except Exception:  # noqa: BLE001 - the bench stops with this traceback instead of a silent timeout
+                    connection.send(traceback.format_exc())
+                    continue
                 connection.send(True)
             stats = registry.stats()
             connection.send({"num_warms_sent": stats.num_warms_sent, "num_warms_deferred": stats.num_warms_deferred,
@@ -45,23 +75,61 @@ def _registry_process(connection: Connection, config: PrefixRegistryConfig, spec
 class KeepWarm:
     """Drives :func:`_registry_process`: pin or unpin the system prompt between blocks."""
 
-    def __init__(self, config: PrefixRegistryConfig, spec: PrefixSpec, extras: tuple[PrefixSpec, ...] = ()) -> None:
+    def __init__(self, config: PrefixRegistryConfig, spec: PrefixSpec, extras: tuple[PrefixSpec, ...] = (), *,
+                 answer_timeout_s: float = ANSWER_TIMEOUT_S) -> None:
         context = multiprocessing.get_context("spawn")
+        self._answer_timeout_s = answer_timeout_s
+        self._stacks_path = Path(tempfile.mkdtemp()) / "stacks.txt"
         self._connection, child = context.Pipe()
-        self._process = context.Process(target=_registry_process, args=(child, config, spec, extras), daemon=True)
+        self._process = context.Process(target=_registry_process, args=(child, config, spec, extras,
+                                                                         str(self._stacks_path)), daemon=True)
         self._process.start()
+        child.close()  # the child's end lives in the child only: its death reads here as EOF, not as silence
         self.stats: dict[str, Any] = {}
+        self._failed = False  # a command went unanswered: close() kills it instead of asking it for stats
 
     def set(self, on: bool) -> None:
-        self._connection.send(on)
-        if not self._connection.poll(120) or self._connection.recv() is not True:
-            raise RuntimeError("the keep-warm registry process did not answer")
+        what = "pin" if on else "unpin"
+        try:
+            self._connection.send(on)
+        except OSError:
+            pass  # it died: what it sent before (the traceback of its start) or EOF is read next
+        self._failed = True  # until it answers
+        answer = self._answer(what)
+        self._failed = False
+        if answer is not True:
+            raise KeepWarmProcessError(f"the keep-warm registry process failed a {what}:\n{answer}")
+
+    def _answer(self, what: str) -> Any:
+        """The process's answer to the command just sent, or an error that says why none came."""
+        try:
+            if self._connection.poll(self._answer_timeout_s):
+                return self._connection.recv()
+        except (EOFError, OSError):
+            raise KeepWarmProcessError(f"the keep-warm registry process died ({self._exit()}) during a {what}") from None
+        if not self._process.is_alive():
+            raise KeepWarmProcessError(f"the keep-warm registry process died ({self._exit()}) during a {what}")
+        assert self._process.pid is not None
+        os.kill(self._process.pid, signal.SIGUSR1)
+        time.sleep(1.0)  # faulthandler writes from a signal handler: give it a moment
+        stacks = self._stacks_path.read_text(errors="replace") if self._stacks_path.exists() else ""
+        raise KeepWarmProcessError(f"the keep-warm registry process did not answer a {what} within "
+                                   f"{self._answer_timeout_s:.0f}s; it is alive, and its threads were:\n{stacks}")
+
+    def _exit(self) -> str:
+        self._process.join(timeout=5)
+        return f"exit code {self._process.exitcode}"
 
     def close(self) -> None:
-        if self._process.is_alive():
-            self._connection.send(None)
-            if self._connection.poll(60):
-                self.stats = self._connection.recv()
+        if self._failed:
+            self._process.kill()
+        elif self._process.is_alive():
+            try:
+                self._connection.send(None)
+                if self._connection.poll(60):
+                    self.stats = self._connection.recv()
+            except (EOFError, OSError):
+                pass  # it died meanwhile: no stats, as when it does not answer
         self._process.join(timeout=60)
         if self._process.is_alive():
             self._process.kill()

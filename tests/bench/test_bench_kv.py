@@ -6,14 +6,15 @@ import asyncio
 import collections
 import dataclasses
 import json
+import socket
 
 import httpx
 import pytest
 
-from ragcache.prefixes import PrefixRegistryConfig, Target, assemble_prompt
+from ragcache.prefixes import PrefixRegistryConfig, PrefixSpec, Target, assemble_prompt
 from ragcache_bench import exit_status
 from ragcache_bench.kv_blocks import LevelResult
-from ragcache_bench.kv_keep_warm import registry_config
+from ragcache_bench.kv_keep_warm import KeepWarm, KeepWarmProcessError, registry_config
 from ragcache_bench.kv_rag import naive_prompt, rag_requests
 from ragcache_bench.kv_report import format_report, verdicts
 from ragcache_bench.kv_workload import (
@@ -145,3 +146,32 @@ def test_a_chat_prefix_is_judged_by_its_warms_per_eviction():
     events["extras"] = {"chat": stats(9, 0)}  # never seen evicted: no figure to judge it by
     (figure,) = verdicts([], 1301, (4,), {"on+churn+keep-warm (events)": events}).figures
     assert figure.verdict == "MISS" and figure.failed_requirements == ["an eviction was seen"]
+
+
+def test_a_keep_warm_command_that_raises_comes_back_as_its_traceback():
+    # Issue 42: a registry process whose command raised used to leave the bench waiting 120 s for "did not answer".
+    spec = PrefixSpec("system", "You are a helpful assistant. " * 8, Target("http://127.0.0.1:9", ""), pinned=False)
+    keep_warm = KeepWarm(registry_config(16, []), spec, answer_timeout_s=60)
+    try:
+        with pytest.raises(KeepWarmProcessError, match="failed a pin") as info:
+            keep_warm.set(True)
+        assert "target model must not be empty" in str(info.value)
+    finally:
+        keep_warm.close()
+
+
+def test_a_keep_warm_process_that_hangs_is_reported_with_its_threads_stacks():
+    # A vLLM that accepts the connection and never answers: the pin's warm waits on it past the bench's patience.
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        target = Target(f"http://127.0.0.1:{silent.getsockname()[1]}", "m")
+        spec = PrefixSpec("system", "You are a helpful assistant. " * 8, target, pinned=False)
+        keep_warm = KeepWarm(registry_config(16, ["request_timeout_s=60", "read_timeout_s=60"]), spec,
+                             answer_timeout_s=5)
+        try:
+            with pytest.raises(KeepWarmProcessError, match="did not answer a pin within 5s; it is alive") as info:
+                keep_warm.set(True)
+            assert "in register" in str(info.value)  # the main thread's stack: where it waits
+        finally:
+            keep_warm.close()
