@@ -216,3 +216,18 @@ def test_the_engine_adapters_know_nothing_of_the_prefix_registry():
     # An adapter speaks its engine's protocol only (docs/DESIGN.md): no import of the registry, lazy or typed.
     names = [name for path in sorted((ROOT / "ragcache" / "engines").glob("*.py")) for name in imported_modules(path)]
     assert [name for name in names if name.startswith("ragcache.prefixes")] == []
+
+
+MAX_CLASS_LINES = 250  # issue 41: a class past this in the registry or the adapter room does several jobs
+
+
+def test_no_class_of_the_prefix_registry_or_the_engine_adapters_is_over_the_bound():
+    long = []
+    for room in ("prefixes", "engines"):
+        for path in sorted((ROOT / "ragcache" / room).glob("*.py")):
+            classes = [node for node in ast.walk(ast.parse(path.read_text(), str(path))) if isinstance(node, ast.ClassDef)]
+            for node in classes:
+                num_lines = (node.end_lineno or node.lineno) - node.lineno + 1
+                if num_lines > MAX_CLASS_LINES:
+                    long.append(f"{path.relative_to(ROOT)}: {node.name}, {num_lines} lines")
+    assert long == []
