@@ -121,6 +121,12 @@ class DiskStore:
         self._retired: list[Generation] = []
         self._flight_lock = threading.Lock()
         self._num_in_flight = 0
+        # No environment is opened while another thread closes one. py-lmdb refuses to open files that an open
+        # environment of the process holds, known by (st_dev, st_ino), and forgets a closed environment's only after
+        # mdb_env_close returns, which runs without the GIL; a dropped generation's files are unlinked already, so
+        # their inodes are free once closed and a new generation's lock file made meanwhile may get one of them:
+        # refused as "already open in this process". Taken after ``_lock`` where both are held.
+        self._env_lock = threading.Lock()
         self._max_seq = -1  # the largest generation number seen: new ones only ever count up
         self._epoch = -1
         self.num_rotations = self.num_evicted = self.num_lost = 0
@@ -319,7 +325,8 @@ class DiskStore:
         """An existing generation, or None: dropped and counted when it cannot be read (a short or damaged file)."""
         path = self.root / f"{_PREFIX}{seq:012d}"
         try:
-            return open_generation(seq, path, map_bytes=self.map_bytes)
+            with self._env_lock:
+                return open_generation(seq, path, map_bytes=self.map_bytes)
         except FileNotFoundError:
             pass  # removed since the folder was listed
         except (ShortFileError, *_DAMAGED) as exc:
@@ -347,7 +354,8 @@ class DiskStore:
         shutil.rmtree(making, ignore_errors=True)
         try:
             making.mkdir()
-            made = open_generation(seq, making, map_bytes=self.map_bytes)
+            with self._env_lock:
+                made = open_generation(seq, making, map_bytes=self.map_bytes)
         except (OSError, lmdb.Error, ShortFileError) as exc:
             shutil.rmtree(making, ignore_errors=True)
             self._availability.set_unavailable(f"a new generation cannot be made: {exc}")
@@ -390,8 +398,9 @@ class DiskStore:
             if self._num_in_flight:
                 return  # the last call to leave closes them
             retired, self._retired = self._retired, []
-        for gen in retired:
-            gen.env.close()
+        with self._env_lock:
+            for gen in retired:
+                gen.env.close()
 
     def _lose(self, gen: Generation, exc: Exception) -> None:
         """A generation whose file fails to read: dropped from the host, counted; its keys become misses."""
@@ -437,7 +446,8 @@ class DiskStore:
             if self._closed:
                 return
             self._closed = True
-            for gen in [*self._gens, *self._retired]:
-                gen.env.close()
+            with self._env_lock:
+                for gen in [*self._gens, *self._retired]:
+                    gen.env.close()
             self._gens, self._retired = (), []
             self._meta.close()

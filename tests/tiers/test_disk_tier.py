@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ragcache.errors import ConfigError
+from ragcache.errors import ConfigError, TierUnavailableError
 from ragcache.storage.disk_store import DiskStore
 from ragcache.tiers.disk import DiskTier
 from tests.tiers.disk_process import BATCH, DIM, key, open_tier, read, vector, write
@@ -224,3 +224,48 @@ def test_every_file_of_the_disk_level_is_private_to_its_user(tmp_path):
     modes = {path.relative_to(tmp_path).as_posix(): oct(path.stat().st_mode & 0o777) for path in tmp_path.rglob("*") if path.is_file()}
     assert any(name.endswith("data.mdb") for name in modes) and any(name.endswith("lock.mdb") for name in modes)
     assert modes == dict.fromkeys(modes, "0o600")
+
+
+
+def test_a_generation_closed_by_a_reader_never_blocks_the_next_one_from_opening(tmp_path):
+    # py-lmdb refuses to open an environment whose files' (st_dev, st_ino) an environment open in the process holds,
+    # and forgets a closed one's only after mdb_env_close returns, which runs without the GIL. A dropped
+    # generation's files are unlinked already, so their inodes are free the moment they close: a generation made by
+    # another thread meanwhile got its lock file on the same inode and was refused ("'.new-…' is already open in
+    # this process": the flaky test above). Here readers leaving close the dropped generations while the main
+    # thread drops and makes them without pause; a short switch interval interleaves the threads in that window.
+    import sys
+    import threading
+
+    store = DiskStore(tmp_path, capacity_bytes=CAPACITY, check_interval_s=None)
+    store.put_many([(b"k", b"v")])
+    stop, failures = threading.Event(), []
+
+    def reader() -> None:
+        while not stop.is_set():
+            try:
+                store.get_many([b"k"])
+            except TierUnavailableError:
+                pass  # inside a clear, between its drop and its new generation: the level has none (a miss)
+            except Exception as exc:  # noqa: BLE001 - any other failure is the test's finding
+                failures.append(exc)
+                return
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    readers = [threading.Thread(target=reader) for _ in range(3)]
+    try:
+        for thread in readers:
+            thread.start()
+        for _ in range(1000):
+            store.clear()
+            if failures or store.unavailable:
+                break
+    finally:
+        stop.set()
+        for thread in readers:
+            thread.join()
+        sys.setswitchinterval(interval)
+        unavailable = store.unavailable
+        store.close()
+    assert (failures, unavailable) == ([], None)
