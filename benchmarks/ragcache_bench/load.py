@@ -59,17 +59,20 @@ class Workload:
         num_hot: int = 300,
         skew: float = 1.2,
         new_fraction: float = 0.1,
+        num_new: int | None = None,
         seed: int = 0,
         paths: tuple[str, ...] = ("/embed", "/v1/embeddings", "/search"),
     ):
         """``skew``: the Pareto shape of hot-text popularity (0: every hot text equally often);
-        ``new_fraction``: the share of texts never sent before."""
+        ``new_fraction``: the share of texts never sent before; ``num_new``: at most this many of them, then they
+        come round again (a bounded corpus: ``corpus`` lists it; None: each is new, without end)."""
         self.collection = collection
         self.paths = paths
         self.skew = skew
         self.new_fraction = new_fraction
         self._rng = random.Random(seed)
         self._hot = [self.sentence(i) for i in range(num_hot)]
+        self._num_hot, self._num_new = num_hot, num_new
         self._next_new = num_hot
         self._lock = threading.Lock()
 
@@ -77,6 +80,12 @@ class Workload:
     def hot_texts(self) -> list[str]:
         """The texts most requests repeat (send them once first to warm the levels)."""
         return list(self._hot)
+
+    def corpus(self) -> list[str]:
+        """Every text this workload can send, with ``num_new`` set (the hot ones, then the others)."""
+        if self._num_new is None:
+            raise ValueError("an unbounded workload has no corpus")
+        return [*self._hot, *(self.sentence(self._num_hot + i) for i in range(self._num_new))]
 
     def sentence(self, index: int) -> str:
         words = random.Random(index).choices(WORDS, k=8)
@@ -92,6 +101,8 @@ class Workload:
                 if self._rng.random() < self.new_fraction:  # a new text: a miss at every level, computed
                     texts.append(self.sentence(self._next_new))
                     self._next_new += 1
+                    if self._num_new is not None and self._next_new == self._num_hot + self._num_new:
+                        self._next_new = self._num_hot
                 elif self.skew:  # a hot text, Zipf-like: low indexes far more often
                     texts.append(self._hot[min(int(self._rng.paretovariate(self.skew)) - 1, len(self._hot) - 1)])
                 else:
