@@ -87,6 +87,11 @@ class PrefixRegistryConfig:
     # fleet's and its tenant's) is left; prefixes in use are warmed first and may spend it all.
     idle_after_s: float = 60.0
     idle_budget_share: float = 0.5
+    # The budget sized from the engines' own figures (:mod:`.budget`): each tick, what keeping every pinned prefix
+    # warm takes at the rate each engine's KV cache turns over, twice over, within [warm_budget_min_per_minute,
+    # warm_budget_per_minute]. Off: warm_budget_per_minute, fixed.
+    warm_budget_sized: bool = True
+    warm_budget_min_per_minute: int = 12
     # vLLM endpoints that publish KV events (--kv-events-config), by base URL: their prefixes' residency is read from
     # the engine (:mod:`.engine_view`), a warm goes out when the prefix's blocks are removed, and a due timer warm is
     # not sent while the events show the prefix whole. Other endpoints keep the warm-measured schedule.
@@ -115,8 +120,9 @@ class PrefixRegistryConfig:
             raise ConfigError("need 0 < min_rewarm_interval_s <= max_rewarm_interval_s")
         if not 0 < self.shrink_factor <= 1 <= self.grow_factor or self.ceiling_relax_factor < 1:
             raise ConfigError("need 0 < shrink_factor <= 1 <= grow_factor and ceiling_relax_factor >= 1")
-        if min(self.warm_budget_per_minute, self.warm_budget_per_tenant_per_minute) < 1:
-            raise ConfigError("warm_budget_per_minute and warm_budget_per_tenant_per_minute must be at least 1")
+        if min(self.warm_budget_per_minute, self.warm_budget_per_tenant_per_minute, self.warm_budget_min_per_minute) < 1:
+            raise ConfigError("warm_budget_per_minute, warm_budget_per_tenant_per_minute and warm_budget_min_per_minute "
+                              "must be at least 1")
         if min(self.max_text_bytes, self.max_prefixes_per_tenant, self.registrations_per_minute) < 1:
             raise ConfigError("max_text_bytes, max_prefixes_per_tenant and registrations_per_minute must be at least 1")
         if not 0 < self.backoff_min_s <= self.backoff_max_s:

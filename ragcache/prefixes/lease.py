@@ -44,10 +44,11 @@ class WarmGate(Protocol):
         """Whether this replica is the one that warms prefix ``name`` on ``base_url`` now (renewing its lease)."""
         ...
 
-    def try_spend(self, tenant: str | None = None, reserve: int = 0) -> bool:
+    def try_spend(self, tenant: str | None = None, reserve: int = 0, per_minute: int | None = None) -> bool:
         """Take one warm from the (fleet-wide) budget and from ``tenant``'s (the keys without a tenant share one);
         False, spending nothing, when this minute's budget of either is spent, or has no more than ``reserve`` warms
-        left (kept for prefixes in use: an idle one's warm goes out only while the budget has room)."""
+        left (kept for prefixes in use: an idle one's warm goes out only while the budget has room). ``per_minute``:
+        the fleet's budget as sized now (:mod:`.budget`), within the configured one; None: the configured one."""
         ...
 
 
@@ -61,12 +62,15 @@ class TenantBudgets:
         self._tenants: dict[str, WarmBudget] = {}  # bounded by the tenants of the API keys
         self._lock = threading.Lock()
 
-    def try_spend(self, tenant: str | None, reserve: int = 0) -> bool:
+    def try_spend(self, tenant: str | None, reserve: int = 0, per_minute: int | None = None) -> bool:
         with self._lock:
             own = self._tenants.get(tenant or "")
             if own is None:
                 own = self._tenants[tenant or ""] = WarmBudget(self._per_tenant_per_minute, self._clock)
-            if own.num_available <= reserve or self._total.num_available <= reserve or not self._total.try_acquire():
+            # The sized budget lowers the fleet's: a warm out of it leaves (configured - sized) more in the log.
+            lowered_by = 0 if per_minute is None else max(0, self._total.per_minute - per_minute)
+            if own.num_available <= reserve or self._total.num_available <= reserve + lowered_by or \
+                    not self._total.try_acquire():
                 return False
             return own.try_acquire()
 
@@ -80,8 +84,8 @@ class LocalWarmGate:
     def holds(self, name: str, base_url: str) -> bool:
         return True
 
-    def try_spend(self, tenant: str | None = None, reserve: int = 0) -> bool:
-        return self._budgets.try_spend(tenant, reserve)
+    def try_spend(self, tenant: str | None = None, reserve: int = 0, per_minute: int | None = None) -> bool:
+        return self._budgets.try_spend(tenant, reserve, per_minute)
 
 
 # Take the lease when free, renew it when ours; one script so that no other replica can slip in between.
@@ -162,11 +166,12 @@ class RedisWarmGate:
         """The fleet's log and ``tenant``'s, in one hash slot ({...}: a script's keys must share one on a Cluster)."""
         return [f"{{{self._key_prefix}:warm-log}}", f"{{{self._key_prefix}:warm-log}}:tenant:{tenant or ''}"]
 
-    def try_spend(self, tenant: str | None = None, reserve: int = 0) -> bool:
+    def try_spend(self, tenant: str | None = None, reserve: int = 0, per_minute: int | None = None) -> bool:
         member = f"{self.replica_id}:{next(self._sequence)}"
+        budget = self._budget_per_minute if per_minute is None else min(per_minute, self._budget_per_minute)
         try:
             return bool(self._spend(keys=self.log_keys(tenant), args=[
-                self._budget_per_minute, self._budget_per_tenant, WarmBudget.window_s, member, reserve]))
+                budget, self._budget_per_tenant, WarmBudget.window_s, member, reserve]))
         except REDIS_ERRORS as exc:
             log.warning("fleet warm budget unavailable (%s); using this replica's own", exc)
-            return self._fallback.try_spend(tenant, reserve)
+            return self._fallback.try_spend(tenant, reserve, per_minute)

@@ -43,6 +43,7 @@ class KeepWarmLoop(KeepWarm):
         until every pass ended, returning their warms (longest-waiting first); the background loop does not wait, so
         an endpoint that hangs holds only its own thread."""
         prefixes = self._refresh()
+        self.size_budget(prefixes)
         urls = sorted({url for p in prefixes for url in self.endpoints_of(p)})
         passes = [self._worker(url).request() for url in urls]
         if not wait:
@@ -83,7 +84,7 @@ class KeepWarmLoop(KeepWarm):
         # Prefixes in use first (the budget follows use), then the longest-waiting first, so a spent budget delays
         # every prefix fairly instead of starving the ones that sort last; an idle one leaves the budget's reserve.
         idle = {name for _, name, _ in due if self.uses.idle_s(name) is not None}
-        reserve = self.uses.idle_reserve()
+        reserve = self.uses.idle_reserve(self.budget_per_minute)
         return [(key, self.warm(PrefixName(key[1], key[1]), url, reserve=reserve if key[1] in idle else 0))
                 for key in sorted(due, key=lambda key: (key[1] in idle, key))]
 

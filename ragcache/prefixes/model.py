@@ -288,6 +288,8 @@ class RegistryStats:
     num_warms_avoided: int = 0
     # Each endpoint that publishes KV events.
     events: tuple[EventsStats, ...] = ()
+    # The fleet's warm budget a minute as sized from the engines' figures (:mod:`.budget`); None: the configured one.
+    warm_budget_per_minute: int | None = None
 
 
 @dataclass(frozen=True)

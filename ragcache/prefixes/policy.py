@@ -104,6 +104,10 @@ class WarmBudget:
         return True
 
     @property
+    def per_minute(self) -> int:
+        return self._per_minute
+
+    @property
     def num_available(self) -> int:
         """Warms that could be sent right now."""
         self._prune(self._clock())

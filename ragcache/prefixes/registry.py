@@ -307,7 +307,8 @@ class PrefixRegistry:
         per_target = self._targets.stats({url for p in prefixes for url in self.endpoints_of(p)})
         keep_warm = self._keep_warm
         return RegistryStats(per_prefix, per_target, keep_warm.num_warms_sent, keep_warm.num_warms_deferred,
-                             keep_warm.num_warms_held_busy, keep_warm.num_warms_avoided, keep_warm.engines.stats())
+                             keep_warm.num_warms_held_busy, keep_warm.num_warms_avoided, keep_warm.engines.stats(),
+                             keep_warm.budget_per_minute)
 
 
 def _validate(spec: PrefixSpec) -> str:

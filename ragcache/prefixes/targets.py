@@ -4,6 +4,7 @@ counters from ``/metrics`` (the KV block size, a restart), and how a warm reques
 from __future__ import annotations
 
 import logging
+import math
 import threading
 from collections.abc import Callable
 
@@ -32,6 +33,9 @@ class Targets:
         self._health: dict[str, TierHealth] = {}  # per target: the breaker every remote dependency uses
         self._counters: dict[str, PrefixCacheCounters] = {}
         self._scraped_at: dict[str, float] = {}
+        # Per target: tokens a second its engine computed rather than found cached, between its last two scrapes
+        # (what turns its KV cache over, :mod:`.budget`).
+        self._computed_per_s: dict[str, float] = {}
         # Endpoints that answered a warm carrying a priority with a 4xx (an older vLLM without priority
         # scheduling refuses the field): their warms go without it.
         self._priority_refused: set[str] = set()
@@ -82,6 +86,15 @@ class Targets:
             return True
         return False
 
+    def turnover_s(self, url: str) -> float | None:
+        """Seconds ``url``'s engine takes to write as many new blocks as its KV cache holds, at the rate of its last
+        two scrapes (``math.inf`` while it computes nothing); None until it reported its cache's size and two scrapes."""
+        with self._lock:
+            counters, rate = self._counters.get(url), self._computed_per_s.get(url)
+        if counters is None or rate is None or not counters.num_gpu_blocks or not counters.block_size:
+            return None
+        return counters.num_gpu_blocks * counters.block_size / rate if rate > 0 else math.inf
+
     def scrape_due(self, url: str, now: float) -> bool:
         """Whether ``url``'s counters were last read ``metrics_interval_s`` or more before ``now``."""
         return now - self._scraped_at.get(url, float("-inf")) >= self.config.metrics_interval_s
@@ -98,11 +111,15 @@ class Targets:
             health.record_failure(exc)
             log.warning("scraping %s failed: %s", url, exc)
             return None, False
+        now = self._clock()
         with self._lock:
-            previous = self._counters.get(url)
+            previous, previous_at = self._counters.get(url), self._scraped_at.get(url)
             self._counters[url] = counters
-            self._scraped_at[url] = self._clock()
-        restarted = previous is not None and counters.queries < previous.queries
+            self._scraped_at[url] = now
+            restarted = previous is not None and counters.queries < previous.queries
+            if previous is not None and previous_at is not None and now > previous_at and not restarted:
+                computed = (counters.queries - counters.hits) - (previous.queries - previous.hits)
+                self._computed_per_s[url] = max(0.0, computed) / (now - previous_at)
         if restarted:
             # Counters went backwards: vLLM restarted between two looks, its cache is empty.
             log.info("target %s restarted; re-warming its prefixes", url)

@@ -54,9 +54,10 @@ class PrefixUse:
             quiet_s = now - self._active_at.setdefault(name, now)
         return quiet_s if quiet_s >= self._config.idle_after_s else None
 
-    def idle_reserve(self) -> int:
-        """Warms of each minute's budget an idle prefix's warm leaves to the prefixes in use."""
-        budget = min(self._config.warm_budget_per_minute, self._config.warm_budget_per_tenant_per_minute)
+    def idle_reserve(self, per_minute: int | None = None) -> int:
+        """Warms of each minute's budget (``per_minute`` as sized now, else the configured one) an idle prefix's warm
+        leaves to the prefixes in use."""
+        budget = min(per_minute or self._config.warm_budget_per_minute, self._config.warm_budget_per_tenant_per_minute)
         return int(budget * self._config.idle_budget_share)
 
     def forget(self, name: str) -> None:

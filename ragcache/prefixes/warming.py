@@ -23,6 +23,7 @@ from ragcache.outbound import canonical_url
 from ragcache.retrieval.names import tenant_of
 
 from .allow import TargetPolicy
+from .budget import sized_budget
 from .config import PrefixRegistryConfig
 from .engine_view import EngineView
 from .known import KnownPrefixes
@@ -81,6 +82,8 @@ class KeepWarm:
         self.num_warms_deferred = 0
         self.num_warms_held_busy = 0
         self.num_warms_avoided = 0
+        # The fleet's warm budget as last sized from the engines' figures (:mod:`.budget`); None: the configured one.
+        self.budget_per_minute: int | None = None
 
     def endpoints_of(self, prefix: Prefix) -> tuple[str, ...]:
         """The vLLM base URLs that keep ``prefix`` warm: its target first, then its replicas, then the
@@ -133,7 +136,7 @@ class KeepWarm:
             state = self._state_for(prefix, url)
             if not self._targets.health_of(url).may_try():
                 return self._finish(state, skipped("target is backing off"))
-            if not self._gate.try_spend(tenant_of(prefix.name), reserve):
+            if not self._gate.try_spend(tenant_of(prefix.name), reserve, self.budget_per_minute):
                 self.num_warms_deferred += 1
                 if reserve:
                     state.num_idle_deferred += 1
@@ -238,6 +241,17 @@ class KeepWarm:
                               schedule=Schedule(self.config.initial_rewarm_interval_s), next_due_at=self._clock())
             self._states[(prefix.name, url)] = state
         return state
+
+    def size_budget(self, prefixes: list[Prefix]) -> None:
+        """Size the warm budget for ``prefixes`` from the engines' last figures (:mod:`.budget`), when configured to."""
+        if not self.config.warm_budget_sized:
+            return
+        with self._lock:
+            pairs = [(self._targets.turnover_s(url), self._state_for(p, url).primed)
+                     for p in prefixes if p.pinned for url in self.endpoints_of(p)]
+        ceiling = self.config.warm_budget_per_minute
+        self.budget_per_minute = sized_budget(pairs, floor=min(self.config.warm_budget_min_per_minute, ceiling),
+                                              ceiling=ceiling)
 
     def _refresh(self) -> list[Prefix]:
         """The prefixes to consider this tick: from the store, or the last copy while it is down."""

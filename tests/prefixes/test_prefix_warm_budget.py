@@ -5,10 +5,14 @@ the real Redis)."""
 
 from __future__ import annotations
 
+import dataclasses
+import math
+
 import httpx
 import redis
 
 from ragcache.prefixes import FilePrefixStore, PrefixRegistry, PrefixRegistryConfig, PrefixSpec, Target, VLLMClient, WarmOutcome
+from ragcache.prefixes.budget import sized_budget
 from ragcache.prefixes.lease import RedisWarmGate, TenantBudgets
 from tests.prefixes.test_prefixes_unit import FakeClock, FakeVLLM
 
@@ -97,3 +101,55 @@ def test_the_budget_follows_use_an_idle_prefix_leaves_room_for_one_in_use(tmp_pa
     clock.now += 30  # a new minute: room again, and the idle prefix is warmed
     assert {r.name: r.outcome for r in registry.tick()}["quiet"] is WarmOutcome.RESIDENT
     assert registry.prefix_stats("quiet").endpoints[0].why_not_cached == ()
+
+
+def test_the_budget_is_sized_from_the_engines_kv_cache_turnover():
+    """Issue 42, item 5: one warm per turnover of the engine's KV cache per pinned (prefix, endpoint), plus one per
+    pair not primed, twice over, within [floor, ceiling]; unknown figures give the ceiling (as when sizing is off)."""
+    # The bench kv engine: 8,192 tokens of cache, 4,000 computed tokens/s: a turnover every 2.05 s.
+    assert sized_budget([(8192 / 4000, True)], floor=12, ceiling=120) == 59
+    assert sized_budget([(8192 / 4000, True)] * 3, floor=12, ceiling=120) == 120  # 176 needed: the ceiling
+    assert sized_budget([(math.inf, True), (math.inf, False)], floor=12, ceiling=120) == 12  # quiet: the floor
+    assert sized_budget([(10.0, False)], floor=1, ceiling=120) == 14  # (6 + the prime) x 2
+    assert sized_budget([(10.0, True), (None, True)], floor=12, ceiling=120) == 120
+    assert sized_budget([], floor=12, ceiling=120) == 12
+
+
+def test_a_registry_sizes_its_budget_from_what_the_engines_metrics_report(tmp_path):
+    config = PrefixRegistryConfig(warm_budget_per_minute=120, warm_budget_per_tenant_per_minute=120, default_block_size=4,
+                                  store_refresh_interval_s=0.0, idle_after_s=1e9, metrics_interval_s=5.0,
+                                  warm_budget_min_per_minute=4, warm_on_event=False)
+    clock, vllm = FakeClock(), FakeVLLM()
+    vllm.num_gpu_blocks = 64  # 256 tokens of KV cache
+    http = httpx.Client(transport=httpx.MockTransport(vllm.handler))
+    registry = PrefixRegistry(FilePrefixStore(tmp_path / "prefixes.json"), VLLMClient(http), config, clock=clock,
+                              wall_clock=clock)
+    registry.register(PrefixSpec("p", f"{SYSTEM}Pinned.\n", Target("http://vllm.test", "m")))
+    registry.tick()  # the first scrape: no rate yet
+    assert registry.stats().warm_budget_per_minute == 120
+    clock.now += 5
+    vllm.queries += 256  # the engine computed 256 tokens in 5 s: its cache turns over every 5 s, 12 times a minute
+    registry.tick()
+    registry.tick()
+    assert registry.stats().warm_budget_per_minute == 24
+    for _ in range(30):
+        registry.warm("p")
+    assert registry.stats().num_warms_sent == 24  # this minute's, the prime and the ticks' included
+    assert registry.warm("p").error == "warm budget for this minute (the fleet's or the tenant's) is spent"
+    clock.now += 61  # the engine computed nothing since: nothing turns its cache over, the budget is the floor
+    registry.tick()
+    registry.tick()
+    assert registry.stats().warm_budget_per_minute == 4
+    off = PrefixRegistry(FilePrefixStore(tmp_path / "off.json"), VLLMClient(http),
+                         dataclasses.replace(config, warm_budget_sized=False), clock=clock, wall_clock=clock)
+    off.tick()
+    assert off.stats().warm_budget_per_minute is None
+
+
+def test_a_sized_budget_lowers_the_configured_one_in_both_gates(redis_url):
+    budgets = TenantBudgets(per_minute=10, per_tenant_per_minute=10, clock=FakeClock())
+    assert [budgets.try_spend(None, 0, per_minute=3) for _ in range(4)] == [True, True, True, False]
+    assert budgets.try_spend(None) is True  # the configured 10 still has room
+    gate = RedisWarmGate(redis.Redis.from_url(redis_url), budget_per_minute=10, key_prefix="rc:sized", replica_id="r")
+    assert [gate.try_spend(None, 0, per_minute=2) for _ in range(3)] == [True, True, False]
+    assert gate.try_spend(None, 0, per_minute=50) is True  # never above the configured 10

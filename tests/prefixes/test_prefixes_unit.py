@@ -71,6 +71,7 @@ class FakeVLLM:
         self.waiting: int | None = None
         self.refuse_priority = False  # an older vLLM without priority scheduling
         self.num_scrapes = 0  # /metrics requests
+        self.num_gpu_blocks: int | None = None  # the KV cache's size in vllm:cache_config_info; None: not exposed
         self.before_completion: Callable[[], None] | None = None  # runs as a completion arrives (the engine's moment)
 
     def evict_all(self) -> None:
@@ -81,9 +82,11 @@ class FakeVLLM:
             raise httpx.ConnectError("connection refused", request=request)
         if request.url.path == "/metrics":
             self.num_scrapes += 1
+            labels = f'block_size="{BLOCK}"' + ("" if self.num_gpu_blocks is None else
+                                                f',num_gpu_blocks="{self.num_gpu_blocks}"')
             body = (f"# TYPE vllm:prefix_cache_queries counter\nvllm:prefix_cache_queries_total {self.queries}\n"
                     f"# TYPE vllm:prefix_cache_hits counter\nvllm:prefix_cache_hits_total {self.hits}\n"
-                    f'# TYPE vllm:cache_config_info gauge\nvllm:cache_config_info{{block_size="{BLOCK}"}} 1\n')
+                    f"# TYPE vllm:cache_config_info gauge\nvllm:cache_config_info{{{labels}}} 1\n")
             for name, value in (("running", self.running), ("waiting", self.waiting)):
                 if value is not None:
                     body += f'# TYPE vllm:num_requests_{name} gauge\nvllm:num_requests_{name}{{engine="0"}} {value}\n'
