@@ -388,7 +388,7 @@ def _compiled_line() -> str:
     """Which implementation of each C/Python pair serves in this install (``ragcache.observe.compiled``), as a
     comment line, so the output stays a settings file. Importing a pair's module is what chooses it."""
     import ragcache.tiers.lru_index  # noqa: F401
-    import ragcache_server.embedding.wire  # noqa: F401
+    import ragcache_server.embedding.answers  # noqa: F401
     from ragcache.observe.compiled import implementations
 
     return "# compiled loops: " + ", ".join(f"{name}={kind}" for name, kind in implementations().items())

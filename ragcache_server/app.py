@@ -26,8 +26,7 @@ from ragcache_server.errors import install_error_handlers
 from ragcache_server.limits import LimitsMiddleware, RateLimiter
 from ragcache_server.probes import LevelProbes
 from ragcache_server.schemas import ERROR_RESPONSES, bounded_to_service
-from ragcache_server.state import ServiceState, local_models
-from ragcache_server.tenants import TenantCaches
+from ragcache_server.state import ServiceState, TenantCaches, local_models
 from ragcache_server.tracing import TracingMiddleware
 from ragcache_server.workers import WorkerPool
 
@@ -95,7 +94,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.openapi = _bounded_openapi(app, settings)  # type: ignore[method-assign]
     # The last added runs first: keys and rate limits are checked before a body is read (docs/SECURITY.md).
     app.state.workers = WorkerPool(settings.service.max_worker_threads)
-    # Innermost: the embedding routes' fast path answers inside every check below (embedding/fast_path.py).
+    # Innermost: the embedding routes' fast path answers inside every check below (embedding/answers.py).
     app.state.embed_fast_path = FastPathCounts()
     # Requests that miss L1 together, walked together; a group never holds more texts than the model's queue may
     # (compute_max_pending: one request larger than that is still walked, alone, as before).
@@ -111,8 +110,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(AccessMiddleware, keys=KeyRing.from_settings(settings), limiter=limiter, routes=routes)
     # Outside every check that answers an error: OpenAI's and TEI's routes answer theirs in their shapes.
     app.add_middleware(ErrorShapes)
-    # Outermost: a request's span (RAGCACHE_TRACING) covers the refusals above as well.
-    app.add_middleware(TracingMiddleware)
+    # Outermost: a request's span (RAGCACHE_TRACING) covers the refusals above as well. Only with tracing on: off,
+    # the stores hold no tracer (Tracing.configured), and the layer would only look that up on every request.
+    if settings.service.tracing != "off":
+        app.add_middleware(TracingMiddleware)
     return app
 
 

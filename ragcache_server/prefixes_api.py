@@ -2,7 +2,7 @@
 
 The app puts the registry at ``app.state.prefixes``. Requests and answers are the library's own frozen
 dataclasses (FastAPI validates and serialises them), so the HTTP shape cannot drift from the library's.
-Prefixes are per tenant, as collections are (ragcache_server/tenants.py): a tenant's ``system`` is stored as
+Prefixes are per tenant, as collections are (ragcache_server/state.py, TenantCaches): a tenant's ``system`` is stored as
 ``<tenant>--system``: each name in a request is the caller's ``PrefixName`` (``ragcache.retrieval.names``), and the
 registry's answers and errors carry its public name, so a tenant neither sees nor can name another tenant's
 prefix (404), nor reads a stored name.

@@ -1,7 +1,7 @@
 """A span per HTTP request (OpenTelemetry), the parent of the cache's spans, when ``RAGCACHE_TRACING`` is on.
 
-The tracer is the one the service's stores opened (``ragcache.observe.tracing``); with tracing off this middleware
-only looks that up and passes the request on. Worker threads (``blocking``) inherit the request's context,
+The tracer is the one the service's stores opened (``ragcache.observe.tracing``); with tracing off the app does not
+install this middleware at all (``ragcache_server/app.py``). Worker threads (``blocking``) inherit the request's context,
 so the cache's ``ragcache.embed`` / ``ragcache.lookup`` / ``ragcache.compute`` spans nest under it.
 """
 

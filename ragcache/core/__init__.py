@@ -14,8 +14,7 @@ from ragcache.observe.exports import lazy_exports
 
 _EXPORTS = {
     ".cache": ("EmbeddingCache",),
-    ".result": ("EmbedResult",),
-    ".probe": ("Probe",),
+    ".result": ("EmbedResult", "Probe"),
     ".encoder": ("Capabilities", "Encoder", "EncoderStats", "capabilities_of"),
     ".batching": ("CALLER_GONE",),
     ".flight": ("RedisFlight",),
@@ -36,8 +35,7 @@ if TYPE_CHECKING:
     from ragcache.core.flight import RedisFlight
     from ragcache.core.health import TierHealth, probe_levels
     from ragcache.core.keys import DTYPES, EmbeddingSpace, Generation, key_digests, text_hash, text_hashes
-    from ragcache.core.probe import Probe
-    from ragcache.core.result import EmbedResult
+    from ragcache.core.result import EmbedResult, Probe
     from ragcache.core.scope import UNSCOPED, Prompt, Scope
     from ragcache.core.stats import CacheStats, LatencyHistogram, LevelStats
     from ragcache.core.tier import Tier, TierHits

@@ -20,13 +20,12 @@ import torch
 
 from ragcache.core.batching import CallsInProgress
 from ragcache.core.causes import MissLedger
-from ragcache.core.encoder import Encoder
+from ragcache.core.encoder import Encoder, capabilities_of
 from ragcache.core.flight import Flight
 from ragcache.core.keys import EmbeddingSpace, Generation, KeyMemo
 from ragcache.core.levels import Found, Levels
 from ragcache.core.misses import ComputeConfig, MissResolver
-from ragcache.core.probe import Probe, first_of_unique, joined_probe
-from ragcache.core.result import EmbedResult, finished, served_attributes, spans, to_numpy
+from ragcache.core.result import EmbedResult, Probe, finished, first_of_unique, joined_probe, served_attributes, spans, to_numpy
 from ragcache.core.scope import UNSCOPED, Scope, ScopeRecorders, ScopeStats
 from ragcache.core.stats import CacheStats, LatencyHistogram, LevelRecorder
 from ragcache.core.tier import Tier
@@ -69,6 +68,8 @@ class EmbeddingCache:
         miss_ledger_entries: int = 100_000,
     ):
         self.encoder = encoder
+        # What the model declares beyond encode(), read once here: the HTTP edge asks it on every request.
+        self.capabilities = capabilities_of(encoder)
         self.generation = Generation()  # the drift check (ragcache.models.drift) moves it
         self.device = torch.device(device)
         self.dtype = getattr(torch, encoder.space.dtype)

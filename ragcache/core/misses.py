@@ -102,9 +102,12 @@ class MissResolver:
         caller's computation put into L1 meanwhile comes back as an L1 hit (``peeked``)."""
         keys = unique_keys.take(positions)
         below = len(self.levels)
-        # The span covers this caller's wait: the batcher may add other callers' texts to the model call.
-        with span(self._tracer, "ragcache.compute", {"ragcache.num_texts": len(keys)}):
-            outcome = self.batcher.compute_detailed(keys, [unique_texts[i] for i in positions], prompt=prompt)
+        texts = [unique_texts[i] for i in positions]
+        if self._tracer is None:  # tracing off: no span, not even a call that finds nothing to do (as cache.py, levels.py)
+            outcome = self.batcher.compute_detailed(keys, texts, prompt=prompt)
+        else:  # the span covers this caller's wait: the batcher may add other callers' texts to the model call
+            with span(self._tracer, "ragcache.compute", {"ragcache.num_texts": len(keys)}):
+                outcome = self.batcher.compute_detailed(keys, texts, prompt=prompt)
         if outcome.failure is not None:
             if outcome.done:
                 self.levels.write_up(below, [keys[i] for i in outcome.done], outcome.vectors, num_sync=num_sync, first=1)

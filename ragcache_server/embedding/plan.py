@@ -1,7 +1,20 @@
 """One embedding request's decisions, made once (``plan_of``): what was asked (``EmbedCall``, from either route's
 validated body), the texts (token ids decoded with the served model's tokenizer), the cache view (model, named prompt,
 tenant), truncation, where OpenAI's token counts come from (the memo, or counted beside the walk) and the caller's own
-provider key (pass-through). The walk (``walk.py``) and the answer (``wire.py``) only read the plan."""
+provider key (pass-through). The vectors and the bytes (``answers.py``) only read the plan.
+
+Pass-through of the caller's own provider key to a remote model (``pass_through_auth``, off by default) is decided
+here, and only for a model whose capabilities say ``passes_caller_key``: no other request reads the headers. The
+caller's key comes from ``X-Upstream-Authorization: Bearer <key>``, or, when this service has no API keys of its own,
+from ``Authorization`` (so an OpenAI SDK pointed at ragcache sends its key as usual). With API keys configured,
+``Authorization`` carries the ragcache key, which never leaves this service.
+
+The trade-off (docs/providers.md): the cache is shared. A miss is computed with the key of the caller who missed it,
+and the vector then serves every caller as a hit, paid for by whoever missed it first. A key the upstream refuses or
+rate-limits fails only that caller's misses (a 4xx for it, 429 included, is not retried and does not open the
+model's breaker), and a caller needs no valid provider key at all to be served hits: pass-through decides who pays,
+not who may use the service (that is what ragcache's own API keys are for).
+"""
 
 from __future__ import annotations
 
@@ -9,21 +22,21 @@ import re
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel
 from starlette.requests import Request
 
 from ragcache import InvalidInputError
 from ragcache.core import EmbeddingCache, Tokenizer
-from ragcache.models import prompt_name_of
+from ragcache.models import ApiKey, prompt_name_of
 from ragcache_server.deps import blocking, cache_of, check_count, check_text_size, state_of
-from ragcache_server.embedding.passthrough import caller_scope
 from ragcache_server.embedding.tokens import TokenCounts, token_counts_of
 from ragcache_server.errors import HTTPError
 from ragcache_server.schemas import EmbedInputs, EmbedRequest, OpenAIEmbeddingsRequest
 
-__all__ = ["FAST_PATHS", "REQUEST_MODELS", "EmbedCall", "EmbedPlan", "as_batch", "call_of", "plan_of", "tokenizer_of"]
+__all__ = ["FAST_PATHS", "REQUEST_MODELS", "UPSTREAM_HEADER", "EmbedCall", "EmbedPlan", "as_batch", "call_of",
+           "caller_key_of", "plan_of", "tokenizer_of"]
 
 Shape = Literal["tei", "openai"]
 # The routes' paths and the shape of their bodies and answers.
@@ -100,7 +113,39 @@ async def plan_of(call: EmbedCall, request: Request) -> EmbedPlan:
     return EmbedPlan(call, texts, cache, truncate=truncate,
                      model=call.model or cache.space.model, token_counts=token_counts,
                      known_tokens=token_counts.known_total(texts) if token_counts is not None else None,
-                     caller_scope=caller_scope(request, cache))
+                     caller_scope=_caller_scope(request, cache) if cache.capabilities.passes_caller_key else None)
+
+
+UPSTREAM_HEADER = "X-Upstream-Authorization"
+MAX_HEADER_CHARS = 4096
+
+
+def caller_key_of(request: Request) -> ApiKey | None:
+    """The caller's provider key, or None when it sent none; 400 naming the header when malformed."""
+    settings = request.app.state.settings
+    header, value = UPSTREAM_HEADER, request.headers.get(UPSTREAM_HEADER)
+    has_own_keys = bool(settings.access.api_key or settings.access.api_keys or settings.access.api_keys_file)
+    if value is None and not has_own_keys:
+        header, value = "Authorization", request.headers.get("Authorization")
+    if value is None:
+        return None
+    scheme, _, token = value.partition(" ")
+    # Printable ASCII only: the server hands header bytes over as latin-1, and a key of other characters could
+    # not be sent upstream (it was a 500 with a traceback when the outbound request encoded it).
+    printable = value.isascii() and value.isprintable()
+    if not printable or scheme.lower() != "bearer" or not token.strip() or len(value) > MAX_HEADER_CHARS:
+        raise HTTPError(400, f"{header} must be 'Bearer <provider key>' in printable ASCII (at most {MAX_HEADER_CHARS} "
+                             "characters)", field=header)
+    return ApiKey(token.strip())
+
+
+def _caller_scope(request: Request, cache: EmbeddingCache) -> Callable[[list[str]], AbstractContextManager] | None:
+    """What to enter around the cache call for ``texts`` of a model that passes keys through: the caller's key for
+    their misses (``caller_key``, declared by ``Capabilities.passes_caller_key``; a no-op for a caller with no key
+    or a model whose ``pass_through_auth`` is off)."""
+    encoder: Any = cache.encoder  # the capability declares caller_key, which the Encoder protocol leaves out
+    api_key = caller_key_of(request)
+    return lambda texts: encoder.caller_key(cache.model_inputs(texts), api_key)
 
 
 def as_batch(inputs: str | list[str], field: str, max_batch: int, max_text_bytes: int) -> list[str]:

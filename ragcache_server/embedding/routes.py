@@ -1,8 +1,7 @@
 """/embed and TEI's ``POST /`` (text-embeddings-inference), /v1/embeddings (OpenAI), /tokenize and /decode (TEI).
 
-The three embedding routes answer through ``answer``: plan (``plan.py``), vectors (``walk.py``), bytes
-(``wire.py``). These FastAPI routes are the OpenAPI schema and the path of what ``EmbedFastPath`` hands over
-(``fast_path.py``).
+The three embedding routes answer through ``answers.answer``: the plan (``plan.py``), then the vectors and the bytes
+(``answers.py``). These FastAPI routes are the OpenAPI schema and the path of what ``EmbedFastPath`` hands over.
 """
 
 from __future__ import annotations
@@ -14,9 +13,8 @@ from starlette.responses import Response
 
 from ragcache import InvalidInputError
 from ragcache_server.deps import blocking, cache_of, check_count, state_of
-from ragcache_server.embedding.plan import EmbedCall, as_batch, call_of, plan_of, tokenizer_of
-from ragcache_server.embedding.walk import vectors_of
-from ragcache_server.embedding.wire import answer_of
+from ragcache_server.embedding.answers import answer
+from ragcache_server.embedding.plan import as_batch, call_of, tokenizer_of
 from ragcache_server.errors import HTTPError
 from ragcache_server.responses import JSONResponse
 from ragcache_server.schemas import (
@@ -28,7 +26,7 @@ from ragcache_server.schemas import (
     TokenizeRequest,
 )
 
-__all__ = ["answer", "router"]
+__all__ = ["router"]
 
 router = APIRouter(tags=["embeddings"])
 
@@ -46,17 +44,6 @@ async def embed(body: EmbedRequest, request: Request) -> Response:
 async def openai_embeddings(body: OpenAIEmbeddingsRequest, request: Request) -> Response:
     """OpenAI's response shape; ``encoding_format=base64`` carries raw little-endian float32."""
     return await answer(call_of(body), request)
-
-
-async def answer(call: EmbedCall, request: Request) -> Response:
-    """The answer to one validated embedding request, on either path."""
-    plan = await plan_of(call, request)
-    result, num_tokens = await vectors_of(plan, request.app.state.embed_groups)
-    if plan.known_tokens is not None:
-        num_tokens = plan.known_tokens
-    elif num_tokens is None and plan.token_counts is not None:  # L1 answered on the event loop, a text never counted
-        num_tokens = await blocking(plan.token_counts.total, plan.texts)
-    return answer_of(plan, result, num_tokens)
 
 
 @router.post("/tokenize", summary="The tokens of texts (text-embeddings-inference compatible)", responses=TEI_ERROR_RESPONSES)

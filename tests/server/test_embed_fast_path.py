@@ -1,4 +1,4 @@
-"""The embedding routes' fast path (ragcache_server/embedding/fast_path.py) against the real service: it is taken for the three
+"""The embedding routes' fast path (ragcache_server/embedding/answers.py) against the real service: it is taken for the three
 routes, it answers what the FastAPI routes answered (bytes, errors), and it keeps every check of the middleware
 outside it: a key without the ``embed`` scope, a key over its rate, a body over the bound never reach it."""
 
@@ -14,8 +14,8 @@ import orjson
 import pytest
 
 from ragcache.settings import Settings
-from ragcache_server.embedding import wire
-from ragcache_server.embedding.wire import openai_base64_answer
+from ragcache_server.embedding import answers
+from ragcache_server.embedding.answers import openai_base64_answer
 from tests.errors import error_of
 from tests.live_server import LiveServer
 
@@ -77,12 +77,12 @@ def test_the_base64_answer_is_what_orjson_writes_for_openais_shape():
 
 
 def test_the_compiled_answer_assembly_is_built_and_serves():
-    assert wire.BASE64_ANSWER.implementation == "compiled"  # built by `make install`: the served path uses it
-    assert wire.join_rows is wire.BASE64_ANSWER.compiled.join_rows
+    assert answers.BASE64_ANSWER.implementation == "compiled"  # built by `make install`: the served path uses it
+    assert answers.join_rows is answers.BASE64_ANSWER.compiled.join_rows
 
 
 def test_both_answer_assemblies_write_the_same_bytes(implementation):
-    join_rows = wire.BASE64_ANSWER.of(implementation).join_rows  # tests/conftest.py: compiled, then python
+    join_rows = answers.BASE64_ANSWER.of(implementation).join_rows  # tests/conftest.py: compiled, then python
     encoded = bytes(range(48, 48 + 64)) * 24
     for width in (64, 96, 1536):
         for head, tail in ((b"{[", b"]}"), (b"", b"")):
