@@ -66,6 +66,7 @@ def _registry_process(connection: Connection, config: PrefixRegistryConfig, spec
             connection.send({"num_warms_sent": stats.num_warms_sent, "num_warms_deferred": stats.num_warms_deferred,
                              "num_warms_held_busy": stats.num_warms_held_busy,
                              "num_warms_avoided": stats.num_warms_avoided,
+                             "warm_budget_per_minute": stats.warm_budget_per_minute,  # as sized at the end (None: fixed)
                              "prefix": asdict(registry.prefix_stats(spec.name)),
                              "extras": {e.name: asdict(registry.prefix_stats(e.name)) for e in extras}})
         finally:

@@ -69,7 +69,7 @@ def _block(mode: str, registry: PrefixRegistry, http: httpx.Client, urls: list[s
     turn = iter(range(10**9))
     lock = threading.Lock()
 
-    def one(i: int) -> tuple[float, int, int] | None:
+    def one(i: int, timed: bool = True) -> tuple[float, int, int] | None:
         with lock:
             # Drawn, not alternated: alternating both the prompt and the replica would pair each prompt with one
             # replica and make round-robin a perfect partition by accident.
@@ -78,12 +78,15 @@ def _block(mode: str, registry: PrefixRegistry, http: httpx.Client, urls: list[s
             if mode == "routed":
                 route = registry.route(name)
                 url = route.endpoint
-                reasons[f"{name} -> replica {urls.index(url)}: {route.reason}"] += 1
+                if timed:
+                    reasons[f"{name} -> replica {urls.index(url)}: {route.reason}"] += 1
             else:
                 url = urls[next(turn) % len(urls)]
         return _request(http, url, model, prompts[name] + suffix)
 
     with ThreadPoolExecutor(args.concurrency) as pool:
+        # Untimed first: the replicas hold what the other mode left; a block measures its own mode's steady state.
+        list(pool.map(lambda i: one(i, timed=False), range(args.settle_requests)))
         return list(pool.map(one, range(args.requests_per_block)))
 
 
@@ -171,6 +174,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--concurrency", type=int, default=4, help="concurrent clients")
     parser.add_argument("--requests-per-block", type=int, default=24, help="requests per timed block")
     parser.add_argument("--rounds", type=int, default=4, help="alternating blocks per policy")
+    parser.add_argument("--settle-requests", type=int, default=8,
+                        help="untimed requests at the start of each block, in its own mode (0 before issue 42's re-run)")
     parser.add_argument("--json-out", type=Path, default=Path("bench-results/kv-route.json"), help="where the JSON results go")
 
 

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import collections
 import dataclasses
 import json
+import random
 import socket
 
 import httpx
 import pytest
 
 from ragcache.prefixes import PrefixRegistryConfig, PrefixSpec, Target, assemble_prompt
-from ragcache_bench import exit_status
+from ragcache_bench import exit_status, kv_route
 from ragcache_bench.kv_blocks import LevelResult
 from ragcache_bench.kv_keep_warm import KeepWarm, KeepWarmProcessError, registry_config
 from ragcache_bench.kv_rag import naive_prompt, rag_requests
@@ -175,3 +177,20 @@ def test_a_keep_warm_process_that_hangs_is_reported_with_its_threads_stacks():
             assert "in register" in str(info.value)  # the main thread's stack: where it waits
         finally:
             keep_warm.close()
+
+
+def test_a_kv_route_block_measures_only_after_its_untimed_settling_requests():
+    # Issue 42: each block began from the other mode's leftovers (routed from round-robin's mixed replicas, round-robin
+    # from the routed partition), pulling both figures toward each other; now each block settles untimed first.
+    seen: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(str(request.url.host))
+        return httpx.Response(200, json={"usage": {"prompt_tokens": 3, "prompt_tokens_details": {"cached_tokens": 2}}})
+
+    args = argparse.Namespace(suffix_tokens=2, concurrency=2, requests_per_block=5, settle_requests=3)
+    with httpx.Client(transport=httpx.MockTransport(handler)) as http:
+        samples = kv_route._block("round_robin", None, http, ["http://a", "http://b"], "m",  # type: ignore[arg-type]
+                                  {"alpha": [1, 2], "beta": [3, 4]}, args, random.Random(0), collections.Counter())
+    assert len(samples) == 5 and len(seen) == 8
+    assert [s[1:] for s in samples if s is not None] == [(2, 3)] * 5
