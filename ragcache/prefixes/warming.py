@@ -249,9 +249,11 @@ class KeepWarm:
         with self._lock:
             pairs = [(self._targets.turnover_s(url), self._state_for(p, url).primed)
                      for p in prefixes if p.pinned for url in self.endpoints_of(p)]
+        published = {url for p in prefixes if p.pinned for url in self.endpoints_of(p) if self.engines.publishes(url)}
         ceiling = self.config.warm_budget_per_minute
         self.budget_per_minute = sized_budget(pairs, floor=min(self.config.warm_budget_min_per_minute, ceiling),
-                                              ceiling=ceiling)
+                                              ceiling=ceiling,
+                                              checks_per_minute=len(published) * 60 / self.config.verify_interval_s)
 
     def _refresh(self) -> list[Prefix]:
         """The prefixes to consider this tick: from the store, or the last copy while it is down."""

@@ -113,6 +113,9 @@ def test_the_budget_is_sized_from_the_engines_kv_cache_turnover():
     assert sized_budget([(10.0, False)], floor=1, ceiling=120) == 14  # (6 + the prime) x 2
     assert sized_budget([(10.0, True), (None, True)], floor=12, ceiling=120) == 120
     assert sized_budget([], floor=12, ceiling=120) == 12
+    # With events: the warms that check them, one per verify_interval_s (10 s) per endpoint, are in the need too.
+    assert sized_budget([(8192 / 4000, True)], floor=12, ceiling=120, checks_per_minute=6) == 71
+    assert sized_budget([(math.inf, True)] * 2, floor=1, ceiling=120, checks_per_minute=12) == 24
 
 
 def test_a_registry_sizes_its_budget_from_what_the_engines_metrics_report(tmp_path):
