@@ -33,7 +33,8 @@ TokenIds = list[TokenId]
 InputList = Annotated[list[StrictStr], Field(min_length=1, max_length=MAX_BATCH_CEILING)]
 InputIds = Annotated[list[TokenId], Field(min_length=1)]
 # An embedding request's input: a text, texts, one text's token ids, or several texts' (OpenAI's and TEI's references
-# both take ids; they are decoded with the served model's tokenizer, ragcache_server/embedding/plan.py).
+# both take ids; they are decoded with the served model's tokenizer, or sent to a remote model's upstream as they
+# are: ragcache_server/embedding/plan.py).
 EmbedInputs = StrictStr | InputList | InputIds | Annotated[list[TokenIds], Field(min_length=1, max_length=MAX_BATCH_CEILING)]
 
 
@@ -66,7 +67,8 @@ class EmbedRequest(Body):
     """text-embeddings-inference's /embed body."""
 
     inputs: EmbedInputs = Field(description="one text or a list (an empty string is a valid text), or token ids: a list "
-                                            "of ids or a list of lists, read with the model's tokenizer")
+                                            "of ids or a list of lists, read with the model's tokenizer (a remote "
+                                            "model's upstream gets them as they are, where its protocol takes ids)")
     normalize: StrictBool = Field(True, description="L2-normalise the vectors (TEI's default)")
     truncate: StrictBool | None = Field(None, description="truncate over-long texts; default: the server setting")
     truncation_direction: StrictStr = Field(
@@ -111,7 +113,8 @@ class OpenAIEmbeddingsRequest(BaseModel):
     """OpenAI's /v1/embeddings body. Extra fields (e.g. ``user``) are accepted and ignored, as OpenAI does."""
 
     input: EmbedInputs = Field(description="one text or a list of texts, or token ids (a list of ids or a list of lists, "
-                                           "read with the model's tokenizer)")
+                                           "read with the model's tokenizer; a remote model's upstream gets them as "
+                                           "they are, where its protocol takes ids)")
     model: StrictStr | None = None
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: StrictInt | None = Field(None, gt=0, description="only the model's own is served",

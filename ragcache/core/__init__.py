@@ -21,7 +21,7 @@ _EXPORTS = {
     ".tier": ("Tier", "TierHits"),
     ".health": ("TierHealth", "probe_levels"),
     ".keys": ("DTYPES", "EmbeddingSpace", "Generation", "key_digests", "text_hash", "text_hashes"),
-    ".scope": ("Prompt", "Scope", "UNSCOPED"),
+    ".scope": ("TOKEN_IDS", "Prompt", "Scope", "UNSCOPED", "token_ids_of", "token_ids_text"),
     ".stats": ("CacheStats", "LatencyHistogram", "LevelStats"),
     ".tokens": ("Token", "Tokenizer"),
 }
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from ragcache.core.health import TierHealth, probe_levels
     from ragcache.core.keys import DTYPES, EmbeddingSpace, Generation, key_digests, text_hash, text_hashes
     from ragcache.core.result import EmbedResult, Probe
-    from ragcache.core.scope import UNSCOPED, Prompt, Scope
+    from ragcache.core.scope import TOKEN_IDS, UNSCOPED, Prompt, Scope, token_ids_of, token_ids_text
     from ragcache.core.stats import CacheStats, LatencyHistogram, LevelStats
     from ragcache.core.tier import Tier, TierHits
     from ragcache.core.tokens import Token, Tokenizer

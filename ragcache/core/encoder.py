@@ -45,6 +45,7 @@ class Capabilities:
     counts_tokens: bool = False  # count_tokens / check_lengths (``ragcache.core.tokens.TokenCounter``)
     tokenizes: bool = False  # tokenize / decode with its own vocabulary (``ragcache.core.tokens.Tokenizer``)
     passes_caller_key: bool = False  # caller_key(texts, api_key): a caller's provider key for its misses
+    takes_token_ids: bool = False  # encode() reads texts under ``scope.TOKEN_IDS`` as token ids, sent as they are
     remote: bool = False  # computed by a remote API: what a hit saves is upstream tokens, billed to a key
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from ragcache.core.keys import EmbeddingSpace
 from ragcache.core.stats import LevelRecorder
 
-__all__ = ["Prompt", "Scope", "ScopeRecorders", "ScopeStats"]
+__all__ = ["TOKEN_IDS", "Prompt", "Scope", "ScopeRecorders", "ScopeStats", "token_ids_of", "token_ids_text"]
 
 
 @dataclass(frozen=True)
@@ -52,6 +52,25 @@ class Scope:
 
 
 UNSCOPED = Scope()
+
+# Token ids for a model that takes them as they are (``Capabilities.takes_token_ids``: a remote model whose upstream
+# reads ids). They walk the cache as texts, one id list written as its ids in decimal joined by spaces, under this
+# prompt, which the cache puts before each on a miss. Its text is a lone surrogate, which no caller's text can hold
+# (its UTF-8 hash refuses it: a 422), so the ids' keys sit in a space of their own (the prompt is part of the space
+# id: "101 2023" as text never meets [101, 2023]) and no caller's text can reach a model as if it were ids.
+TOKEN_IDS = Prompt("token_ids", "\ud800")
+
+
+def token_ids_text(ids: list[int]) -> str:
+    """The text an id list walks the cache as, under ``TOKEN_IDS``."""
+    return " ".join(map(str, ids))
+
+
+def token_ids_of(model_input: str) -> list[int] | None:
+    """The ids of a model input made under ``TOKEN_IDS`` (its text, then the ids' text); None for any other input."""
+    if not model_input.startswith(TOKEN_IDS.text):
+        return None
+    return [int(part) for part in model_input[len(TOKEN_IDS.text):].split()]
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from pydantic import BaseModel
 from starlette.requests import Request
 
 from ragcache import InvalidInputError
-from ragcache.core import EmbeddingCache, Tokenizer
+from ragcache.core import TOKEN_IDS, EmbeddingCache, Scope, Tokenizer, token_ids_text
 from ragcache.models import ApiKey, prompt_name_of
 from ragcache_server.deps import blocking, cache_of, check_count, check_text_size, state_of
 from ragcache_server.embedding.tokens import TokenCounts, token_counts_of
@@ -101,18 +101,24 @@ async def plan_of(call: EmbedCall, request: Request) -> EmbedPlan:
     if not token_ids:  # the batch's own limits first, as every route checks them
         texts = as_batch(call.inputs, call.field, service.max_batch, service.max_text_bytes)  # type: ignore[arg-type]
     cache = cache_of(request, call.model, prompt_name_of(call.prompt_name, call.input_type), optional=call.prompt_name is None)
-    if token_ids:
-        texts = await _decoded(call, cache, service.max_batch)
     truncate = service.truncate if call.truncate is None else call.truncate
-    if call.truncate_left and truncate:
-        texts = await _cut_on_the_left(texts, cache)
+    known_tokens: int | None = None
+    if token_ids and cache.capabilities.takes_token_ids:  # a remote model whose upstream reads ids: sent as they are
+        cache, texts, known_tokens = _upstream_ids(call, cache, truncate, service.max_batch)
+        truncate = True  # their lengths are checked (or cut) above: the walk has no tokenizer to check them with
+    else:
+        if token_ids:
+            texts = await _decoded(call, cache, service.max_batch)
+        if call.truncate_left and truncate:
+            texts = await _cut_on_the_left(texts, cache)
     if call.dimensions is not None and call.dimensions != cache.space.dim:  # OpenAI's: only the model's own is served
         raise InvalidInputError(f"dimensions={call.dimensions} is not available: {cache.space.model} gives "
                                 f"{cache.space.dim} dimensions only", field="dimensions")
     token_counts = token_counts_of(request, cache) if call.shape == "openai" else None
     return EmbedPlan(call, texts, cache, truncate=truncate,
                      model=call.model or cache.space.model, token_counts=token_counts,
-                     known_tokens=token_counts.known_total(texts) if token_counts is not None else None,
+                     known_tokens=(known_tokens if known_tokens is not None else token_counts.known_total(texts))
+                     if token_counts is not None else None,
                      caller_scope=_caller_scope(request, cache) if cache.capabilities.passes_caller_key else None)
 
 
@@ -164,14 +170,52 @@ def as_batch(inputs: str | list[str], field: str, max_batch: int, max_text_bytes
 def tokenizer_of(cache: EmbeddingCache, field: str = "model") -> Tokenizer:
     """The model's local tokenizer; a model served remotely has none here."""
     tokenizer = cache.tokenizer
-    if not isinstance(tokenizer, Tokenizer):
-        raise InvalidInputError(f"model {cache.space.model!r} has no local tokenizer here (it is served by a remote "
-                                f"API){': send text instead of token ids' if field != 'model' else ''}", field=field)
-    return tokenizer
+    if isinstance(tokenizer, Tokenizer):
+        return tokenizer
+    if field in ("input", "inputs"):  # token ids for a remote model that is not sent them (``_upstream_ids``)
+        raise InvalidInputError(f"model {cache.space.model!r} is served by a remote API that is not sent token ids (its "
+                                "protocol takes none, or a configured prompt goes before every input) and has no local "
+                                "tokenizer here to read them with: send text instead of token ids", field=field)
+    raise InvalidInputError(f"model {cache.space.model!r} has no local tokenizer here (it is served by a remote "
+                            f"API){': send text instead of token ids' if field != 'model' else ''}", field=field)
 
 
 def _is_token_ids(inputs: EmbedInputs) -> bool:
     return isinstance(inputs, list) and bool(inputs) and not isinstance(inputs[0], str)
+
+
+def _id_rows(call: EmbedCall, max_batch: int) -> tuple[list[list[int]], bool]:
+    """Token-id input as rows of ids (one text's ids: one row), counted like /decode's; and whether it was one row."""
+    one_text = isinstance(call.inputs[0], int)
+    rows: list[list[int]] = [call.inputs] if one_text else call.inputs  # type: ignore[assignment, list-item]
+    check_count(rows, call.field, max_batch)
+    return rows, one_text
+
+
+def _upstream_ids(call: EmbedCall, cache: EmbeddingCache, truncate: bool,
+                  max_batch: int) -> tuple[EmbeddingCache, list[str], int]:
+    """Token ids for a model that takes them (``Capabilities.takes_token_ids``): the view they walk the cache
+    through (``TOKEN_IDS``: keys of their own, sent upstream as ids on a miss), their texts there, their count.
+    Bounded as /decode's (schemas.py counts them); the upstream judges the ids against its vocabulary, which this
+    service does not know. Not truncating, an id list over the model's length is a 413, as a text's; truncating on
+    the left keeps its last ids (on the right the upstream truncates, as it does a text)."""
+    if cache.scope.prompt is not None:
+        field = "prompt_name" if call.prompt_name is not None else "input_type"
+        raise InvalidInputError(f"a named prompt is text and cannot be put before token ids for model "
+                                f"{cache.space.model!r} (served by a remote API): send text to embed under a prompt",
+                                field=field)
+    rows, one_text = _id_rows(call, max_batch)
+    limit = cache.space.max_seq_length
+    if truncate and call.truncate_left:
+        rows = [row[-limit:] for row in rows]
+    elif not truncate:
+        for index, row in enumerate(rows):
+            if len(row) > limit:
+                field = call.field if one_text else f"{call.field}[{index}]"
+                raise HTTPError(413, f"{field} has {len(row)} token ids, over the limit of model {cache.space.model!r} "
+                                     f"of {limit}; shorten it or send truncate=true", field=field)
+    view = cache.scoped(Scope(cache.scope.tenant, TOKEN_IDS))
+    return view, [token_ids_text(row) for row in rows], sum(map(len, rows))
 
 
 _ID_FIELD = re.compile(r"^ids\[(\d+)\]\[(\d+)\]$")
@@ -180,9 +224,7 @@ _ID_FIELD = re.compile(r"^ids\[(\d+)\]\[(\d+)\]$")
 async def _decoded(call: EmbedCall, cache: EmbeddingCache, max_batch: int) -> list[str]:
     """The texts of token-id input (one list of ids, or a list of them), decoded with the served model's tokenizer;
     an id outside its vocabulary is refused naming the item (schemas.py bounds the ids, as /decode's)."""
-    one_text = isinstance(call.inputs[0], int)
-    rows: list[list[int]] = [call.inputs] if one_text else call.inputs  # type: ignore[assignment, list-item]
-    check_count(rows, call.field, max_batch)
+    rows, one_text = _id_rows(call, max_batch)
     tokenizer = tokenizer_of(cache, call.field)
     try:
         return await blocking(tokenizer.decode, rows, skip_special_tokens=True)

@@ -44,13 +44,5 @@ def texts_computed(http: httpx.Client, model: str) -> int:
     return http.get("/stats").json()["models"][model]["since_start"]["texts_computed"]
 
 
-def test_token_ids_for_a_remote_model_are_refused_naming_the_input_and_never_sent(upstream, tmp_path):
-    """A remote model has no tokenizer here to read ids with: OpenAI's 400 naming ``input`` and saying to send text."""
-    settings = Settings(models_json=upstream.models_json, model=upstream.model, redis_url="off", milvus_uri="off",
-                        data_dir=tmp_path, drift_check=False)
-    with LiveServer(settings) as server, httpx.Client(base_url=server.url, timeout=60) as http:
-        response = http.post("/v1/embeddings", json={"model": upstream.model, "input": [[101, 7592, 102]]})
-        assert response.status_code == 400, response.text
-        error = response.json()["error"]
-        assert (error["type"], error["param"]) == ("invalid_request_error", "input") and "send text" in error["message"]
-        assert texts_computed(http, upstream.model) == 0
+# Token ids for a remote model: tests/server/test_embed_remote_token_ids.py (sent upstream where its protocol takes
+# them; a 400 saying to send text where it does not).

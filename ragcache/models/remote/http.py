@@ -2,9 +2,10 @@
 back-off, a circuit breaker, a bounded and validated answer, and the counters.
 
 A subclass says only how its wire format looks: ``path``, ``request_body(texts)`` and
-``parse(answer, num_texts)``. Everything an upstream sends back is checked before the cache sees it (count,
-dimension, finite values, order): a vector that reaches the cache is one the upstream really computed for
-that text, and nothing else is ever cached.
+``parse(answer, num_texts)``, and whether its upstream reads token ids (``reads_token_ids``: ``request_body`` is then
+given each id list of a batch under ``ragcache.core.scope.TOKEN_IDS`` as a list of ints). Everything an upstream
+sends back is checked before the cache sees it (count, dimension, finite values, order): a vector that reaches the
+cache is one the upstream really computed for that text, and nothing else is ever cached.
 
 How one ``encode`` call goes:
 
@@ -39,6 +40,7 @@ import torch
 
 from ragcache.core.encoder import Capabilities
 from ragcache.core.health import TierHealth
+from ragcache.core.scope import token_ids_of
 from ragcache.errors import InvalidInputError, PartialEncodeError, UpstreamBadResponseError, UpstreamError
 from ragcache.models.local import TORCH_DTYPES
 from ragcache.models.remote.config import RemoteModel, endpoint_identity, remote_space
@@ -74,6 +76,7 @@ class RemoteEncoder:
     """An ``Encoder`` whose model is behind HTTP. Subclasses define the wire format."""
 
     path: str = ""  # appended to base_url
+    reads_token_ids = False  # the upstream's protocol takes token ids in place of texts
 
     def __init__(
         self,
@@ -92,8 +95,11 @@ class RemoteEncoder:
         self.device = torch.device("cpu")
         # The cache's batcher hands over up to this many texts at once: enough for every slot to be busy. A remote
         # model takes no prompt apart (the prompt is put before each text) and names none of its own.
+        # Token ids go upstream as they are, where its protocol reads them and no configured prompt must go before
+        # them (a prompt is text: it cannot be put before ids without this model's tokenizer).
         self.capabilities = Capabilities(max_batch=model.max_inputs * model.concurrency, counts_tokens=True,
-                                         passes_caller_key=model.pass_through_auth, remote=True)
+                                         passes_caller_key=model.pass_through_auth, remote=True,
+                                         takes_token_ids=self.reads_token_ids and not model.prompt)
         self._api_key = api_key
         self._dtype = TORCH_DTYPES[model.dtype]
         self._url = model.base_url.rstrip("/") + self.path
@@ -115,7 +121,8 @@ class RemoteEncoder:
 
     # ---- what a subclass defines ------------------------------------------------------------------------
 
-    def request_body(self, texts: list[str]) -> dict[str, Any]:
+    def request_body(self, texts: list[Any]) -> dict[str, Any]:
+        """The body for ``texts``: strings, or (``reads_token_ids``) each a list of token ids."""
         raise NotImplementedError
 
     def parse(self, answer: Any, num_texts: int) -> tuple[np.ndarray, int | None]:
@@ -141,8 +148,14 @@ class RemoteEncoder:
     def _encode(self, texts: list[str], by_key: list[tuple[list[int], ApiKey | None]]) -> torch.Tensor:
         if not texts:
             return torch.empty((0, self.space.dim), dtype=self._dtype)
-        sent = [self.model.prompt + text for text in texts] if self.model.prompt else texts
-        counts = self._tokens.count(sent)
+        ids = [token_ids_of(text) for text in texts] if self.capabilities.takes_token_ids else []
+        sent: list[Any]
+        id_rows = [row for row in ids if row is not None]
+        if id_rows and len(id_rows) == len(texts):  # a batch is under one prompt (the batcher's): all token ids, or none
+            sent, counts = id_rows, [len(row) for row in id_rows]
+        else:
+            sent = [self.model.prompt + text for text in texts] if self.model.prompt else texts
+            counts = self._tokens.count(sent)
         requests = [
             (positions[run.start : run.stop], caller_key)
             for positions, caller_key in by_key
@@ -178,7 +191,7 @@ class RemoteEncoder:
             raise PartialEncodeError(per_text)
         return torch.stack(per_text)
 
-    def _send(self, requests: list[tuple[list[int], ApiKey | None]], sent: list[str],
+    def _send(self, requests: list[tuple[list[int], ApiKey | None]], sent: list[Any],
               counts: list[int]) -> list[np.ndarray | UpstreamError]:
         """Each request's vectors or error, the requests in parallel (at most ``concurrency`` in flight)."""
 
@@ -260,13 +273,13 @@ class RemoteEncoder:
 
     # ---- one upstream request ----------------------------------------------------------------------------
 
-    def _call_catching(self, texts: list[str], num_tokens: int, caller_key: ApiKey | None) -> np.ndarray | UpstreamError:
+    def _call_catching(self, texts: list[Any], num_tokens: int, caller_key: ApiKey | None) -> np.ndarray | UpstreamError:
         try:
             return self._call(texts, num_tokens, caller_key)
         except UpstreamError as exc:
             return exc
 
-    def _call(self, texts: list[str], num_tokens: int, caller_key: ApiKey | None) -> np.ndarray:
+    def _call(self, texts: list[Any], num_tokens: int, caller_key: ApiKey | None) -> np.ndarray:
         """One upstream request through the outbound helper (deadline, byte cap, retries, breaker, masking)."""
         limit = len(texts) * self.space.dim * BYTES_PER_VALUE + ANSWER_SLACK_BYTES
         vectors, reported_tokens = self._upstream.post(

@@ -21,8 +21,9 @@ __all__ = ["OpenAIEncoder"]
 
 class OpenAIEncoder(RemoteEncoder):
     path = "/embeddings"
+    reads_token_ids = True  # OpenAI's reference: ``input`` may be a list of lists of token ids
 
-    def request_body(self, texts: list[str]) -> dict[str, Any]:
+    def request_body(self, texts: list[Any]) -> dict[str, Any]:
         body: dict[str, Any] = {"model": self.model.upstream_model, "input": texts, "encoding_format": "base64"}
         if self.model.send_dimensions:
             body["dimensions"] = self.model.dimensions

@@ -18,8 +18,9 @@ __all__ = ["TEIEncoder"]
 
 class TEIEncoder(RemoteEncoder):
     path = "/embed"
+    reads_token_ids = True  # TEI's OpenAPI: ``inputs`` may be lists of token ids
 
-    def request_body(self, texts: list[str]) -> dict[str, Any]:
+    def request_body(self, texts: list[Any]) -> dict[str, Any]:
         body: dict[str, Any] = {"inputs": texts, "normalize": self.model.normalize, "truncate": self.model.truncate}
         if self.model.prompt_name is not None:
             body["prompt_name"] = self.model.prompt_name
