@@ -94,3 +94,22 @@ def test_token_ids_for_a_remote_kind_that_takes_none_are_a_400_saying_to_send_te
             assert refused.value.param == "input" and "send text" in refused.value.message
             assert "takes none" in refused.value.message
             assert upstream.received == []
+
+
+def test_token_ids_to_a_real_upstream_that_takes_text_only_are_its_refusal_and_text_still_serves(tmp_path):
+    """Infinity speaks OpenAI's route but reads text only: its refusal of the ids comes back as a 502 quoting it (not a
+    vector for some text), and the same service still embeds text through it."""
+    from ragcache_testing.infinity import packaged_model_folder
+    from tests.conftest import running_infinity
+
+    with running_infinity(packaged_model_folder(), tmp_path) as infinity:
+        model = {"name": "minilm-remote", "provider": "openai", "base_url": infinity.base_url,
+                 "upstream_model": infinity.model_id, "dimensions": 384, "normalize": True}
+        settings = Settings(models_json=json.dumps({"models": [model]}), model="minilm-remote", redis_url="off",
+                            milvus_uri="off", data_dir=tmp_path / "data", drift_check=False)
+        with LiveServer(settings) as server:
+            client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+            with pytest.raises(openai.InternalServerError) as refused:
+                client.embeddings.create(model="minilm-remote", input=[[101, 7592, 102]])
+            assert refused.value.status_code == 502 and refused.value.code == "upstream_bad_response"
+            assert len(client.embeddings.create(model="minilm-remote", input="hello").data[0].embedding) == 384
