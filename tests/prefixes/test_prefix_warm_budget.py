@@ -121,7 +121,7 @@ def test_the_budget_is_sized_from_the_engines_kv_cache_turnover():
 def test_a_registry_sizes_its_budget_from_what_the_engines_metrics_report(tmp_path):
     config = PrefixRegistryConfig(warm_budget_per_minute=120, warm_budget_per_tenant_per_minute=120, default_block_size=4,
                                   store_refresh_interval_s=0.0, idle_after_s=1e9, metrics_interval_s=5.0,
-                                  warm_budget_min_per_minute=4, warm_on_event=False)
+                                  warm_budget_min_per_minute=4, warm_on_event=False, warm_budget_sized=True)
     clock, vllm = FakeClock(), FakeVLLM()
     vllm.num_gpu_blocks = 64  # 256 tokens of KV cache
     http = httpx.Client(transport=httpx.MockTransport(vllm.handler))
