@@ -4,6 +4,7 @@ map (``ragcache.storage.disk_files``), and the one-transaction reads and writes 
 from __future__ import annotations
 
 import struct
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,7 +13,7 @@ import lmdb
 
 from ragcache.storage.disk_files import allocate_lock_file, missing_bytes
 
-__all__ = ["Generation", "ShortFileError", "open_generation", "read_values", "write_values"]
+__all__ = ["Generation", "Generations", "ShortFileError", "open_generation", "read_values", "write_values"]
 
 # Readers per environment across every process and thread of the host; a slot costs 64 bytes of lock file.
 MAX_READERS = 2048
@@ -63,6 +64,60 @@ def open_generation(seq: int, path: Path, *, map_bytes: int) -> Generation:
         env.close()
         raise
     return Generation(seq, path, env, blobs, index, page_bytes)
+
+
+class Generations:
+    """Opens and closes a store's environments so that none is closed under a read: a dropped generation stays
+    open while a call that may have taken it is in flight (closing an environment under another thread's read
+    would free the map it reads from), and the last call to leave closes it.
+
+    No environment is opened while another thread closes one. py-lmdb refuses to open files that an open
+    environment of the process holds, known by (st_dev, st_ino), and forgets a closed environment's only after
+    mdb_env_close returns, which runs without the GIL; a dropped generation's files are unlinked already, so their
+    inodes are free once closed and a new generation's lock file made meanwhile may get one of them: refused as
+    "already open in this process"."""
+
+    def __init__(self) -> None:
+        self._flight_lock = threading.Lock()
+        self._num_in_flight = 0
+        self.retired: list[Generation] = []
+        self._env_lock = threading.Lock()
+
+    def open(self, seq: int, path: Path, *, map_bytes: int) -> Generation:
+        """``open_generation``, never beside a close."""
+        with self._env_lock:
+            return open_generation(seq, path, map_bytes=map_bytes)
+
+    def enter(self) -> None:
+        """A call that may take generations begins."""
+        with self._flight_lock:
+            self._num_in_flight += 1
+
+    def leave(self) -> None:
+        """That call ended: the last to leave closes what was retired meanwhile."""
+        with self._flight_lock:
+            self._num_in_flight -= 1
+            idle = self._num_in_flight == 0
+        if idle and self.retired:
+            self._close_retired()
+
+    def retire(self, gens: list[Generation]) -> None:
+        """Close ``gens`` (no longer listed by the store) once no call that may have taken them is in flight."""
+        with self._flight_lock:
+            self.retired.extend(gens)
+        self._close_retired()
+
+    def _close_retired(self) -> None:
+        with self._flight_lock:
+            if self._num_in_flight:
+                return  # the last call to leave closes them
+            retired, self.retired = self.retired, []
+        self.close(retired)
+
+    def close(self, gens: list[Generation]) -> None:
+        with self._env_lock:
+            for gen in gens:
+                gen.env.close()
 
 
 _LOCATION = struct.Struct("<QII")  # batch number, offset, length of a value inside its batch's blob

@@ -48,7 +48,7 @@ import lmdb
 
 from ragcache.errors import ConfigError, TierUnavailableError
 from ragcache.storage.disk_files import Availability, RotationLock, Watch, allocate_lock_file, free_bytes, lock_file_bytes
-from ragcache.storage.disk_generation import MAX_READERS, Generation, ShortFileError, open_generation, read_values, write_values
+from ragcache.storage.disk_generation import MAX_READERS, Generation, Generations, ShortFileError, read_values, write_values
 
 __all__ = ["DiskStore", "DiskStoreFigures"]
 
@@ -116,17 +116,8 @@ class DiskStore:
         self._meta = lmdb.open(str(self.root / "meta"), map_size=_META_MAP_BYTES, max_dbs=0, max_readers=_META_READERS,
                                sync=False, mode=0o600)
         self._gens: tuple[Generation, ...] = ()  # oldest first; replaced whole, so readers take it without the lock
-        # Dropped generations stay open while a call that may have taken them is in flight: closing an environment
-        # under another thread's read would free the map it reads from.
-        self._retired: list[Generation] = []
-        self._flight_lock = threading.Lock()
-        self._num_in_flight = 0
-        # No environment is opened while another thread closes one. py-lmdb refuses to open files that an open
-        # environment of the process holds, known by (st_dev, st_ino), and forgets a closed environment's only after
-        # mdb_env_close returns, which runs without the GIL; a dropped generation's files are unlinked already, so
-        # their inodes are free once closed and a new generation's lock file made meanwhile may get one of them:
-        # refused as "already open in this process". Taken after ``_lock`` where both are held.
-        self._env_lock = threading.Lock()
+        # Dropped generations stay open while a call that may have taken them is in flight (``Generations``).
+        self._envs = Generations()
         self._max_seq = -1  # the largest generation number seen: new ones only ever count up
         self._epoch = -1
         self.num_rotations = self.num_evicted = self.num_lost = 0
@@ -149,7 +140,7 @@ class DiskStore:
         """What the watch thread does each interval: the free space (the level unavailable under the margin,
         available again above it), the generations listed again (those dropped by another process closed here,
         though this one is idle) and their files checked against their meta pages (a short one dropped)."""
-        self._enter()
+        self._envs.enter()
         try:
             with self._rotation_lock():
                 if self._availability.room_for(0):
@@ -159,30 +150,19 @@ class DiskStore:
                         self._availability.clear()
                 self._rescan()
         finally:
-            self._leave()
+            self._envs.leave()
 
     # ---- reads ----------------------------------------------------------------------------------------------
-
-    def _enter(self) -> None:
-        with self._flight_lock:
-            self._num_in_flight += 1
-
-    def _leave(self) -> None:
-        with self._flight_lock:
-            self._num_in_flight -= 1
-            idle = self._num_in_flight == 0
-        if idle and self._retired:
-            self._close_retired()
 
     def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
         """The stored value of each key (None: absent), the newest generation first. Raises
         ``TierUnavailableError`` while the level is unavailable."""
         self._availability.refuse_if_unavailable()
-        self._enter()
+        self._envs.enter()
         try:
             return self._get_many(keys)
         finally:
-            self._leave()
+            self._envs.leave()
 
     def _get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
         gens = self._current()
@@ -210,7 +190,7 @@ class DiskStore:
     def delete(self, keys: Sequence[bytes]) -> None:
         """Remove ``keys`` from every generation (a corrupt value, so that it is not read and counted again)."""
         self._availability.refuse_if_unavailable()
-        self._enter()
+        self._envs.enter()
         try:
             for gen in self._current():
                 try:
@@ -223,7 +203,7 @@ class DiskStore:
                     self._availability.set_unavailable(f"a delete failed: {exc}")
                     raise TierUnavailableError("disk", str(exc)) from exc
         finally:
-            self._leave()
+            self._envs.leave()
 
     # ---- writes ---------------------------------------------------------------------------------------------
 
@@ -233,11 +213,11 @@ class DiskStore:
         if not items:
             return
         self._availability.refuse_if_unavailable()
-        self._enter()
+        self._envs.enter()
         try:
             self._put_many(items)
         finally:
-            self._leave()
+            self._envs.leave()
 
     def _put_many(self, items: Sequence[tuple[bytes, bytes]]) -> None:
         for _ in range(self.num_generations + 1):
@@ -325,8 +305,7 @@ class DiskStore:
         """An existing generation, or None: dropped and counted when it cannot be read (a short or damaged file)."""
         path = self.root / f"{_PREFIX}{seq:012d}"
         try:
-            with self._env_lock:
-                return open_generation(seq, path, map_bytes=self.map_bytes)
+            return self._envs.open(seq, path, map_bytes=self.map_bytes)
         except FileNotFoundError:
             pass  # removed since the folder was listed
         except (ShortFileError, *_DAMAGED) as exc:
@@ -354,8 +333,7 @@ class DiskStore:
         shutil.rmtree(making, ignore_errors=True)
         try:
             making.mkdir()
-            with self._env_lock:
-                made = open_generation(seq, making, map_bytes=self.map_bytes)
+            made = self._envs.open(seq, making, map_bytes=self.map_bytes)
         except (OSError, lmdb.Error, ShortFileError) as exc:
             shutil.rmtree(making, ignore_errors=True)
             self._availability.set_unavailable(f"a new generation cannot be made: {exc}")
@@ -388,19 +366,7 @@ class DiskStore:
         self._epoch += 1
 
     def _retire(self, gens: list[Generation]) -> None:
-        """Close ``gens`` (no longer in ``self._gens``) once no call that may have taken them is in flight."""
-        with self._flight_lock:
-            self._retired.extend(gens)
-        self._close_retired()
-
-    def _close_retired(self) -> None:
-        with self._flight_lock:
-            if self._num_in_flight:
-                return  # the last call to leave closes them
-            retired, self._retired = self._retired, []
-        with self._env_lock:
-            for gen in retired:
-                gen.env.close()
+        self._envs.retire(gens)
 
     def _lose(self, gen: Generation, exc: Exception) -> None:
         """A generation whose file fails to read: dropped from the host, counted; its keys become misses."""
@@ -446,8 +412,6 @@ class DiskStore:
             if self._closed:
                 return
             self._closed = True
-            with self._env_lock:
-                for gen in [*self._gens, *self._retired]:
-                    gen.env.close()
-            self._gens, self._retired = (), []
+            self._envs.close([*self._gens, *self._envs.retired])
+            self._gens, self._envs.retired = (), []
             self._meta.close()

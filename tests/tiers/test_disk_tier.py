@@ -207,7 +207,7 @@ def test_threads_read_while_another_thread_rotates_the_generations_under_them(tm
         for thread in readers:
             thread.join()
         figures = tier.store.figures()
-        left_open = list(tier.store._retired)  # every call has left: nothing dropped may still be open
+        left_open = list(tier.store._envs.retired)  # every call has left: nothing dropped may still be open
         tier.store.close()
     assert failures == [] and num_hits[0] >= 3 * 256
     assert figures.num_evicted > 0 and left_open == []
