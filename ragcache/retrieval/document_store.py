@@ -6,8 +6,9 @@ Every write invalidates the collection's cached search results (``ResultCache``)
 
 from __future__ import annotations
 
+import json
 import logging
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,15 +43,29 @@ BATCH_ROWS = 256
 
 @dataclass(frozen=True)
 class DocumentQuota:
-    """The most documents (rows) one collection and one tenant's collections together may hold; None: no bound.
+    """The most documents (rows) one collection and one tenant's collections together may hold (None: no bound), and
+    the free space an ingest must leave on the volume that holds the collections (None: not checked).
 
-    Without it, anyone allowed to ingest could fill the data volume (``milvus.db`` grew without bound, and a full
-    volume took the service down with it). Rows, not bytes: a stored row's bytes are bounded already (a text at most
-    ``max_text_bytes``, the metadata's bounds, one vector), so the rows bound the bytes; Milvus counts rows in one
-    call, while the bytes of what a collection holds it cannot sum."""
+    Without them, anyone allowed to ingest could fill the data volume (``milvus.db`` grew without bound, and a full
+    volume took the service down with it). Rows, not bytes, per collection and tenant: a stored row's bytes are
+    bounded already (a text at most ``max_text_bytes``, the metadata's bounds, one vector), so the rows bound the
+    bytes; Milvus counts rows in one call, while the bytes of what a collection holds it cannot sum. What the rows
+    leave open at their defaults (1,000,000 rows of up to 64 KiB texts) the volume check closes: an ingest whose
+    own bytes would leave less than ``min_free_bytes`` free is refused, whoever sends it.
+
+    ``volume_free_bytes``: the free bytes of the volume that holds the collections (an embedded Milvus Lite's
+    folder; None for a Milvus server, whose volume is its own)."""
 
     max_collection_documents: int | None = None
     max_tenant_documents: int | None = None
+    min_free_bytes: int | None = None
+    volume_free_bytes: Callable[[], int] | None = None
+
+
+def stored_bytes(documents: Sequence[Document], dim: int) -> int:
+    """What ``documents`` take as rows, before Milvus' own overhead: texts, metadata as JSON, ids and vectors."""
+    return sum(len(document.text.encode("utf-8")) + len(json.dumps(document.metadata, ensure_ascii=False))
+               + len(document.id.encode("utf-8")) + 4 * dim for document in documents)
 
 
 class DocumentStore:
@@ -74,6 +89,7 @@ class DocumentStore:
         stored = self._stored_hashes(meta, [document.id for document in checked])
         changed = [index for index, document in enumerate(checked) if stored.get(document.id) != hashes[index]]
         num_replaced = sum(1 for index in changed if checked[index].id in stored)
+        self._check_room(meta, [checked[index] for index in changed])
         self._check_quota(meta, len(changed) - num_replaced)
         served: dict[str, int] = {}
         if changed:
@@ -95,6 +111,19 @@ class DocumentStore:
     def _count(self, meta: CollectionRecord) -> int:
         rows = self.catalog.call(meta, "query", meta.milvus_name, filter="", output_fields=["count(*)"], consistency_level="Strong")
         return int(rows[0]["count(*)"])
+
+    def _check_room(self, meta: CollectionRecord, documents: Sequence[Document]) -> None:
+        """``QuotaExceededError`` when writing ``documents`` would leave the volume under ``min_free_bytes`` free
+        (checked before anything is embedded or written; replacements count too: Milvus appends, then compacts)."""
+        quota = self.quota
+        if not documents or quota.min_free_bytes is None or quota.volume_free_bytes is None:
+            return
+        needed, free = stored_bytes(documents, meta.dim), quota.volume_free_bytes()
+        if free - needed < quota.min_free_bytes:
+            raise QuotaExceededError(
+                f"the data volume has {free} bytes free; these {len(documents)} documents ({needed} bytes) would leave "
+                f"less than {quota.min_free_bytes} (RAGCACHE_INGEST_MIN_FREE_BYTES): free space, or delete documents",
+                field="documents")
 
     def _check_quota(self, meta: CollectionRecord, num_new: int) -> None:
         """``QuotaExceededError`` when ``num_new`` more documents would pass the collection's or its tenant's bound.

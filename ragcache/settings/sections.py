@@ -175,6 +175,8 @@ class Knowledge(_Section):
         1_000_000, gt=0, description="most documents one collection may hold; an ingest past it is refused whole (409); unset: none")
     tenant_max_documents: int | None = Field(
         2_000_000, gt=0, description="most documents one tenant's collections may hold together (409 beyond); unset: none")
+    ingest_min_free_bytes: int | None = Field(
+        1 << 30, ge=0, description="free bytes an ingest must leave on the embedded Milvus Lite's volume (409 beyond); unset: not checked")
 
 
 class Rerank(_Section):

@@ -191,6 +191,17 @@ def connect_milvus(settings: Settings) -> MilvusConnection | None:
                        password=settings.levels.milvus_password, token=settings.levels.milvus_token)
 
 
+def milvus_volume(settings: Settings) -> Path | None:
+    """The folder on the volume that holds an embedded Milvus Lite's file: the ``.db`` path's folder, the data folder
+    for the shared server of ``--workers`` (``unix:``); None for a Milvus server (its volume is not this host's)."""
+    uri = settings.levels.resolved_milvus_uri
+    if uri is None:
+        return None
+    if uri.endswith(".db"):
+        return Path(uri).parent
+    return settings.levels.data_dir if uri.startswith("unix:") else None
+
+
 class Stores:
     """Shared clients. ``redis`` is None when L2 is off, a ``RedisCluster`` when the URL names a cluster
     (see ``ragcache.storage.redis_client``); ``milvus`` is None when L3 is off; ``disk`` None without a disk level."""

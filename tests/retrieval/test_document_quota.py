@@ -82,3 +82,36 @@ def test_the_service_answers_409_quota_exceeded_naming_the_setting(tmp_path):
         assert error["type"] == "quota_exceeded" and error["field"] == "documents"
         assert "RAGCACHE_COLLECTION_MAX_DOCUMENTS" in error["message"] and "'notes'" in error["message"]
         assert "acme--" not in refused.text
+
+
+def test_an_ingest_that_would_leave_the_volume_under_its_margin_is_refused_whole(milvus_client, cache):
+    """The rows bound each collection's bytes only loosely (1,000,000 rows of up to 64 KiB texts); the volume's
+    margin is what keeps anyone allowed to ingest from filling it. The free space is a fake volume's."""
+    free = {"bytes": 10_000_000}
+    kb = KnowledgeBase(milvus_client, quota=DocumentQuota(min_free_bytes=9_000_000, volume_free_bytes=lambda: free["bytes"]))
+    name = f"room_{uuid.uuid4().hex[:8]}"
+    try:
+        assert kb.add_documents(name, documents("a", "b"), cache=cache).num_inserted == 2  # ~3 KB of 1 MB to spare
+        big = [{"id": f"big{i}", "text": "x" * 60_000} for i in range(20)]  # 1.2 MB of text: past the margin
+        with pytest.raises(QuotaExceededError, match="RAGCACHE_INGEST_MIN_FREE_BYTES") as refused:
+            kb.add_documents(name, big, cache=cache)
+        assert refused.value.field == "documents"
+        assert sorted(kb.list_ids(name)) == ["a", "b"]  # nothing of the refused ingest was written
+        assert kb.add_documents(name, documents("a", "b"), cache=cache).num_unchanged == 2  # nothing to write: no check
+        free["bytes"] = 20_000_000  # space freed: the same ingest goes in
+        assert kb.add_documents(name, big, cache=cache).num_inserted == 20
+    finally:
+        kb.drop_collection(name)
+
+
+def test_the_service_refuses_an_ingest_past_the_volumes_margin_with_409(tmp_path):
+    """The real volume under the data folder: a margin larger than any disk has refuses every ingest."""
+    from tests.live_server import LiveServer
+
+    settings = Settings(redis_url="off", data_dir=tmp_path, ingest_min_free_bytes=1 << 60)
+    with LiveServer(settings) as live:
+        refused = httpx.post(live.url + "/documents", json={"collection": "notes", "documents": documents("a")}, timeout=60)
+        assert refused.status_code == 409, refused.text
+        error = refused.json()["error"]
+        assert error["type"] == "quota_exceeded" and error["field"] == "documents"
+        assert "RAGCACHE_INGEST_MIN_FREE_BYTES" in error["message"]
