@@ -90,8 +90,7 @@ class Deployment:
             caches: dict[str, EmbeddingCache] = {}
             for name in _served(settings, remote) if models is None else models:  # the models file read once
                 encoder = open_encoder(settings, name, remote)
-                if isinstance(encoder, RemoteEncoder):
-                    stack.callback(encoder.close)  # its connections and upstream threads, after its cache flushed
+                stack.callback(encoder.close)  # a remote one's connections and threads, after its cache flushed
                 caches[name] = build_cache(settings, stores, encoder)
                 stack.callback(caches[name].close)
             score_caches: dict[str, RerankCache] = {}

@@ -235,3 +235,6 @@ class ModelEncoder:
     def stats(self) -> EncoderStats:
         with self._lock:
             return EncoderStats(self._num_texts, self._num_batches, self._compute_s, tuple(self._batch_sizes))
+
+    def close(self) -> None:
+        """Nothing to release (the weights go with the object); here so that every encoder closes the same way."""
