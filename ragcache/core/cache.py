@@ -158,11 +158,6 @@ class EmbeddingCache:
         """One vector per text, in input order (duplicates included), as numpy (or a torch tensor)."""
         return self.embed_detailed(texts, normalize=normalize, as_tensor=as_tensor, scope=scope).vectors
 
-    def embed_resident(self, texts: Sequence[str], *, normalize: bool = False, scope: Scope | None = None) -> EmbedResult | None:
-        """The result when the first level (L1) holds every text, else None with nothing recorded."""
-        outcome = self.probe(texts, normalize=normalize, scope=scope)
-        return outcome if isinstance(outcome, EmbedResult) else None
-
     def probe(self, texts: Sequence[str], *, normalize: bool = False, scope: Scope | None = None) -> EmbedResult | Probe:
         """The result when the first level (L1) holds every text; else, with nothing recorded, where the probe
         stopped, for ``embed_detailed(..., probe=)`` to continue from.

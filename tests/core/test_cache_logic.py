@@ -10,6 +10,7 @@ from ragcache.core.batching import CallsInProgress, ComputeBatcher
 from ragcache.core.cache import ComputeConfig, EmbeddingCache
 from ragcache.core.encoder import Capabilities
 from ragcache.core.levels import Levels
+from ragcache.core.result import EmbedResult, Probe
 from ragcache.core.scope import Prompt, Scope
 from ragcache.errors import ComputeError, InvalidInputError, TierUnavailableError
 from ragcache.storage.processes import poll_until
@@ -212,13 +213,14 @@ def test_model_failure_reaches_the_caller_and_the_cache_keeps_working():
     assert cache.embed(["a"]).shape == (1, DIM)
 
 
-def test_embed_resident_answers_only_when_l1_holds_everything():
+def test_a_probe_answers_only_when_l1_holds_everything():
     encoder = HashEncoder(DIM)
     cache = EmbeddingCache(encoder, Levels(levels((10,)), dim=DIM, dtype=torch.float32, write_behind=False))
-    assert cache.embed_resident(["a", "b"]) is None
-    assert cache.stats().texts == 0  # a refused fast path records nothing
+    assert isinstance(cache.probe(["a", "b"]), Probe)
+    assert cache.stats().texts == 0  # a probe that stops records nothing
     expected = cache.embed(["a", "b"])
-    resident = cache.embed_resident(["b", "a", "b"])
+    resident = cache.probe(["b", "a", "b"])
+    assert isinstance(resident, EmbedResult)
     np.testing.assert_array_equal(resident.vectors, expected[[1, 0, 1]])
     assert resident.served == {"L1": 3, "compute": 0}
     assert cache.stats().levels[0].hits == 3 and encoder.num_texts == 2

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from ragcache.core.cache import EmbeddingCache
+from ragcache.core.result import EmbedResult, Probe
 from ragcache.core.scope import Scope
 from ragcache.tiers import MemoryTier
 from tests.fakes import HashEncoder
@@ -41,8 +42,8 @@ def test_a_namespace_has_its_own_keys_and_hits():
     assert other.served["compute"] == 1
     assert cache.embed_detailed(["a text acme embedded"]).served["compute"] == 1
     np.testing.assert_array_equal(other.vectors, first.vectors)
-    assert acme.embed_resident(["a text acme embedded"]) is not None
-    assert globex.embed_resident(["never embedded"]) is None
+    assert isinstance(acme.probe(["a text acme embedded"]), EmbedResult)
+    assert isinstance(globex.probe(["never embedded"]), Probe)
     cache.close()
 
 
