@@ -87,13 +87,12 @@ class PrefixRegistryConfig:
     # fleet's and its tenant's) is left; prefixes in use are warmed first and may spend it all.
     idle_after_s: float = 60.0
     idle_budget_share: float = 0.5
-    # The budget sized from the engines' own figures (:mod:`.budget`): each tick, what keeping every pinned prefix
-    # warm takes at the rate each engine's KV cache turns over, twice over, within [warm_budget_min_per_minute,
-    # warm_budget_per_minute]. Off (the default): warm_budget_per_minute, fixed. Not on by default: a budget sized
-    # down on a quiet fleet refuses warms until the (fleet-wide, sliding) minute's log falls below it, which held a
-    # surviving replica's take-over for up to a minute (tests/vllm/test_prefix_fleet_vllm.py), and it would starve a
-    # timer schedule on endpoints without events, the only way they learn of an eviction.
-    warm_budget_sized: bool = False
+    # The budget sized from the engines' own figures (:mod:`.budget`), on by default: each tick, what keeping every
+    # pinned prefix warm takes at the rate each engine's KV cache turns over, twice over, within
+    # [warm_budget_min_per_minute, warm_budget_per_minute]; until the engines report their figures, and when off,
+    # warm_budget_per_minute, fixed. A quiet fleet's budget is small: a timer schedule faster than its engines' turnover
+    # (the 1 s one of tests/vllm/test_prefix_fleet_vllm.py's take-over) is held to it, which is the point.
+    warm_budget_sized: bool = True
     warm_budget_min_per_minute: int = 12
     # vLLM endpoints that publish KV events (--kv-events-config), by base URL: their prefixes' residency is read from
     # the engine (:mod:`.engine_view`), a warm goes out when the prefix's blocks are removed, and a due timer warm is

@@ -208,6 +208,11 @@ class Prefixes(_Section):
     prefix_warm_budget_per_tenant_per_minute: int = Field(
         60, gt=0, description="most warm requests one tenant's prefixes may take a minute, within the whole budget "
         "(one tenant's many prefixes never spend another's; the keys without a tenant share one)")
+    prefix_warm_budget_sized: bool = Field(
+        True, description="size the warm budget from the engines' /metrics (one warm per KV-cache turnover per pinned "
+        "prefix and endpoint, twice over), within [prefix_warm_budget_min_per_minute, prefix_warm_budget_per_minute]; "
+        "false: prefix_warm_budget_per_minute, fixed (docs/kv-events.md)")
+    prefix_warm_budget_min_per_minute: int = Field(12, gt=0, description="the least warms a minute a sized budget allows")
     prefix_min_rewarm_interval_s: float = Field(1.0, gt=0, description="shortest time between two warms of one prefix")
     prefix_max_rewarm_interval_s: float = Field(120.0, gt=0, description="longest time between two warms of one prefix")
     prefix_vllm_endpoints: list[str] = Field(

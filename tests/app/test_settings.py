@@ -40,7 +40,7 @@ def test_missing_settings_file_is_a_config_error(tmp_path):
 
 def test_every_option_sits_in_one_section_under_its_environment_name(monkeypatch):
     options = Settings.options()
-    assert len(options) == 101 and options["redis_url"][0] == "levels" and options["api_key"][0] == "access"
+    assert len(options) == 103 and options["redis_url"][0] == "levels" and options["api_key"][0] == "access"
     monkeypatch.setenv("RAGCACHE_API_KEY", "k")
     monkeypatch.setenv("RAGCACHE_PREFIX_VLLM_ENDPOINTS", '["http://a:8000"]')
     monkeypatch.setenv("RAGCACHE_RERANK_API", "cohere")
