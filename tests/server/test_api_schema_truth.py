@@ -4,7 +4,7 @@ as the schema says, every request the schema allows served (no 4xx for it), ever
 service (the packaged model, real Redis, the embedded Milvus Lite) with an all-scopes key.
 
 The one thing JSON Schema cannot say is which strings are valid Milvus expressions (``filter``, ``sync.scope``): on the
-routes that take one, every check but "a request the schema allows is served" runs."""
+routes that take one, "a request the schema allows is served" also accepts a 422 (schemathesis.toml says why)."""
 
 import shutil
 import subprocess
@@ -15,7 +15,6 @@ from ragcache.settings import Settings
 from tests.live_server import LiveServer
 
 KEY = "schema-truth-key-0123456789abcdef"
-FILTER_ROUTES = "^/(search|search/batch|documents|documents/ids)$"
 CONFIG = Path(__file__).with_name("schemathesis.toml")  # 413 counts as refusing schema-violating data
 
 
@@ -39,9 +38,7 @@ def test_schemathesis_checks_all_find_nothing(redis_url, tmp_path):
     settings = Settings(redis_url=redis_url, data_dir=tmp_path, api_key=KEY, rate_limit_per_s=10_000.0, max_body_bytes=1 << 20)
     with LiveServer(settings) as live:
         # The prefix routes are left out: a generated target URL would be warmed (an outgoing request).
-        everything_else = st_run(live.url, "--exclude-path-regex", f"^/prefixes|{FILTER_ROUTES}")
-        with_filters = st_run(live.url, "--include-path-regex", FILTER_ROUTES, "--exclude-checks", "positive_data_acceptance")
-    for run in (everything_else, with_filters):
-        summary = [line for line in run.stdout.splitlines() if " generated" in line]
-        assert run.returncode == 0, failures_of(run.stdout)
-        assert summary and "passed" in summary[-1], run.stdout[-2000:]
+        run = st_run(live.url, "--exclude-path-regex", "^/prefixes")
+    summary = [line for line in run.stdout.splitlines() if " generated" in line]
+    assert run.returncode == 0, failures_of(run.stdout)
+    assert summary and "passed" in summary[-1], run.stdout[-2000:]
