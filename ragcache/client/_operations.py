@@ -41,7 +41,8 @@ from ragcache.errors import (
 )
 from ragcache.observe.redact import redact_text, redact_url
 from ragcache.outbound import retry_after_s
-from ragcache.prefixes.model import MAX_USES_PER_REPORT, Prefix, PromptForm, RegisterResult, Target, WarmResult, check_name
+from ragcache.prefixes.model import MAX_USES_PER_REPORT, Prefix, PromptForm, Target, check_name
+from ragcache.prefixes.results import RegisterResult, WarmResult
 from ragcache.rerank.base import RerankResult
 from ragcache.retrieval.documents import Document, check_collection_name
 from ragcache.retrieval.ranking import SearchOptions

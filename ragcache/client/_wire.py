@@ -23,7 +23,8 @@ from ragcache.errors import (
     ServiceError,
     ServiceUnavailableError,
 )
-from ragcache.prefixes.model import Prefix, RegisterResult, WarmOutcome, WarmResult, check_name
+from ragcache.prefixes.model import Prefix, check_name
+from ragcache.prefixes.results import RegisterResult, WarmOutcome, WarmResult
 from ragcache.prefixes.text import Chunk, assemble_prompt
 from ragcache.rerank.base import RerankHit, RerankResult
 from ragcache.retrieval.documents import Document

@@ -16,28 +16,12 @@ from ragcache.engines import EventsConfig, TargetBadResponseError, TargetUnavail
 
 from .config import PrefixRegistryConfig
 from .metrics import PrefixMetricsCollector, register_prefix_metrics
-from .model import (
-    MAX_USES_PER_REPORT,
-    EndpointResidency,
-    EventsStats,
-    Prefix,
-    PrefixName,
-    PrefixSpec,
-    PrefixStats,
-    PrefixView,
-    PromptForm,
-    RegisterResult,
-    RegistryStats,
-    Target,
-    TargetStats,
-    VolatileSpan,
-    WarmOutcome,
-    WarmResult,
-    check_name,
-)
+from .model import MAX_USES_PER_REPORT, Prefix, PrefixName, PrefixSpec, PromptForm, Target, VolatileSpan, check_name
 from .quota import PrefixLimitError
 from .registry import PrefixRegistry
+from .results import EndpointResidency, PrefixView, RegisterResult, WarmOutcome, WarmResult
 from .routing import RouteCandidate, RouteResult
+from .stats import EventsStats, PrefixStats, RegistryStats, TargetStats
 from .store import FilePrefixStore, PrefixStore, RedisPrefixStore, make_store
 from .text import Chunk, assemble_prompt, find_volatile, render_messages, render_text, template_head
 

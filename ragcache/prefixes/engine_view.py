@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from ragcache.engines import EventsConfig, KVEventSubscriber, PromptForm, Target, TargetUnavailableError, VLLMClient, prefix_digests
 
 from .config import PrefixRegistryConfig
-from .model import EventsStats, Prefix
+from .model import Prefix
+from .stats import EventsStats
 from .text import template_head
 from .trust import EventsTrust, claim_checked
 

@@ -11,8 +11,9 @@ from typing import Any
 
 from ragcache.engines import PrefixCacheCounters
 
-from .model import Prefix, PrefixName, WarmResult
+from .model import Prefix, PrefixName
 from .policy import holds_warm
+from .results import WarmResult
 from .state import WarmState
 from .warming import KeepWarm
 from .workers import EndpointWorker

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .config import PrefixRegistryConfig
-from .model import WarmOutcome
+from .results import WarmOutcome
 
 __all__ = ["Schedule", "next_schedule", "judge_residency", "holds_warm", "WarmBudget"]
 

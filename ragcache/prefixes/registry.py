@@ -39,22 +39,12 @@ from .config import PrefixRegistryConfig
 from .known import KnownPrefixes
 from .lease import LocalWarmGate, RedisWarmGate, TenantBudgets, WarmGate
 from .loop import KeepWarmLoop
-from .model import (
-    MAX_USES_PER_REPORT,
-    Prefix,
-    PrefixName,
-    PrefixSpec,
-    PrefixStats,
-    PrefixView,
-    RegisterResult,
-    RegistryStats,
-    Target,
-    WarmResult,
-    content_hash,
-)
+from .model import MAX_USES_PER_REPORT, Prefix, PrefixName, PrefixSpec, Target, content_hash
 from .quota import PrefixQuota
 from .report import KeepWarmReport
+from .results import PrefixView, RegisterResult, WarmResult
 from .routing import Router, RouteResult
+from .stats import PrefixStats, RegistryStats
 from .store import PrefixStore, make_store
 from .targets import Targets
 from .text import find_volatile, render_messages, render_text, template_head

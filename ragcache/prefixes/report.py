@@ -7,9 +7,11 @@ from __future__ import annotations
 import dataclasses
 
 from .engine_view import EngineView
-from .model import EndpointResidency, EndpointStats, Prefix, PrefixStats, Target
+from .model import Prefix, Target
 from .reasons import why_not_cached
+from .results import EndpointResidency
 from .state import WarmState, summarize
+from .stats import EndpointStats, PrefixStats
 from .targets import Targets
 from .text import template_head
 from .usage import PrefixUse

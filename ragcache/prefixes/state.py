@@ -5,8 +5,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .model import EndpointStats, Prefix, PrefixStats, WarmOutcome
+from .model import Prefix
 from .policy import Schedule
+from .results import WarmOutcome
+from .stats import EndpointStats, PrefixStats
 
 __all__ = ["WarmState", "summarize"]
 

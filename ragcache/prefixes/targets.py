@@ -13,7 +13,8 @@ from ragcache.engines import CompletionUsage, PrefixCacheCounters, TargetUnavail
 from ragcache.observe.logs import RepeatedWarnings
 
 from .config import PrefixRegistryConfig
-from .model import PromptForm, Target, TargetStats
+from .model import PromptForm, Target
+from .stats import TargetStats
 
 __all__ = ["Targets"]
 

@@ -28,8 +28,9 @@ from .config import PrefixRegistryConfig
 from .engine_view import EngineView
 from .known import KnownPrefixes
 from .lease import WarmGate
-from .model import Prefix, PrefixName, PromptForm, Target, WarmOutcome, WarmResult
+from .model import Prefix, PrefixName, PromptForm, Target
 from .policy import Schedule, judge_residency, next_schedule
+from .results import WarmOutcome, WarmResult
 from .state import WarmState
 from .targets import Targets
 from .text import template_head

@@ -13,7 +13,7 @@ import pytest
 from ragcache.errors import InvalidInputError
 from ragcache.prefixes import FilePrefixStore, PrefixRegistry, PrefixRegistryConfig, PrefixSpec, Target, VLLMClient
 from ragcache.prefixes.lease import RedisWarmGate
-from ragcache.prefixes.model import WarmOutcome
+from ragcache.prefixes.results import WarmOutcome
 from ragcache.prefixes.store import RedisPrefixStore
 from tests.prefixes.test_prefixes_unit import CONFIG, SYSTEM, FakeClock, FakeVLLM
 

@@ -12,8 +12,8 @@ import httpx
 import pytest
 
 from ragcache.prefixes import FilePrefixStore, PrefixRegistry, PrefixRegistryConfig, PrefixSpec, Target, VLLMClient
-from ragcache.prefixes.model import WarmOutcome
 from ragcache.prefixes.policy import judge_residency
+from ragcache.prefixes.results import WarmOutcome
 from ragcache_bench.prefixes import build_prefix_text, count_tokens
 from ragcache_testing.service import ServiceProcess
 from tests.vllm.conftest import BLOCK_SIZE, events_of, wait_for
