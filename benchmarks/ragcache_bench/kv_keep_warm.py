@@ -28,6 +28,8 @@ __all__ = ["KeepWarm", "KeepWarmProcessError", "registry_config"]
 
 # How long a pin or unpin may take: a registration that warms waits for one warm (request_timeout_s, 30 s) at most.
 ANSWER_TIMEOUT_S = 120.0
+# How long the process may take to start (importing transformers and torch for the local tokenizer among it).
+START_TIMEOUT_S = 300.0
 
 
 class KeepWarmProcessError(RuntimeError):
@@ -44,23 +46,35 @@ def _registry_process(connection: Connection, config: PrefixRegistryConfig, spec
     stacks = open(stacks_path, "w") if stacks_path else None  # noqa: SIM115 - open for the process's lifetime
     if stacks is not None:
         faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
+    # The registry counts a prefix's tokens with the model's local tokenizer (ragcache.prefixes.tokens), and its first
+    # registration imports transformers and torch for it: in a service they are imported already, here they are not,
+    # and under the bench's churn on two cores that import took over 120 s (a pin "did not answer"; the stacks showed
+    # torch's import). Imported now, before the bench's first block, which waits for this process to be ready.
+    import transformers.models.auto.tokenization_auto  # noqa: F401
     with httpx.Client(timeout=config.request_timeout_s) as http:
         registry = PrefixRegistry.create(config, http=http)
         try:
             registry.start()
             for extra in extras:
                 registry.register(extra)
-        except Exception:  # noqa: BLE001 - sent to the bench, which stops with it at its next command
+        except Exception:  # noqa: BLE001 - sent to the bench, which stops with it
             connection.send(traceback.format_exc())
             registry.close()
             return
+        connection.send(True)  # ready
         try:
             while (command := connection.recv()) is not None:
+                if stacks is not None:
+                    # Besides SIGUSR1 (which came back empty from a hung pin): faulthandler's own watchdog thread
+                    # writes every stack if the command is still running shortly before the bench gives up on it.
+                    faulthandler.dump_traceback_later(ANSWER_TIMEOUT_S * 0.75, file=stacks)
                 try:
                     registry.register(dataclasses.replace(spec, pinned=command))
                 except Exception:  # noqa: BLE001 - the bench stops with this traceback instead of a silent timeout
                     connection.send(traceback.format_exc())
                     continue
+                finally:
+                    faulthandler.cancel_dump_traceback_later()
                 connection.send(True)
             stats = registry.stats()
             connection.send({"num_warms_sent": stats.num_warms_sent, "num_warms_deferred": stats.num_warms_deferred,
@@ -87,7 +101,11 @@ class KeepWarm:
         self._process.start()
         child.close()  # the child's end lives in the child only: its death reads here as EOF, not as silence
         self.stats: dict[str, Any] = {}
-        self._failed = False  # a command went unanswered: close() kills it instead of asking it for stats
+        self._failed = True  # until it answers that it is ready: close() kills it instead of asking it for stats
+        ready = self._answer("start", START_TIMEOUT_S)
+        if ready is not True:
+            raise KeepWarmProcessError(f"the keep-warm registry process failed to start:\n{ready}")
+        self._failed = False
 
     def set(self, on: bool) -> None:
         what = "pin" if on else "unpin"
@@ -101,10 +119,11 @@ class KeepWarm:
         if answer is not True:
             raise KeepWarmProcessError(f"the keep-warm registry process failed a {what}:\n{answer}")
 
-    def _answer(self, what: str) -> Any:
+    def _answer(self, what: str, timeout_s: float | None = None) -> Any:
         """The process's answer to the command just sent, or an error that says why none came."""
+        timeout_s = self._answer_timeout_s if timeout_s is None else timeout_s
         try:
-            if self._connection.poll(self._answer_timeout_s):
+            if self._connection.poll(timeout_s):
                 return self._connection.recv()
         except (EOFError, OSError):
             raise KeepWarmProcessError(f"the keep-warm registry process died ({self._exit()}) during a {what}") from None
@@ -115,7 +134,7 @@ class KeepWarm:
         time.sleep(1.0)  # faulthandler writes from a signal handler: give it a moment
         stacks = self._stacks_path.read_text(errors="replace") if self._stacks_path.exists() else ""
         raise KeepWarmProcessError(f"the keep-warm registry process did not answer a {what} within "
-                                   f"{self._answer_timeout_s:.0f}s; it is alive, and its threads were:\n{stacks}")
+                                   f"{timeout_s:.0f}s; it is alive, and its threads were:\n{stacks}")
 
     def _exit(self) -> str:
         self._process.join(timeout=5)
@@ -144,8 +163,13 @@ def registry_config(block_size: int, settings: list[str]) -> PrefixRegistryConfi
     for setting in settings:
         name, _, value = setting.partition("=")
         kind = fields.get(name)
-        if kind is None or not any(t in kind for t in ("int", "float")):
-            raise SystemExit(f"--registry-setting {setting!r}: not a numeric field of PrefixRegistryConfig")
-        changes[name] = None if value.lower() == "none" else (float(value) if "float" in kind else int(value))
+        if kind is None or not any(t in kind for t in ("int", "float", "bool")):
+            raise SystemExit(f"--registry-setting {setting!r}: not a numeric or true/false field of PrefixRegistryConfig")
+        if "bool" in kind:
+            if value.lower() not in ("true", "false"):
+                raise SystemExit(f"--registry-setting {setting!r}: {name} is true or false")
+            changes[name] = value.lower() == "true"
+        else:
+            changes[name] = None if value.lower() == "none" else (float(value) if "float" in kind else int(value))
     return PrefixRegistryConfig(file_path=Path(tempfile.mkdtemp()) / "prefixes.json", default_block_size=block_size,
                                 **changes)
