@@ -174,6 +174,42 @@ def test_the_registry_routes_by_the_events_and_falls_back_in_turn(setup, publish
     assert wait_until(lambda: registry.route("sys").reason != "resident")  # nobody holds it: no residency preference
 
 
+def test_a_restarted_engine_is_never_routed_to_as_resident_on_the_dead_ones_blocks(setup, publisher):
+    """Issue 42, item 2: after a replica restarts empty, no request goes there as ``resident`` on the dead engine's
+    blocks. Its publisher comes back with a new stream (sequence numbers from 0, the old batches not in its buffer):
+    while the subscriber syncs, the route has no residency there; synced with the new engine's blocks only, the first
+    route there is not ``resident`` either. The requests after it follow that one (a placement, counted as the
+    prefix until the events show it: ``prefixes.routing``), and the new engine's own blocks make it resident."""
+    registry, _, _ = setup
+    registry.register(PrefixSpec("sys", SYSTEM, TARGET))
+    store_blocks(publisher, 10)
+    registry.tick()
+    assert wait_until(lambda: registry.route("sys").reason == "resident")
+    subscriber = registry._keep_warm.engines.subscriber(TARGET.base_url)
+    assert subscriber is not None
+    publisher.stop()
+    assert wait_until(lambda: not subscriber.synced)
+    restarted = KVPublisher(publisher.port, publisher.replay_port).start()  # an empty engine, a stream of its own
+    try:
+        restarted.publish([stored([900], None, [1, 1, 1, 1], BLOCK)])  # seq 0: not one of the prefix's blocks
+        routes = []
+        while not subscriber.synced:  # every route from the reconnection on, and one once the new stream is synced
+            routes.append(registry.route("sys"))
+        routes.append(registry.route("sys"))
+        assert subscriber.num_new_streams == 1
+        seen = [route.candidates[0] for route in routes]
+        assert all(candidate.resident_blocks in (None, 0) for candidate in seen)  # never the dead engine's blocks
+        first_synced = next(route for route in routes if route.candidates[0].events == "synced")
+        assert first_synced.reason != "resident"
+        # Any later "resident" follows the request that route sent there (a placement), never a block of the old engine.
+        assert all(route.reason != "resident" or route.candidates[0].pending for route in routes)
+        store_blocks(restarted, 10)  # the new engine's blocks of the prefix
+        assert wait_until(lambda: registry.route("sys").candidates[0].resident_blocks == 3)
+        assert registry.route("sys").reason == "resident"
+    finally:
+        restarted.close()
+
+
 def test_the_client_asks_where_to_send_a_request(setup, publisher):
     registry, _, _ = setup
     app = FastAPI()
