@@ -4,7 +4,10 @@ defaults, L2 and L3 off):
 - item 4: 20 connections that ask for ~8 MB answers (2,048 vectors as JSON) and read nothing, at the default send
   deadline (``RAGCACHE_SEND_TIMEOUT_S``, 30 s): the connections held and the process's RSS each second for 45 s;
 - item 6: a member whose 32 texts the disk level holds, grouped with another member's 32 new texts on a model that
-  takes 10 s: when each is answered, and the held texts walked alone.
+  takes 10 s: when each is answered, and the held texts walked alone;
+- item 1 (an idle process): the disk level's files after three budgets' worth of writes by one process while another
+  that wrote first sits idle, and how long the idle one keeps the dropped generations mapped (the test's helpers,
+  ``tests/tiers/test_disk_faults.py``).
 
     cd <checkout> && HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/scripts/issue38_after.py
 """
@@ -12,6 +15,7 @@ defaults, L2 and L3 off):
 import asyncio
 import json
 import socket
+import subprocess
 import sys
 import tempfile
 import time
@@ -32,6 +36,7 @@ from ragcache.tiers.memory import MemoryTier  # noqa: E402
 from ragcache_server.embedding import EmbedGroups  # noqa: E402
 from tests.fakes import HashEncoder  # noqa: E402
 from tests.live_server import LiveServer  # noqa: E402
+from tests.tiers import test_disk_faults as disk  # noqa: E402
 
 DIM = 384
 
@@ -101,6 +106,27 @@ def grouped_member(folder: str) -> None:
     store.close()
 
 
+def idle_process(folder: str) -> None:
+    idle = subprocess.Popen([sys.executable, disk.PROCESS, folder, str(disk.CAPACITY), "idle", "0", "64"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=disk.ENV)
+    assert idle.stdin is not None and idle.stdout is not None
+    while idle.stdout.readline().strip() != "idle":  # its batches in, then no call of its own
+        pass
+    tier = disk.open_tier(folder, disk.CAPACITY)
+    disk.write(tier, 64, 64 + 3 * disk.CAPACITY // disk.VALUE_BYTES)
+    used = disk.files_of(Path(folder))
+    tier.store.close()
+    started, mapped = time.monotonic(), disk.mapped_deleted_generations(idle.pid)
+    while disk.mapped_deleted_generations(idle.pid) and time.monotonic() - started < 60:
+        time.sleep(0.05)
+    print(f"item 1: files {used:,} bytes for a {disk.CAPACITY:,}-byte budget after three budgets written; the idle "
+          f"process mapped {len(mapped)} dropped generations when the writes ended, none {time.monotonic() - started:.2f} s later")
+    idle.stdin.write("\n")
+    idle.stdin.flush()
+    idle.wait(timeout=60)
+
+
 if __name__ == "__main__":
+    idle_process(tempfile.mkdtemp())
     grouped_member(tempfile.mkdtemp())
     slow_readers(tempfile.mkdtemp())
