@@ -12,10 +12,9 @@ and looks things up in it; none assembles anything itself.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from ragcache.build import build_cache, drift_monitor, load_encoder, score_cache
 from ragcache.core.cache import EmbeddingCache
@@ -28,8 +27,7 @@ from ragcache.prefixes.settings import registry_config
 from ragcache.rerank import RerankCache, build_rerankers
 from ragcache.retrieval import DocumentQuota, KnowledgeBase
 from ragcache.settings import Settings
-from ragcache.storage.disk_files import free_bytes
-from ragcache.storage.stores import Stores, milvus_volume
+from ragcache.storage.stores import Stores, milvus_free_bytes
 
 __all__ = ["Deployment", "open_cache", "open_encoder", "remote_models", "served_models"]
 
@@ -103,7 +101,7 @@ class Deployment:
             knowledge_base = None
             if knowledge and stores.milvus is not None:
                 quota = DocumentQuota(settings.knowledge.collection_max_documents, settings.knowledge.tenant_max_documents,
-                                      settings.knowledge.ingest_min_free_bytes, _free_bytes_of(milvus_volume(settings)))
+                                      settings.knowledge.ingest_min_free_bytes, milvus_free_bytes(settings))
                 knowledge_base = KnowledgeBase(stores.milvus, redis=stores.redis,
                                                result_max_bytes=settings.knowledge.result_cache_max_bytes,
                                                keyword_index=settings.knowledge.keyword_index, quota=quota)
@@ -126,10 +124,6 @@ class Deployment:
 
     def __exit__(self, *exc_info) -> None:
         self.close()
-
-
-def _free_bytes_of(folder: Path | None) -> Callable[[], int] | None:
-    return None if folder is None else lambda: free_bytes(folder)
 
 
 def open_cache(settings: Settings | None = None) -> EmbeddingCache:

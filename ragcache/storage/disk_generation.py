@@ -75,13 +75,18 @@ class Generations:
     environment of the process holds, known by (st_dev, st_ino), and forgets a closed environment's only after
     mdb_env_close returns, which runs without the GIL; a dropped generation's files are unlinked already, so their
     inodes are free once closed and a new generation's lock file made meanwhile may get one of them: refused as
-    "already open in this process"."""
+    "already open in this process". Its locks are taken after the store's own where both are held."""
 
     def __init__(self) -> None:
         self._flight_lock = threading.Lock()
         self._num_in_flight = 0
-        self.retired: list[Generation] = []
+        self._retired: list[Generation] = []
         self._env_lock = threading.Lock()
+
+    @property
+    def retired(self) -> tuple[Generation, ...]:
+        """Dropped generations still open, waiting for the calls in flight to leave."""
+        return tuple(self._retired)
 
     def open(self, seq: int, path: Path, *, map_bytes: int) -> Generation:
         """``open_generation``, never beside a close."""
@@ -98,23 +103,29 @@ class Generations:
         with self._flight_lock:
             self._num_in_flight -= 1
             idle = self._num_in_flight == 0
-        if idle and self.retired:
+        if idle and self._retired:
             self._close_retired()
 
     def retire(self, gens: list[Generation]) -> None:
         """Close ``gens`` (no longer listed by the store) once no call that may have taken them is in flight."""
         with self._flight_lock:
-            self.retired.extend(gens)
+            self._retired.extend(gens)
         self._close_retired()
 
     def _close_retired(self) -> None:
         with self._flight_lock:
             if self._num_in_flight:
                 return  # the last call to leave closes them
-            retired, self.retired = self.retired, []
-        self.close(retired)
+            retired, self._retired = self._retired, []
+        self._close(retired)
 
-    def close(self, gens: list[Generation]) -> None:
+    def close_all(self, live: tuple[Generation, ...]) -> None:
+        """Close ``live`` and every retired generation: the store closes."""
+        with self._flight_lock:
+            retired, self._retired = self._retired, []
+        self._close([*live, *retired])
+
+    def _close(self, gens: list[Generation]) -> None:
         with self._env_lock:
             for gen in gens:
                 gen.env.close()

@@ -292,7 +292,7 @@ class DiskStore:
                 gens.append(gen)
         self._max_seq = max([self._max_seq, *on_disk])
         self._gens = tuple(gens)
-        self._retire(list(open_now.values()))
+        self._envs.retire(list(open_now.values()))
 
     @staticmethod
     def _cut_short(gen: Generation) -> bool:
@@ -351,7 +351,7 @@ class DiskStore:
             self.num_evicted += evicted
             shutil.rmtree(gen.path, ignore_errors=True)
         self._gens = tuple(gens[len(dropped):])
-        self._retire(dropped)
+        self._envs.retire(dropped)
         if len(gens) > 1:
             self.num_rotations += 1
         self._bump_epoch()
@@ -364,9 +364,6 @@ class DiskStore:
             self._availability.set_unavailable(f"the epoch could not be written: {exc}")
             return
         self._epoch += 1
-
-    def _retire(self, gens: list[Generation]) -> None:
-        self._envs.retire(gens)
 
     def _lose(self, gen: Generation, exc: Exception) -> None:
         """A generation whose file fails to read: dropped from the host, counted; its keys become misses."""
@@ -389,7 +386,7 @@ class DiskStore:
             cleared, self._gens = list(self._gens), ()
             for gen in cleared:
                 shutil.rmtree(gen.path, ignore_errors=True)
-            self._retire(cleared)
+            self._envs.retire(cleared)
             self._try_add_generation()
 
     # ---- figures --------------------------------------------------------------------------------------------
@@ -412,6 +409,6 @@ class DiskStore:
             if self._closed:
                 return
             self._closed = True
-            self._envs.close([*self._gens, *self._envs.retired])
-            self._gens, self._envs.retired = (), []
+            self._envs.close_all(self._gens)
+            self._gens = ()
             self._meta.close()

@@ -20,6 +20,7 @@ from ragcache.observe.redact import redact_text, redact_url
 from ragcache.observe.tracing import Tracing
 from ragcache.settings import Levels, Settings
 from ragcache.storage.data_folder import DataFolderLock, hold_data_folder
+from ragcache.storage.disk_files import free_bytes
 from ragcache.storage.disk_store import DiskStore
 from ragcache.storage.embedded_redis import EmbeddedRedis
 from ragcache.storage.milvus_errors import milvus_failures
@@ -191,15 +192,20 @@ def connect_milvus(settings: Settings) -> MilvusConnection | None:
                        password=settings.levels.milvus_password, token=settings.levels.milvus_token)
 
 
-def milvus_volume(settings: Settings) -> Path | None:
-    """The folder on the volume that holds an embedded Milvus Lite's file: the ``.db`` path's folder, the data folder
-    for the shared server of ``--workers`` (``unix:``); None for a Milvus server (its volume is not this host's)."""
+def milvus_free_bytes(settings: Settings) -> Callable[[], int] | None:
+    """The free bytes of the volume that holds an embedded Milvus Lite's file (the ``.db`` path's folder; the data
+    folder for the shared server of ``--workers``, ``unix:``), read at each call; None for a Milvus server (its volume
+    is not this host's) or without L3."""
     uri = settings.levels.resolved_milvus_uri
     if uri is None:
         return None
     if uri.endswith(".db"):
-        return Path(uri).parent
-    return settings.levels.data_dir if uri.startswith("unix:") else None
+        folder = Path(uri).parent
+    elif uri.startswith("unix:"):
+        folder = settings.levels.data_dir
+    else:
+        return None
+    return lambda: free_bytes(folder)
 
 
 class Stores:

@@ -6,6 +6,7 @@ tests' own sends the events; the registry's clock is a fake one, so every step i
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import httpx
@@ -193,9 +194,10 @@ def test_a_restarted_engine_is_never_routed_to_as_resident_on_the_dead_ones_bloc
     try:
         restarted.publish([stored([900], None, [1, 1, 1, 1], BLOCK)])  # seq 0: not one of the prefix's blocks
         routes = []
-        while not subscriber.synced:  # every route from the reconnection on, and one once the new stream is synced
+        deadline = time.monotonic() + 30  # a safety net against a hang, never a measure
+        while not subscriber.synced and time.monotonic() < deadline:  # every route from the reconnection on
             routes.append(registry.route("sys"))
-        routes.append(registry.route("sys"))
+        routes.append(registry.route("sys"))  # and one once the new stream is synced
         assert subscriber.num_new_streams == 1
         seen = [route.candidates[0] for route in routes]
         assert all(candidate.resident_blocks in (None, 0) for candidate in seen)  # never the dead engine's blocks
