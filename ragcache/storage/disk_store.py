@@ -16,9 +16,8 @@ once no call of its own still reads it: at its next call, or within ``check_inte
 thread): ``capacity_bytes`` + one generation at worst, as ``bench levels`` measures.
 
 Processes: any number read without locks (LMDB readers); writes are serialised by LMDB's own writer lock,
-and a rotation by ``flock`` on ``rotate.lock``. Which generations exist is announced through a small
-``meta`` environment holding an epoch number that a rotation bumps: every call reads it (one read
-transaction, about a microsecond) and a process that sees it moved lists the folder again.
+and a rotation by ``flock`` on ``rotate.lock``. Which generations exist, and how the others learn that a rotation
+changed them, is the folder's business (``ragcache.storage.disk_folder``); every call asks it whether they moved.
 
 Crashes: LMDB's copy-on-write pages mean a killed writer (``kill -9``) leaves the last committed
 transaction intact; ``sync=False`` only gives up durability of the last transactions on a power loss,
@@ -37,8 +36,6 @@ transaction was aborted), the level is unavailable (``TierUnavailableError``: mi
 from __future__ import annotations
 
 import logging
-import os
-import shutil
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -47,24 +44,16 @@ from pathlib import Path
 import lmdb
 
 from ragcache.errors import ConfigError, TierUnavailableError
-from ragcache.storage.disk_files import Availability, RotationLock, Watch, allocate_lock_file, free_bytes, lock_file_bytes
-from ragcache.storage.disk_generation import MAX_READERS, Generation, Generations, ShortFileError, read_values, write_values
+from ragcache.storage.disk_files import Availability, RotationLock, Watch, free_bytes, lock_file_bytes
+from ragcache.storage.disk_folder import DAMAGED, META_MAP_BYTES, META_READERS, GenerationFolder
+from ragcache.storage.disk_generation import MAX_READERS, Generation, Generations, read_values, write_values
 
 __all__ = ["DiskStore", "DiskStoreFigures"]
 
 log = logging.getLogger(__name__)
 
-_PREFIX = "gen-"
-_EPOCH = b"epoch"
 # The smallest data file worth having: below it the B-tree's own pages are most of the file.
 _MIN_GENERATION_BYTES = 512 << 10
-# The meta environment: one key, its pages reused on every bump (a few of its 64 pages are ever used).
-_META_MAP_BYTES = 256 << 10
-_META_READERS = 126  # LMDB's default
-# Errors that say a generation's file is damaged: it is dropped and counted. Any other error of a write (EIO,
-# ENOSPC from a full volume) says nothing of the file: the level is unavailable, and the generation kept.
-_DAMAGED = (lmdb.CorruptedError, lmdb.PageNotFoundError, lmdb.InvalidError, lmdb.VersionMismatchError,
-            lmdb.BadChecksumError, lmdb.IncompatibleError, lmdb.PanicError)
 
 
 @dataclass(frozen=True)
@@ -104,29 +93,25 @@ class DiskStore:
         self.min_free_bytes = min_free_bytes
         # Every file counts against the budget: the meta environment, and each generation's lock file beside its
         # data file, whose map (LMDB's own bound on it) is the rest of the generation's share.
-        self.generation_bytes = (capacity_bytes - _META_MAP_BYTES - lock_file_bytes(_META_READERS)) // num_generations
+        self.generation_bytes = (capacity_bytes - META_MAP_BYTES - lock_file_bytes(META_READERS)) // num_generations
         self.map_bytes = self.generation_bytes - lock_file_bytes(MAX_READERS)
         if self.map_bytes < _MIN_GENERATION_BYTES:
             raise ConfigError(f"disk_max_bytes {capacity_bytes} is too small for {num_generations} generations "
                               f"of at least {_MIN_GENERATION_BYTES + lock_file_bytes(MAX_READERS)} bytes")
         self.root.mkdir(parents=True, exist_ok=True)
-        # The generation list and the counters change under it (and a rotation under the host's flock too).
+        # The folder's generation list and counters change under it (and a rotation under the host's flock too).
         self._lock = threading.Lock()
-        allocate_lock_file(self.root / "meta", _META_READERS, make_folder=True)
-        self._meta = lmdb.open(str(self.root / "meta"), map_size=_META_MAP_BYTES, max_dbs=0, max_readers=_META_READERS,
-                               sync=False, mode=0o600)
-        self._gens: tuple[Generation, ...] = ()  # oldest first; replaced whole, so readers take it without the lock
         # Dropped generations stay open while a call that may have taken them is in flight (``Generations``).
         self._envs = Generations()
-        self._max_seq = -1  # the largest generation number seen: new ones only ever count up
-        self._epoch = -1
-        self.num_rotations = self.num_evicted = self.num_lost = 0
         self._availability = Availability(self.root, min_free_bytes, free_space)
+        self._folder = GenerationFolder(self.root, num_generations=num_generations,
+                                        generation_bytes=self.generation_bytes, map_bytes=self.map_bytes,
+                                        availability=self._availability, envs=self._envs)
         self._closed = False
         with self._rotation_lock():
-            self._rescan()
-            if not self._gens:
-                self._try_add_generation()
+            self._folder.rescan()
+            if not self._folder.live:
+                self._folder.add()
         self._watch = Watch(self.check, check_interval_s) if check_interval_s is not None else None
 
     # ---- availability ---------------------------------------------------------------------------------------
@@ -144,11 +129,11 @@ class DiskStore:
         try:
             with self._rotation_lock():
                 if self._availability.room_for(0):
-                    if not self._gens:
-                        self._try_add_generation()
-                    if self._gens:
+                    if not self._folder.live:
+                        self._folder.add()
+                    if self._folder.live:
                         self._availability.clear()
-                self._rescan()
+                self._folder.rescan()
         finally:
             self._envs.leave()
 
@@ -197,7 +182,7 @@ class DiskStore:
                     with gen.env.begin(write=True) as txn:
                         for key in keys:
                             txn.delete(key, db=gen.index)
-                except _DAMAGED as exc:
+                except DAMAGED as exc:
                     self._lose(gen, exc)
                 except lmdb.Error as exc:
                     self._availability.set_unavailable(f"a delete failed: {exc}")
@@ -228,7 +213,7 @@ class DiskStore:
             except lmdb.MapFullError:
                 if not self._rotate(gen):
                     break
-            except _DAMAGED as exc:
+            except DAMAGED as exc:
                 self._lose(gen, exc)
             except lmdb.Error as exc:
                 # EIO/ENOSPC: the volume is full (or failing); the transaction was aborted and the file is whole.
@@ -248,133 +233,39 @@ class DiskStore:
         """Make a new newest generation and drop the oldest beyond ``num_generations``; False when ``full``
         is a fresh generation already (the batch itself is too big for one)."""
         with self._rotation_lock():
-            self._rescan()
-            if self._gens and self._gens[-1].seq != full.seq:
+            self._folder.rescan()
+            live = self._folder.live
+            if live and live[-1].seq != full.seq:
                 return True  # another thread or process rotated meanwhile: write into its new generation
             if full.num_entries() == 0:
                 return False
-            self._try_add_generation()
+            self._folder.add()
             return True
 
     # ---- generations ----------------------------------------------------------------------------------------
 
     def _current(self) -> tuple[Generation, ...]:
-        """The live generations, listed again when another process rotated (its epoch moved)."""
-        with self._meta.begin() as txn:
-            raw = txn.get(_EPOCH)
-        epoch = int(raw) if raw is not None else 0
-        if epoch != self._epoch:
+        """The live generations, listed again when another process changed them."""
+        if self._folder.moved():
             with self._lock:
-                if epoch != self._epoch:
-                    self._rescan()
-        if not self._gens:  # none could be made (a full volume): the level is unavailable until one is
+                if self._folder.moved():
+                    self._folder.rescan()
+        live = self._folder.live
+        if not live:  # none could be made (a full volume): the level is unavailable until one is
             self._availability.refuse_if_unavailable()
             raise TierUnavailableError("disk", "no generation")
-        return self._gens
-
-    def _rescan(self) -> None:
-        """Open the generations on disk that are not open here, retire those gone and drop those whose file is
-        shorter than its meta page says (caller holds a lock)."""
-        with self._meta.begin() as txn:
-            raw = txn.get(_EPOCH)
-        self._epoch = int(raw) if raw is not None else 0
-        open_now = {gen.seq: gen for gen in self._gens}
-        on_disk = sorted(int(path.name[len(_PREFIX):]) for path in self.root.glob(f"{_PREFIX}*") if path.name[len(_PREFIX):].isdigit())
-        gens = []
-        for seq in on_disk:
-            gen = open_now.pop(seq, None)
-            if gen is not None and self._cut_short(gen):
-                self._drop_lost(gen.path, f"data.mdb is {gen.missing_bytes()} bytes shorter than its meta page says")
-                open_now[seq] = gen  # retired below
-                continue
-            gen = gen or self._open(seq)
-            if gen is not None:
-                gens.append(gen)
-        self._max_seq = max([self._max_seq, *on_disk])
-        self._gens = tuple(gens)
-        self._envs.retire(list(open_now.values()))
-
-    @staticmethod
-    def _cut_short(gen: Generation) -> bool:
-        try:
-            return gen.missing_bytes() > 0
-        except FileNotFoundError:
-            return False  # removed meanwhile: the next listing retires it
-
-    def _open(self, seq: int) -> Generation | None:
-        """An existing generation, or None: dropped and counted when it cannot be read (a short or damaged file)."""
-        path = self.root / f"{_PREFIX}{seq:012d}"
-        try:
-            return self._envs.open(seq, path, map_bytes=self.map_bytes)
-        except FileNotFoundError:
-            pass  # removed since the folder was listed
-        except (ShortFileError, *_DAMAGED) as exc:
-            self._drop_lost(path, str(exc))
-        except (OSError, lmdb.Error) as exc:  # no room for its lock file, an I/O error: the generation is kept
-            self._availability.set_unavailable(f"generation {path.name} cannot be opened: {exc}")
-        return None
-
-    def _drop_lost(self, path: Path, reason: str) -> None:
-        log.warning("disk level: generation %s cannot be read, dropped: %s", path.name, reason)
-        self.num_lost += 1
-        shutil.rmtree(path, ignore_errors=True)
-
-    def _try_add_generation(self) -> None:
-        """A new newest generation, then the oldest dropped beyond the count (caller holds the rotation lock); when
-        the volume has no room for one beyond the margin, nothing changes and the level becomes unavailable."""
-        if not self._availability.room_for(self.generation_bytes - self.map_bytes):
-            return
-        # Sequence numbers only grow: a cleared folder's new generation never takes a name still mapped somewhere.
-        seq = self._max_seq + 1
-        path = self.root / f"{_PREFIX}{seq:012d}"
-        # Made under another name and renamed into place: a process listing the folder meanwhile never opens a
-        # half-made generation (LMDB would make its files itself, the lock file sparse).
-        making = self.root / f".new-{seq:012d}"
-        shutil.rmtree(making, ignore_errors=True)
-        try:
-            making.mkdir()
-            made = self._envs.open(seq, making, map_bytes=self.map_bytes)
-        except (OSError, lmdb.Error, ShortFileError) as exc:
-            shutil.rmtree(making, ignore_errors=True)
-            self._availability.set_unavailable(f"a new generation cannot be made: {exc}")
-            return
-        os.rename(making, path)
-        made = Generation(seq, path, made.env, made.blobs, made.index, made.page_bytes)
-        self._max_seq = seq
-        gens = [*self._gens, made]
-        dropped = gens[: max(0, len(gens) - self.num_generations)]
-        for gen in dropped:
-            try:
-                evicted = gen.num_entries()
-            except lmdb.Error:
-                evicted = 0
-            self.num_evicted += evicted
-            shutil.rmtree(gen.path, ignore_errors=True)
-        self._gens = tuple(gens[len(dropped):])
-        self._envs.retire(dropped)
-        if len(gens) > 1:
-            self.num_rotations += 1
-        self._bump_epoch()
-
-    def _bump_epoch(self) -> None:
-        try:
-            with self._meta.begin(write=True) as txn:
-                txn.put(_EPOCH, str(self._epoch + 1).encode())
-        except lmdb.Error as exc:  # a full volume: the others see the change at their next listing (the watch's)
-            self._availability.set_unavailable(f"the epoch could not be written: {exc}")
-            return
-        self._epoch += 1
+        return live
 
     def _lose(self, gen: Generation, exc: Exception) -> None:
         """A generation whose file fails to read: dropped from the host, counted; its keys become misses."""
         with self._rotation_lock():
-            self._rescan()
-            if any(live.seq == gen.seq for live in self._gens):
-                self._drop_lost(gen.path, str(exc))
-                self._rescan()
-                if not self._gens:
-                    self._try_add_generation()
-                self._bump_epoch()
+            self._folder.rescan()
+            if any(live.seq == gen.seq for live in self._folder.live):
+                self._folder.drop_lost(gen.path, str(exc))
+                self._folder.rescan()
+                if not self._folder.live:
+                    self._folder.add()
+                self._folder.bump_epoch()
 
     def _rotation_lock(self):
         return RotationLock(self._lock, self.root / "rotate.lock")
@@ -382,25 +273,26 @@ class DiskStore:
     def clear(self) -> None:
         """Drop every generation (the host's whole disk level) and start an empty one."""
         with self._rotation_lock():
-            self._rescan()
-            cleared, self._gens = list(self._gens), ()
-            for gen in cleared:
-                shutil.rmtree(gen.path, ignore_errors=True)
-            self._envs.retire(cleared)
-            self._try_add_generation()
+            self._folder.clear()
 
     # ---- figures --------------------------------------------------------------------------------------------
 
+    @property
+    def num_rotations(self) -> int:
+        return self._folder.num_rotations
+
+    @property
+    def num_evicted(self) -> int:
+        return self._folder.num_evicted
+
+    @property
+    def num_lost(self) -> int:
+        return self._folder.num_lost
+
     def figures(self) -> DiskStoreFigures:
-        used = 0
-        for folder in [self.root / "meta", *(gen.path for gen in self._gens)]:
-            for name in ("data.mdb", "lock.mdb"):
-                try:
-                    used += (folder / name).stat().st_size
-                except OSError:
-                    pass
-        return DiskStoreFigures(used, self.capacity_bytes, len(self._gens), self.num_rotations, self.num_evicted,
-                                self.num_lost, self.unavailable, self._availability.num_refused)
+        folder = self._folder
+        return DiskStoreFigures(folder.used_bytes(), self.capacity_bytes, len(folder.live), folder.num_rotations,
+                                folder.num_evicted, folder.num_lost, self.unavailable, self._availability.num_refused)
 
     def close(self) -> None:
         if self._watch is not None:
@@ -409,6 +301,4 @@ class DiskStore:
             if self._closed:
                 return
             self._closed = True
-            self._envs.close_all(self._gens)
-            self._gens = ()
-            self._meta.close()
+            self._folder.close()
