@@ -18,16 +18,16 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
+from ragcache.core.accounting import RequestAccounts
 from ragcache.core.batching import CallsInProgress
-from ragcache.core.causes import MissLedger
 from ragcache.core.encoder import Encoder, capabilities_of
 from ragcache.core.flight import Flight
-from ragcache.core.keys import EmbeddingSpace, Generation, KeyMemo
-from ragcache.core.levels import Found, Levels
+from ragcache.core.keys import EmbeddingSpace, Generation, KeyList, KeyMemo
+from ragcache.core.levels import Levels
 from ragcache.core.misses import ComputeConfig, MissResolver
 from ragcache.core.result import EmbedResult, Probe, finished, first_of_unique, joined_probe, served_attributes, spans, to_numpy
-from ragcache.core.scope import UNSCOPED, Scope, ScopeRecorders, ScopeStats
-from ragcache.core.stats import CacheStats, LatencyHistogram, LevelRecorder
+from ragcache.core.scope import UNSCOPED, Scope, ScopeStats
+from ragcache.core.stats import CacheStats, LatencyHistogram
 from ragcache.core.tier import Tier
 from ragcache.core.tokens import TokenCounter
 from ragcache.errors import ConfigError, InvalidInputError
@@ -79,23 +79,21 @@ class EmbeddingCache:
             raise ConfigError(f"levels of {levels.dim}-d {levels.dtype} vectors for model {encoder.space.model!r}'s "
                               f"{encoder.space.dim}-d {self.dtype}")
         self.levels = levels
-        tracer, clock, window_s = levels.tracer, levels.clock, levels.window_s
+        tracer = levels.tracer
         # Calls inside embed_detailed: the batcher waits for company only while one has not reached it yet.
         self._calls = CallsInProgress()
         self.resolver = MissResolver(encoder, self.levels, self._calls, flight=flight, device=self.device,
                                      dtype=self.dtype, compute=compute, tracer=tracer)
         self.level_names = self.levels.names + (COMPUTE,)
-        self._ledger = MissLedger(miss_ledger_entries)
-        self._ttl_s = self.levels.ttl_s
-        self._clock = clock
-        self._requests = LevelRecorder("cache", window_s=window_s)
+        self._clock = levels.clock
+        # Every request counted, overall and per scope, and each missed key's cause (shared by the views).
+        self._accounts = RequestAccounts(encoder, levels, miss_ledger_entries=miss_ledger_entries)
         # Per scope (a tenant's keys, a named prompt; the model's own: UNSCOPED): its space at each generation,
-        # shared by every view (``scoped``), and its own counters.
+        # shared by every view (``scoped``).
         self._scope = UNSCOPED  # this view's (``scoped``)
         self._spaces: dict[tuple[Scope, int], EmbeddingSpace] = {}
         # Texts' keys remembered across requests (shared by the views): a repeated text is not hashed again.
         self._key_memo = KeyMemo()
-        self._scopes = ScopeRecorders(window_s=window_s)
         self._is_view = False
         self._on_close = on_close
         self._closed = False
@@ -176,23 +174,29 @@ class EmbeddingCache:
         return result
 
     def _probe(self, texts: Sequence[str], *, normalize: bool, scope: Scope | None) -> EmbedResult | Probe:
-        if isinstance(texts, str) or not isinstance(texts, Sequence):
-            raise InvalidInputError("texts must be a list of strings", field="inputs")
         started = self._clock()
         scope = self._scope if scope is None else scope
-        space = self.space_in(scope)
-        prepared = space.prepare(texts)
-        keys = self._key_memo.keys(space, prepared)
+        space, prepared, keys = self._keyed(texts, scope)
         hits = self.levels.first.get_many(keys)
         if len(hits.index) != len(keys):
             return Probe(space, prepared, keys, hits, started, scope)
         latency_s = self._clock() - started
         self.levels.record(0, hits=len(keys), misses=0, latency_s=latency_s, traced=False)
-        self._record_request(scope, hits=len(keys), misses=0, latency_s=latency_s)
+        self._accounts.record(scope, hits=len(keys), misses=0, latency_s=latency_s)
         vectors = hits.vectors
         if normalize:
             vectors = torch.nn.functional.normalize(vectors.float(), dim=-1).to(self.dtype)
         return EmbedResult(to_numpy(vectors), np.zeros(len(keys), dtype=np.int8), self.level_names)
+
+    def _keyed(self, texts: Sequence[str], scope: Scope) -> tuple[EmbeddingSpace, list[str], KeyList]:
+        """A request's space, its texts prepared and their keys. The space is taken once: every key a request reads
+        or writes is of one generation, so vectors computed while a drift switch happens are written under the
+        generation they were computed for."""
+        if isinstance(texts, str) or not isinstance(texts, Sequence):
+            raise InvalidInputError("texts must be a list of strings", field="inputs")
+        space = self.space_in(scope)
+        prepared = space.prepare(texts)
+        return space, prepared, self._key_memo.keys(space, prepared)
 
     def embed_detailed(self, texts: Sequence[str], *, normalize: bool = False, as_tensor: bool = False,
                        scope: Scope | None = None, probe: Probe | None = None) -> EmbedResult:
@@ -232,7 +236,7 @@ class EmbeddingCache:
             for index, (start, end) in enumerate(spans(requests)):
                 if not (levels[start:end] == computed).any():
                     held.add(index)
-                    self._record_request(scope, hits=end - start, misses=0, latency_s=self._clock() - started)
+                    self._accounts.record(scope, hits=end - start, misses=0, latency_s=self._clock() - started)
                     on_held(index, finished(vectors[start:end], levels[start:end].copy(), self.level_names,
                                             normalize=normalize, dtype=self.dtype))
 
@@ -247,7 +251,7 @@ class EmbeddingCache:
             if index not in held:
                 # As embed_detailed counts a request: a text it carries twice is computed once, and its repeat a hit.
                 num_computed = len({text for text, level in zip(request, part.levels) if level == computed})
-                self._record_request(scope, hits=len(request) - num_computed, misses=num_computed, latency_s=latency_s)
+                self._accounts.record(scope, hits=len(request) - num_computed, misses=num_computed, latency_s=latency_s)
             results.append(part)
         return results
 
@@ -261,13 +265,7 @@ class EmbeddingCache:
                 raise InvalidInputError("probe: not this request's (another scope or other texts)", field="inputs")
             space, prepared, keys, started = probe.space, probe.texts, probe.keys, probe.started
         else:
-            if isinstance(texts, str) or not isinstance(texts, Sequence):
-                raise InvalidInputError("texts must be a list of strings", field="inputs")
-            # The space is taken once: every key this request reads or writes is of one generation, so vectors
-            # computed while a drift switch happens are written under the generation they were computed for.
-            space = self.space_in(scope)
-            prepared = space.prepare(texts)
-            keys = self._key_memo.keys(space, prepared)
+            space, prepared, keys = self._keyed(texts, scope)
             started = self._clock()
         # Each distinct key is looked up and computed once, however often it repeats in the request. Most
         # requests repeat nothing: one dict.fromkeys tells, and the per-key bookkeeping is skipped.
@@ -293,7 +291,7 @@ class EmbeddingCache:
         vectors, levels = found.vectors, found.served
         # Every key some level missed gets its cause (ragcache.core.causes), judged on what the walk saw,
         # before the resolver marks computed or published keys as served.
-        self._explain_misses(scope, space, unique_texts, found)
+        self._accounts.explain_misses(scope, space, unique_texts, found)
         num_computed = 0
         if len(found.missing):
             if on_found is not None:
@@ -306,20 +304,11 @@ class EmbeddingCache:
 
         # A vector another replica computed while this one waited counts as a hit: nothing was computed here.
         if record:
-            self._record_request(scope, hits=len(keys) - num_computed, misses=num_computed, latency_s=self._clock() - started)
+            self._accounts.record(scope, hits=len(keys) - num_computed, misses=num_computed, latency_s=self._clock() - started)
         if inverse is not None:
             index = torch.tensor(inverse, device=self.device)
             vectors, levels = vectors.index_select(0, index), levels[inverse]
         return finished(vectors, levels, self.level_names, normalize=normalize, dtype=self.dtype, as_tensor=as_tensor)
-
-    def _explain_misses(self, scope: Scope, space: EmbeddingSpace, texts: list[str], found: Found) -> None:
-        if not (found.served > 0).any():
-            return  # every key in L1: no miss to explain
-        scope_hash = hash(scope)  # once: a Scope's own hash walks its fields
-        counts = self._ledger.explain(
-            [(scope_hash, text) for text in texts], space.generation, found.served, num_levels=len(self.levels),
-            unavailable=found.unavailable, bypassed=found.bypassed, on_reuse=self.levels.on_reuse, ttl_s=self._ttl_s)
-        self.levels.record_causes(counts)
 
     # ---- state -----------------------------------------------------------------------------------------
 
@@ -334,39 +323,19 @@ class EmbeddingCache:
 
     def stats(self, *, recent: bool = False) -> CacheStats:
         """Hit rates and latencies since start, or over the recent window (``window_s``)."""
-        overall = self._requests.snapshot(recent=recent)
-        encoder_stats = self.encoder.stats()
-        return CacheStats(
-            space_id=self.space.space_id,
-            model=self.space.model,
-            period="recent" if recent else "since_start",
-            period_s=self._requests.window_s if recent else 0.0,
-            requests=self._requests.num_calls(recent=recent),
-            texts=overall.lookups,
-            hits=overall.hits,
-            hit_rate=overall.hit_rate,
-            texts_computed=overall.misses,
-            compute_s=encoder_stats.compute_s,
-            compute_s_saved=overall.hits * encoder_stats.seconds_per_text,
-            levels=self.levels.snapshots(recent=recent),
-        )
-
-    def _record_request(self, scope: Scope, *, hits: int, misses: int, latency_s: float) -> None:
-        self._requests.record(hits=hits, misses=misses, latency_s=latency_s)
-        if scope != UNSCOPED:
-            self._scopes.record(scope, hits=hits, misses=misses, latency_s=latency_s)
+        return self._accounts.stats(self.space, recent=recent)
 
     def namespace_stats(self, *, recent: bool = False) -> dict[str, ScopeStats]:
         """Per tenant that has embedded anything: its requests, texts and hits (they are also in ``stats``)."""
-        return self._scopes.tenants(recent=recent)
+        return self._accounts.tenants(recent=recent)
 
     def prompt_stats(self, *, recent: bool = False) -> dict[str, ScopeStats]:
         """Per named prompt embedded under: its requests, texts and hits (they are also in ``stats``)."""
-        return self._scopes.prompts(recent=recent)
+        return self._accounts.prompts(recent=recent)
 
     def latency_histograms(self) -> dict[str, LatencyHistogram]:
         """Per level, and for whole requests (``"request"``), every batch lookup's latency since start."""
-        return {**self.levels.histograms(), "request": self._requests.histogram()}
+        return self._accounts.histograms()
 
     def flush(self) -> None:
         """Wait until every write queued for the lower levels has been stored."""
