@@ -18,16 +18,16 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
-from ragcache.core.accounting import RequestAccounts
 from ragcache.core.batching import CallsInProgress
+from ragcache.core.causes import MissLedger
 from ragcache.core.encoder import Encoder, capabilities_of
 from ragcache.core.flight import Flight
 from ragcache.core.keys import EmbeddingSpace, Generation, KeyList, KeyMemo
-from ragcache.core.levels import Levels
+from ragcache.core.levels import Found, Levels
 from ragcache.core.misses import ComputeConfig, MissResolver
 from ragcache.core.result import EmbedResult, Probe, finished, first_of_unique, joined_probe, served_attributes, spans, to_numpy
-from ragcache.core.scope import UNSCOPED, Scope, ScopeStats
-from ragcache.core.stats import CacheStats, LatencyHistogram
+from ragcache.core.scope import UNSCOPED, Scope
+from ragcache.core.stats import CacheStats, LatencyHistogram, RequestAccounts, ScopeStats
 from ragcache.core.tier import Tier
 from ragcache.core.tokens import TokenCounter
 from ragcache.errors import ConfigError, InvalidInputError
@@ -87,7 +87,8 @@ class EmbeddingCache:
         self.level_names = self.levels.names + (COMPUTE,)
         self._clock = levels.clock
         # Every request counted, overall and per scope, and each missed key's cause (shared by the views).
-        self._accounts = RequestAccounts(encoder, levels, miss_ledger_entries=miss_ledger_entries)
+        self._accounts = RequestAccounts(window_s=levels.window_s)
+        self._ledger = MissLedger(miss_ledger_entries)
         # Per scope (a tenant's keys, a named prompt; the model's own: UNSCOPED): its space at each generation,
         # shared by every view (``scoped``).
         self._scope = UNSCOPED  # this view's (``scoped``)
@@ -291,7 +292,7 @@ class EmbeddingCache:
         vectors, levels = found.vectors, found.served
         # Every key some level missed gets its cause (ragcache.core.causes), judged on what the walk saw,
         # before the resolver marks computed or published keys as served.
-        self._accounts.explain_misses(scope, space, unique_texts, found)
+        self._explain_misses(scope, space, unique_texts, found)
         num_computed = 0
         if len(found.missing):
             if on_found is not None:
@@ -310,6 +311,16 @@ class EmbeddingCache:
             vectors, levels = vectors.index_select(0, index), levels[inverse]
         return finished(vectors, levels, self.level_names, normalize=normalize, dtype=self.dtype, as_tensor=as_tensor)
 
+    def _explain_misses(self, scope: Scope, space: EmbeddingSpace, texts: list[str], found: Found) -> None:
+        if not (found.served > 0).any():
+            return  # every key in L1: no miss to explain
+        levels = self.levels
+        scope_hash = hash(scope)  # once: a Scope's own hash walks its fields
+        counts = self._ledger.explain(
+            [(scope_hash, text) for text in texts], space.generation, found.served, num_levels=len(levels),
+            unavailable=found.unavailable, bypassed=found.bypassed, on_reuse=levels.on_reuse, ttl_s=levels.ttl_s)
+        levels.record_causes(counts)
+
     # ---- state -----------------------------------------------------------------------------------------
 
     def level_states(self) -> dict[str, dict]:
@@ -323,7 +334,7 @@ class EmbeddingCache:
 
     def stats(self, *, recent: bool = False) -> CacheStats:
         """Hit rates and latencies since start, or over the recent window (``window_s``)."""
-        return self._accounts.stats(self.space, recent=recent)
+        return self._accounts.stats(self.space, self.encoder, self.levels, recent=recent)
 
     def namespace_stats(self, *, recent: bool = False) -> dict[str, ScopeStats]:
         """Per tenant that has embedded anything: its requests, texts and hits (they are also in ``stats``)."""
@@ -335,7 +346,7 @@ class EmbeddingCache:
 
     def latency_histograms(self) -> dict[str, LatencyHistogram]:
         """Per level, and for whole requests (``"request"``), every batch lookup's latency since start."""
-        return self._accounts.histograms()
+        return {**self.levels.histograms(), "request": self._accounts.histogram()}
 
     def flush(self) -> None:
         """Wait until every write queued for the lower levels has been stored."""

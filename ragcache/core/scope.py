@@ -10,13 +10,11 @@ The batcher gives the model one prompt per batch. Space ids are unchanged: a ten
 from __future__ import annotations
 
 import dataclasses
-import threading
 from dataclasses import dataclass
 
 from ragcache.core.keys import EmbeddingSpace
-from ragcache.core.stats import LevelRecorder
 
-__all__ = ["TOKEN_IDS", "Prompt", "Scope", "ScopeRecorders", "ScopeStats", "token_ids_of", "token_ids_text"]
+__all__ = ["TOKEN_IDS", "Prompt", "Scope", "token_ids_of", "token_ids_text"]
 
 
 @dataclass(frozen=True)
@@ -71,52 +69,3 @@ def token_ids_of(model_input: str) -> list[int] | None:
     if not model_input.startswith(TOKEN_IDS.text):
         return None
     return [int(part) for part in model_input[len(TOKEN_IDS.text):].split()]
-
-
-@dataclass(frozen=True)
-class ScopeStats:
-    """One tenant's or one prompt's share of its cache's traffic."""
-
-    requests: int
-    texts: int
-    hits: int
-    hit_rate: float
-
-
-class ScopeRecorders:
-    """Request counters per tenant and per prompt name, made on first use (tenants come from the key file,
-    prompts from the model's configuration: a handful each)."""
-
-    def __init__(self, *, window_s: float):
-        self._window_s = window_s
-        self._tenants: dict[str, LevelRecorder] = {}
-        self._prompts: dict[str, LevelRecorder] = {}
-        self._lock = threading.Lock()
-
-    def record(self, scope: Scope, *, hits: int, misses: int, latency_s: float) -> None:
-        if scope.tenant is not None:
-            self._recorder(self._tenants, scope.tenant).record(hits=hits, misses=misses, latency_s=latency_s)
-        if scope.prompt is not None:
-            self._recorder(self._prompts, scope.prompt.name).record(hits=hits, misses=misses, latency_s=latency_s)
-
-    def _recorder(self, recorders: dict[str, LevelRecorder], name: str) -> LevelRecorder:
-        recorder = recorders.get(name)
-        if recorder is None:
-            with self._lock:
-                recorder = recorders.setdefault(name, LevelRecorder(name, window_s=self._window_s))
-        return recorder
-
-    def tenants(self, *, recent: bool = False) -> dict[str, ScopeStats]:
-        return self._stats(self._tenants, recent=recent)
-
-    def prompts(self, *, recent: bool = False) -> dict[str, ScopeStats]:
-        return self._stats(self._prompts, recent=recent)
-
-    def _stats(self, recorders: dict[str, LevelRecorder], *, recent: bool) -> dict[str, ScopeStats]:
-        with self._lock:
-            found = dict(recorders)
-        stats = {}
-        for name, recorder in sorted(found.items()):
-            figures = recorder.snapshot(recent=recent)
-            stats[name] = ScopeStats(recorder.num_calls(recent=recent), figures.lookups, figures.hits, figures.hit_rate)
-        return stats

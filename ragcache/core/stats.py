@@ -12,10 +12,18 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-__all__ = ["LevelStats", "CacheStats", "LevelRecorder", "LatencyHistogram", "LATENCY_BUCKETS_S", "MISS_CAUSES"]
+if TYPE_CHECKING:  # the shapes only: the cache hands its parts in (each of these modules records through this one)
+    from ragcache.core.encoder import Encoder
+    from ragcache.core.keys import EmbeddingSpace
+    from ragcache.core.levels import Levels
+    from ragcache.core.scope import Scope
+
+__all__ = ["LATENCY_BUCKETS_S", "MISS_CAUSES", "CacheStats", "LatencyHistogram", "LevelRecorder", "LevelStats", "RequestAccounts",
+           "ScopeRecorders", "ScopeStats"]
 
 # Why a level did not hold a key it was asked for (ragcache.core.causes explains each); every miss has one.
 MISS_CAUSES = ("never_seen", "evicted", "expired", "drift", "bypassed", "unavailable")
@@ -153,3 +161,97 @@ class LevelRecorder:
             latency_p99_ms=float(p99),
             misses_by_cause=causes,
         )
+
+
+@dataclass(frozen=True)
+class ScopeStats:
+    """One tenant's or one prompt's share of its cache's traffic."""
+
+    requests: int
+    texts: int
+    hits: int
+    hit_rate: float
+
+
+class ScopeRecorders:
+    """Request counters per tenant and per prompt name, made on first use (tenants come from the key file,
+    prompts from the model's configuration: a handful each)."""
+
+    def __init__(self, *, window_s: float):
+        self._window_s = window_s
+        self._tenants: dict[str, LevelRecorder] = {}
+        self._prompts: dict[str, LevelRecorder] = {}
+        self._lock = threading.Lock()
+
+    def record(self, scope: Scope, *, hits: int, misses: int, latency_s: float) -> None:
+        if scope.tenant is not None:
+            self._recorder(self._tenants, scope.tenant).record(hits=hits, misses=misses, latency_s=latency_s)
+        if scope.prompt is not None:
+            self._recorder(self._prompts, scope.prompt.name).record(hits=hits, misses=misses, latency_s=latency_s)
+
+    def _recorder(self, recorders: dict[str, LevelRecorder], name: str) -> LevelRecorder:
+        recorder = recorders.get(name)
+        if recorder is None:
+            with self._lock:
+                recorder = recorders.setdefault(name, LevelRecorder(name, window_s=self._window_s))
+        return recorder
+
+    def tenants(self, *, recent: bool = False) -> dict[str, ScopeStats]:
+        return self._stats(self._tenants, recent=recent)
+
+    def prompts(self, *, recent: bool = False) -> dict[str, ScopeStats]:
+        return self._stats(self._prompts, recent=recent)
+
+    def _stats(self, recorders: dict[str, LevelRecorder], *, recent: bool) -> dict[str, ScopeStats]:
+        with self._lock:
+            found = dict(recorders)
+        stats = {}
+        for name, recorder in sorted(found.items()):
+            figures = recorder.snapshot(recent=recent)
+            stats[name] = ScopeStats(recorder.num_calls(recent=recent), figures.lookups, figures.hits, figures.hit_rate)
+        return stats
+
+
+class RequestAccounts:
+    """What one cache counts of its requests, overall and per scope (a tenant's keys, a named prompt), shared by its
+    views; the levels count their own lookups."""
+
+    def __init__(self, *, window_s: float) -> None:
+        self._requests = LevelRecorder("cache", window_s=window_s)
+        # Only the scopes that are not the model's own (``scope.UNSCOPED``, whose requests ``_requests`` alone counts).
+        self._scopes = ScopeRecorders(window_s=window_s)
+
+    def record(self, scope: Scope, *, hits: int, misses: int, latency_s: float) -> None:
+        """One request answered: ``misses`` of its texts computed here, the rest served by a level."""
+        self._requests.record(hits=hits, misses=misses, latency_s=latency_s)
+        if scope.tenant is not None or scope.prompt is not None:
+            self._scopes.record(scope, hits=hits, misses=misses, latency_s=latency_s)
+
+    def stats(self, space: EmbeddingSpace, encoder: Encoder, levels: Levels, *, recent: bool) -> CacheStats:
+        """Hit rates and latencies of ``space``'s cache since start, or over the recent window."""
+        overall = self._requests.snapshot(recent=recent)
+        encoder_stats = encoder.stats()
+        return CacheStats(
+            space_id=space.space_id,
+            model=space.model,
+            period="recent" if recent else "since_start",
+            period_s=self._requests.window_s if recent else 0.0,
+            requests=self._requests.num_calls(recent=recent),
+            texts=overall.lookups,
+            hits=overall.hits,
+            hit_rate=overall.hit_rate,
+            texts_computed=overall.misses,
+            compute_s=encoder_stats.compute_s,
+            compute_s_saved=overall.hits * encoder_stats.seconds_per_text,
+            levels=levels.snapshots(recent=recent),
+        )
+
+    def tenants(self, *, recent: bool) -> dict[str, ScopeStats]:
+        return self._scopes.tenants(recent=recent)
+
+    def prompts(self, *, recent: bool) -> dict[str, ScopeStats]:
+        return self._scopes.prompts(recent=recent)
+
+    def histogram(self) -> LatencyHistogram:
+        """Every whole request's latency since start."""
+        return self._requests.histogram()
