@@ -1,4 +1,5 @@
-"""Hit-rate statistics: per level lookups, hits, misses, errors and latency, since start and recently.
+"""Hit-rate statistics: per level lookups, hits, misses, errors and latency, since start and recently; per request,
+overall and per scope (a tenant, a named prompt), what a cache's callers saw (``RequestAccounts``).
 
 Counters are totals since start; latency percentiles and the recent window come from a bounded log of the
 latest events, so memory stays constant however long the process runs.
@@ -16,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-if TYPE_CHECKING:  # the shapes only: the cache hands its parts in (each of these modules records through this one)
+if TYPE_CHECKING:  # for the annotations only: levels.py imports this module, and the cache hands its parts in
     from ragcache.core.encoder import Encoder
     from ragcache.core.keys import EmbeddingSpace
     from ragcache.core.levels import Levels
